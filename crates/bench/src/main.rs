@@ -1,0 +1,2 @@
+//! `allocbench` (work in progress).
+fn main() {}

@@ -1,0 +1,1 @@
+//! C ABI for caching-allocator (work in progress).

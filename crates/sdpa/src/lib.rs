@@ -1,0 +1,1 @@
+//! Scaled dot-product attention on the CPU (work in progress).
