@@ -1,0 +1,191 @@
+//! A block of system memory, and the idle lists that keep blocks between uses.
+
+use core::alloc::Layout;
+use core::ptr::NonNull;
+use std::collections::VecDeque;
+
+use crate::SizeClass;
+
+/// Every block is at least this aligned: one cache line, and ExecuTorch's minimum.
+pub(crate) const MIN_ALIGN: usize = 64;
+
+/// One block taken from the system allocator: its address, class and the alignment it was
+/// allocated with (which, with the class size, is the layout to give it back with).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Block {
+    pub(crate) ptr: NonNull<u8>,
+    pub(crate) class: SizeClass,
+    align_log2: u8,
+}
+
+// SAFETY: a `Block` is a unique handle to memory the allocator owns; the memory is not tied to
+// any thread, so the handle may move between threads.
+unsafe impl Send for Block {}
+
+impl Block {
+    /// # Safety
+    /// `ptr` was returned by the system allocator for `Block::layout_for(class, align)`.
+    pub(crate) unsafe fn new(ptr: NonNull<u8>, class: SizeClass, align: usize) -> Block {
+        debug_assert!(align.is_power_of_two() && align >= MIN_ALIGN);
+        Block {
+            ptr,
+            class,
+            align_log2: align.trailing_zeros() as u8,
+        }
+    }
+
+    /// The layout a block of `class` aligned to `align` is allocated with, if it is valid.
+    pub(crate) fn layout_for(class: SizeClass, align: usize) -> Option<Layout> {
+        Layout::from_size_align(class.size(), align).ok()
+    }
+
+    #[inline]
+    pub(crate) fn size(&self) -> usize {
+        self.class.size()
+    }
+
+    #[inline]
+    pub(crate) fn addr(&self) -> usize {
+        self.ptr.as_ptr().addr()
+    }
+
+    /// The layout this block was allocated with.
+    pub(crate) fn layout(&self) -> Layout {
+        // SAFETY: `Block::new`'s contract: the block was allocated with exactly this layout,
+        // which `Layout::from_size_align` accepted then.
+        unsafe { Layout::from_size_align_unchecked(self.size(), 1 << self.align_log2) }
+    }
+}
+
+/// Idle blocks, one list per size class, with least-recently-used eviction across classes.
+///
+/// Each list is oldest-first. `take` serves from the newest end (warm in cache), `pop_lru`
+/// evicts the oldest block of all lists, found through a bitmap of non-empty classes.
+pub(crate) struct IdleLists {
+    lists: Vec<VecDeque<(u64, Block)>>,
+    occupied: [u64; SizeClass::COUNT.div_ceil(64)],
+    bytes: usize,
+    blocks: usize,
+    clock: u64,
+}
+
+impl IdleLists {
+    pub(crate) const fn new() -> Self {
+        IdleLists {
+            lists: Vec::new(),
+            occupied: [0; SizeClass::COUNT.div_ceil(64)],
+            bytes: 0,
+            blocks: 0,
+            clock: 0,
+        }
+    }
+
+    /// Bytes of all idle blocks here (class sizes).
+    #[inline]
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// How many idle blocks are here.
+    #[inline]
+    pub(crate) fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Keeps `block` as the most recently used.
+    #[inline]
+    pub(crate) fn push(&mut self, block: Block) {
+        let i = block.class.index();
+        if self.lists.is_empty() {
+            self.lists.resize_with(SizeClass::COUNT, VecDeque::new);
+        }
+        self.clock += 1;
+        self.lists[i].push_back((self.clock, block));
+        self.occupied[i / 64] |= 1 << (i % 64);
+        self.bytes += block.size();
+        self.blocks += 1;
+    }
+
+    /// The most recently used idle block of `class` whose address is aligned to `align`.
+    #[inline]
+    pub(crate) fn take(&mut self, class: SizeClass, align: usize) -> Option<Block> {
+        let i = class.index();
+        let list = self.lists.get_mut(i)?;
+        let pos = if align <= MIN_ALIGN {
+            list.len().checked_sub(1)?
+        } else {
+            list.iter().rposition(|(_, b)| b.addr() & (align - 1) == 0)?
+        };
+        let (_, block) = list.remove(pos)?;
+        if list.is_empty() {
+            self.occupied[i / 64] &= !(1 << (i % 64));
+        }
+        self.bytes -= block.size();
+        self.blocks -= 1;
+        Some(block)
+    }
+
+    /// Removes and returns the least recently used idle block of any class.
+    pub(crate) fn pop_lru(&mut self) -> Option<Block> {
+        let mut best: Option<(u64, usize)> = None;
+        for (word_index, &word) in self.occupied.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let i = word_index * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let tick = self.lists[i].front().map_or(u64::MAX, |(t, _)| *t);
+                if best.is_none_or(|(t, _)| tick < t) {
+                    best = Some((tick, i));
+                }
+            }
+        }
+        let (_, i) = best?;
+        let (_, block) = self.lists[i].pop_front()?;
+        if self.lists[i].is_empty() {
+            self.occupied[i / 64] &= !(1 << (i % 64));
+        }
+        self.bytes -= block.size();
+        self.blocks -= 1;
+        Some(block)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake(addr: usize, size: usize) -> Block {
+        let ptr = NonNull::new(core::ptr::without_provenance_mut(addr)).unwrap();
+        // SAFETY: these blocks are never given to the system allocator: only bookkeeping runs.
+        unsafe { Block::new(ptr, SizeClass::for_size(size).unwrap(), 64) }
+    }
+
+    #[test]
+    fn take_serves_newest_and_checks_alignment() {
+        let mut idle = IdleLists::new();
+        idle.push(fake(4096, 100));
+        idle.push(fake(64 * 3, 100));
+        assert_eq!(idle.bytes(), 256);
+        // align 64: newest first.
+        assert_eq!(idle.take(SizeClass::for_size(128).unwrap(), 64).unwrap().addr(), 192);
+        idle.push(fake(64 * 3, 100));
+        // align 4096: only the first block qualifies.
+        assert_eq!(idle.take(SizeClass::for_size(100).unwrap(), 4096).unwrap().addr(), 4096);
+        assert!(idle.take(SizeClass::for_size(100).unwrap(), 4096).is_none());
+        assert!(idle.take(SizeClass::for_size(64).unwrap(), 64).is_none());
+        assert_eq!(idle.blocks(), 1);
+    }
+
+    #[test]
+    fn pop_lru_is_oldest_across_classes() {
+        let mut idle = IdleLists::new();
+        idle.push(fake(64 * 10, 5000));
+        idle.push(fake(64 * 20, 64));
+        idle.push(fake(64 * 30, 5000));
+        assert_eq!(idle.pop_lru().unwrap().addr(), 640);
+        assert_eq!(idle.pop_lru().unwrap().addr(), 1280);
+        assert_eq!(idle.pop_lru().unwrap().addr(), 1920);
+        assert!(idle.pop_lru().is_none());
+        assert_eq!((idle.bytes(), idle.blocks()), (0, 0));
+    }
+}

@@ -1,0 +1,161 @@
+//! Size classes: how a requested size is rounded so that one cached block serves many sizes.
+//!
+//! ExecuTorch's cache keys blocks by their exact padded size, so attention decode, whose
+//! scratch grows by a few bytes every token, misses on every call. Here a request is rounded up
+//! to a class, and any idle block of that class serves it.
+//!
+//! | requested size        | classes                                  | worst waste        |
+//! |-----------------------|------------------------------------------|--------------------|
+//! | 1 B ..= 1 KiB         | multiples of 64 B (64, 128, ..., 1024)   | 63 B               |
+//! | (2^k, 2^(k+1)], k >= 10 | 2^k + j * 2^(k-3) for j = 1..=8 (8 per doubling) | under 12.5% |
+//!
+//! So 1025 B rounds to 1152 B, 4097 B to 4608 B, 1 MiB + 1 B to 1.125 MiB, 3 MB to 3 MiB. The
+//! waste bound follows from the step: a request just above `2^k + (j-1) * 2^(k-3)` gets
+//! `2^k + j * 2^(k-3)`, so the waste is below `2^(k-3) / 2^k = 1/8`. The scheme is the one
+//! mimalloc's bins and PyTorch's `roundup_power2_divisions` use: a few classes per doubling.
+
+/// A size class: the rounded size that a request of a given size is served with.
+///
+/// ```
+/// use caching_allocator::SizeClass;
+/// let c = SizeClass::for_size(1025).unwrap();
+/// assert_eq!(c.size(), 1152);
+/// assert_eq!(SizeClass::for_size(1100), Some(c)); // one class serves both sizes
+/// assert_eq!(SizeClass::for_size(0), None);
+/// ```
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SizeClass(u16);
+
+/// Sizes up to this many bytes round to a multiple of [`SMALL_STEP`].
+const SMALL_MAX: usize = 1024;
+/// The step of the small classes: one cache line.
+const SMALL_STEP: usize = 64;
+/// How many small classes there are (64, 128, ..., 1024).
+const SMALL_CLASSES: usize = SMALL_MAX / SMALL_STEP;
+/// log2 of the classes per doubling above [`SMALL_MAX`].
+const DIVISIONS_LOG2: u32 = 3;
+/// log2 of [`SMALL_MAX`].
+const SMALL_MAX_LOG2: usize = 10;
+
+impl SizeClass {
+    /// How many classes there are; [`SizeClass::index`] is below this.
+    pub const COUNT: usize =
+        SMALL_CLASSES + (usize::BITS as usize - 1 - SMALL_MAX_LOG2) * (1 << DIVISIONS_LOG2);
+
+    /// The class that serves `size` bytes, or `None` for 0 bytes or a size whose class would
+    /// exceed `isize::MAX` bytes.
+    #[inline]
+    pub const fn for_size(size: usize) -> Option<SizeClass> {
+        if size == 0 || size > isize::MAX as usize {
+            return None;
+        }
+        let index = if size <= SMALL_MAX {
+            (size - 1) / SMALL_STEP
+        } else {
+            // 2^k < size <= 2^(k+1); the doubling is cut in 2^DIVISIONS_LOG2 equal steps.
+            let k = (usize::BITS - 1 - (size - 1).leading_zeros()) as usize;
+            let step_log2 = k - DIVISIONS_LOG2 as usize;
+            let j = (size - 1 - (1 << k)) >> step_log2;
+            SMALL_CLASSES + ((k - SMALL_MAX_LOG2) << DIVISIONS_LOG2) + j
+        };
+        let class = SizeClass(index as u16);
+        if class.size() > isize::MAX as usize {
+            return None;
+        }
+        Some(class)
+    }
+
+    /// The class's size in bytes: what a block of this class holds.
+    #[inline]
+    pub const fn size(self) -> usize {
+        let i = self.0 as usize;
+        if i < SMALL_CLASSES {
+            (i + 1) * SMALL_STEP
+        } else {
+            let i = i - SMALL_CLASSES;
+            let k = SMALL_MAX_LOG2 + (i >> DIVISIONS_LOG2);
+            let j = i & ((1 << DIVISIONS_LOG2) - 1);
+            // For the top class this is 2^63, which still fits in usize; `for_size` rejects it.
+            (1 << k) + ((j + 1) << (k - DIVISIONS_LOG2 as usize))
+        }
+    }
+
+    /// The class's position in the table, from 0 to `COUNT - 1`, smallest first.
+    #[inline]
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_sizes_round_to_cache_lines() {
+        assert_eq!(SizeClass::for_size(1).unwrap().size(), 64);
+        assert_eq!(SizeClass::for_size(64).unwrap().size(), 64);
+        assert_eq!(SizeClass::for_size(65).unwrap().size(), 128);
+        assert_eq!(SizeClass::for_size(1000).unwrap().size(), 1024);
+        assert_eq!(SizeClass::for_size(1024).unwrap().size(), 1024);
+    }
+
+    #[test]
+    fn hand_computed_large_classes() {
+        assert_eq!(SizeClass::for_size(1025).unwrap().size(), 1152);
+        assert_eq!(SizeClass::for_size(2048).unwrap().size(), 2048);
+        assert_eq!(SizeClass::for_size(2049).unwrap().size(), 2304);
+        assert_eq!(SizeClass::for_size(4097).unwrap().size(), 4608);
+        assert_eq!(SizeClass::for_size(3_000_000).unwrap().size(), 3 << 20);
+        assert_eq!(
+            SizeClass::for_size((1 << 20) + 1).unwrap().size(),
+            (1 << 20) + (1 << 17)
+        );
+    }
+
+    #[test]
+    fn classes_are_increasing_and_cover_every_size() {
+        let mut prev = 0;
+        for i in 0..SizeClass::COUNT {
+            let c = SizeClass(i as u16);
+            assert!(c.size() > prev, "class {i} not increasing");
+            if c.size() <= isize::MAX as usize {
+                assert_eq!(SizeClass::for_size(c.size()), Some(c));
+                assert_eq!(SizeClass::for_size(prev + 1), Some(c));
+            }
+            prev = c.size();
+        }
+    }
+
+    #[test]
+    fn waste_is_bounded() {
+        // Every size near every class boundary, and a sweep of odd sizes.
+        let mut sizes: Vec<usize> = (1..5000).collect();
+        for i in 0..SizeClass::COUNT - 1 {
+            let s = SizeClass(i as u16).size();
+            sizes.extend([s - 1, s, s + 1]);
+        }
+        for size in sizes {
+            let Some(c) = SizeClass::for_size(size) else {
+                assert!(size > isize::MAX as usize / 2, "no class for {size}");
+                continue;
+            };
+            assert!(c.size() >= size);
+            if size >= 1024 {
+                let waste = c.size() as f64 / size as f64 - 1.0;
+                assert!(waste <= 0.125, "size {size} -> {} wastes {waste}", c.size());
+            } else {
+                assert_eq!(c.size() % 64, 0);
+                assert!(c.size() - size < 64);
+            }
+        }
+    }
+
+    #[test]
+    fn too_large_and_zero_have_no_class() {
+        assert_eq!(SizeClass::for_size(0), None);
+        assert_eq!(SizeClass::for_size(usize::MAX), None);
+        assert_eq!(SizeClass::for_size(isize::MAX as usize), None);
+        assert!(SizeClass::for_size(1 << 61).is_some());
+    }
+}

@@ -1,0 +1,110 @@
+//! `Stats`: what the allocator did, for dashboards, tests and the benchmark.
+
+use core::fmt;
+
+/// A snapshot of an allocator's counters, from [`CachingAllocator::stats`].
+///
+/// Byte counts of blocks are class sizes (what the blocks hold), except `requested_bytes`.
+///
+/// [`CachingAllocator::stats`]: crate::CachingAllocator::stats
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Requests served by an idle cached block (this thread's, the shared cache's, or another
+    /// thread's).
+    pub hits: u64,
+    /// Requests that needed a new block from the system.
+    pub misses: u64,
+    /// Bytes of the blocks live now.
+    pub live_bytes: usize,
+    /// How many blocks are live now.
+    pub live_blocks: usize,
+    /// Bytes of idle cached blocks, wherever they sit (per-thread caches included).
+    pub cached_bytes: usize,
+    /// How many idle blocks are cached.
+    pub cached_blocks: usize,
+    /// The most live bytes there have been (see `CachingAllocator::stats` for threads).
+    pub peak_live_bytes: usize,
+    /// Bytes taken from the system and not given back: live + cached.
+    pub reserved_bytes: usize,
+    /// The most bytes there have been taken from the system at once.
+    pub peak_reserved_bytes: usize,
+    /// The sizes requested for the live blocks: `live_bytes - requested_bytes` is rounding
+    /// waste (plus debug canaries).
+    pub requested_bytes: usize,
+    /// Calls to the system allocator's `alloc` that succeeded.
+    pub system_allocs: u64,
+    /// Blocks given back to the system.
+    pub system_frees: u64,
+    /// Idle blocks given back to the system because of the cap, the limit, or a trim.
+    pub evictions: u64,
+    /// Times the system refused memory and the allocator retried after freeing its cache.
+    pub oom_retries: u64,
+    /// Blocks found written past their requested end (debug checks).
+    pub corrupted_blocks: u64,
+}
+
+impl Stats {
+    /// Hits as a share of all requests that took memory, from 0 to 1 (1 with no requests).
+    pub fn hit_rate(&self) -> f64 {
+        let total = self.hits + self.misses;
+        if total == 0 {
+            1.0
+        } else {
+            self.hits as f64 / total as f64
+        }
+    }
+}
+
+/// Bytes in the unit that reads best.
+struct Bytes(usize);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+        let mut value = self.0 as f64;
+        let mut unit = 0;
+        while value >= 1024.0 && unit + 1 < UNITS.len() {
+            value /= 1024.0;
+            unit += 1;
+        }
+        if unit == 0 {
+            write!(f, "{} B", self.0)
+        } else {
+            write!(f, "{value:.1} {}", UNITS[unit])
+        }
+    }
+}
+
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "live {} in {} blocks ({} requested), cached {} in {} blocks",
+            Bytes(self.live_bytes),
+            self.live_blocks,
+            Bytes(self.requested_bytes),
+            Bytes(self.cached_bytes),
+            self.cached_blocks
+        )?;
+        writeln!(
+            f,
+            "reserved {} (peak {}, peak live {})",
+            Bytes(self.reserved_bytes),
+            Bytes(self.peak_reserved_bytes),
+            Bytes(self.peak_live_bytes)
+        )?;
+        write!(
+            f,
+            "hits {} / misses {} ({:.1}% hit rate), system allocs {} / frees {}, evictions {}, \
+             OOM retries {}, corrupted blocks {}",
+            self.hits,
+            self.misses,
+            self.hit_rate() * 100.0,
+            self.system_allocs,
+            self.system_frees,
+            self.evictions,
+            self.oom_retries,
+            self.corrupted_blocks
+        )
+    }
+}

@@ -1,0 +1,207 @@
+//! Per-thread caches: the fast path, and how a thread finds its own cache.
+//!
+//! Each thread that uses an allocator gets a `ThreadCache` of its own. Its lock is taken by its
+//! thread on every call and by other threads only on slow paths (trim, reset, stealing idle
+//! blocks, releasing a block allocated elsewhere), so in steady state it is never contended.
+
+use core::cell::{Cell, RefCell};
+use core::hash::{BuildHasherDefault, Hasher};
+use std::collections::HashMap;
+
+use crate::block::{Block, IdleLists};
+use crate::sync::{Arc, AtomicBool, Ordering, SpinGuard, SpinLock};
+
+/// One thread's cache in one allocator.
+pub(crate) struct ThreadCache {
+    state: SpinLock<CacheState>,
+    /// Set when the allocator is dropped, so threads forget their entry.
+    closed: AtomicBool,
+}
+
+/// A live block handed out by `allocate` or the `Allocator` trait, and the size asked for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Live {
+    pub(crate) block: Block,
+    pub(crate) requested: usize,
+}
+
+/// A live block that belongs to a `Scope`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scoped {
+    pub(crate) scope: u64,
+    pub(crate) live: Live,
+}
+
+/// Counters of one thread cache; summed by `stats`.
+#[derive(Default, Clone, Copy, Debug)]
+pub(crate) struct Counters {
+    pub(crate) hits: u64,
+    pub(crate) misses: u64,
+    pub(crate) live_bytes: usize,
+    pub(crate) live_blocks: usize,
+    pub(crate) requested_bytes: usize,
+    pub(crate) peak_live_bytes: usize,
+}
+
+/// What a thread cache's lock protects.
+pub(crate) struct CacheState {
+    /// Idle blocks kept for this thread.
+    pub(crate) idle: IdleLists,
+    /// Bytes of the allocator's cap reserved for `idle`: `idle.bytes() <= credit` always, so a
+    /// release that fits needs no shared lock to respect the global cap.
+    pub(crate) credit: usize,
+    /// Blocks handed out by `allocate` on this thread, by address.
+    pub(crate) live: HashMap<usize, Live, BuildHasherDefault<AddrHasher>>,
+    /// Blocks handed out to scopes on this thread, newest last.
+    pub(crate) scoped: Vec<Scoped>,
+    pub(crate) counters: Counters,
+    /// The thread exited: nobody takes this cache's fast path any more.
+    pub(crate) orphaned: bool,
+}
+
+impl Counters {
+    #[inline]
+    pub(crate) fn add_live(&mut self, live: &Live) {
+        self.live_bytes += live.block.size();
+        self.live_blocks += 1;
+        self.requested_bytes += live.requested;
+        self.peak_live_bytes = self.peak_live_bytes.max(self.live_bytes);
+    }
+
+    #[inline]
+    pub(crate) fn remove_live(&mut self, live: &Live) {
+        self.live_bytes -= live.block.size();
+        self.live_blocks -= 1;
+        self.requested_bytes -= live.requested;
+    }
+}
+
+impl ThreadCache {
+    pub(crate) fn new() -> Self {
+        ThreadCache {
+            state: SpinLock::new(CacheState {
+                idle: IdleLists::new(),
+                credit: 0,
+                live: HashMap::default(),
+                scoped: Vec::new(),
+                counters: Counters::default(),
+                orphaned: false,
+            }),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn lock(&self) -> SpinGuard<'_, CacheState> {
+        self.state.lock()
+    }
+
+
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+}
+
+/// Hashes block addresses: they are 64-byte aligned, so drop the low bits and mix the rest with
+/// one folded multiply (as foldhash does) so both the low and the high bits of the hash vary.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    #[inline]
+    fn write_usize(&mut self, n: usize) {
+        let m = u128::from((n as u64) >> 6) * 0x9E37_79B9_7F4A_7C15;
+        self.0 = (m as u64) ^ ((m >> 64) as u64);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// This thread's caches, one per allocator it has used; dropped when the thread exits.
+struct OwnedCaches(Vec<(u64, Arc<ThreadCache>)>);
+
+impl Drop for OwnedCaches {
+    fn drop(&mut self) {
+        // Forget the fast-path pointer first: the registry may free an orphaned cache on the
+        // next `reset(&mut self)`, and a TLS destructor running later must not reach it.
+        LAST.with(|last| last.set((0, core::ptr::null())));
+        for (_, cache) in &self.0 {
+            cache.lock().orphaned = true;
+        }
+    }
+}
+
+thread_local! {
+    /// The allocator id and cache this thread used last: the fast path's one comparison.
+    static LAST: Cell<(u64, *const ThreadCache)> = const { Cell::new((0, core::ptr::null())) };
+    /// Every cache this thread owns; keeps them alive as long as the thread is.
+    static OWNED: RefCell<OwnedCaches> = const { RefCell::new(OwnedCaches(Vec::new())) };
+    /// Scope ids: unique within a thread, combined with the thread's number.
+    static SCOPE_IDS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Gives each thread a distinct high half for its scope ids.
+static NEXT_THREAD_NUMBER: crate::sync::AtomicU64 = crate::sync::AtomicU64::new(1);
+
+/// A scope id no other live scope of any thread has.
+pub(crate) fn next_scope_id() -> u64 {
+    SCOPE_IDS
+        .try_with(|ids| {
+            let mut id = ids.get();
+            if id == 0 {
+                id = NEXT_THREAD_NUMBER.fetch_add(1, Ordering::Relaxed) << 32;
+            }
+            id += 1;
+            ids.set(id);
+            id
+        })
+        // Without thread-locals (thread exit), draw from the global counter directly.
+        .unwrap_or_else(|_| NEXT_THREAD_NUMBER.fetch_add(1, Ordering::Relaxed) << 32)
+}
+
+/// The cache this thread last used, if it belongs to allocator `id`.
+#[inline]
+pub(crate) fn last_cache(id: u64) -> Option<*const ThreadCache> {
+    match LAST.try_with(Cell::get) {
+        Ok((last_id, cache)) if last_id == id => Some(cache),
+        _ => None,
+    }
+}
+
+/// Finds or creates this thread's cache for allocator `id`. `register` is called with a new
+/// cache so the allocator can reach it. `None` once the thread's locals are gone (thread exit).
+pub(crate) fn find_or_create(
+    id: u64,
+    register: impl FnOnce(&Arc<ThreadCache>),
+) -> Option<*const ThreadCache> {
+    OWNED
+        .try_with(|owned| {
+            let mut owned = owned.borrow_mut();
+            let cache = match owned.0.iter().find(|(i, _)| *i == id) {
+                Some((_, cache)) => Arc::as_ptr(cache),
+                None => {
+                    // Entries of dropped allocators only hold empty caches: forget them.
+                    owned
+                        .0
+                        .retain(|(_, cache)| !cache.closed.load(Ordering::Acquire));
+                    let cache = Arc::new(ThreadCache::new());
+                    register(&cache);
+                    let ptr = Arc::as_ptr(&cache);
+                    owned.0.push((id, cache));
+                    ptr
+                }
+            };
+            LAST.with(|last| last.set((id, cache)));
+            cache
+        })
+        .ok()
+}
