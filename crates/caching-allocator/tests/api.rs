@@ -1,0 +1,712 @@
+//! One test per behaviour of the core issue, and ExecuTorch's scenarios adapted to size classes.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use caching_allocator::{AllocError, CachingAllocator, Config, SizeClass, MAX_ALIGN};
+
+fn addr(p: NonNull<u8>) -> usize {
+    p.as_ptr() as usize
+}
+
+/// Writes `len` bytes and reads them back.
+fn write_read(p: NonNull<u8>, len: usize, tag: u8) {
+    // SAFETY: callers pass a live block of at least `len` bytes.
+    unsafe {
+        p.as_ptr().write_bytes(tag, len);
+        let s = std::slice::from_raw_parts(p.as_ptr(), len);
+        assert!(s.iter().all(|&b| b == tag));
+    }
+}
+
+/// A system allocator that counts calls and bytes, and can refuse.
+#[derive(Default)]
+struct Counting {
+    allocs: AtomicUsize,
+    frees: AtomicUsize,
+    outstanding: AtomicUsize,
+    fail_all: std::sync::atomic::AtomicBool,
+}
+
+// SAFETY: forwards to `System`, only counting (and refusing, which `GlobalAlloc` permits).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if self.fail_all.load(Ordering::SeqCst) {
+            return std::ptr::null_mut();
+        }
+        self.allocs.fetch_add(1, Ordering::SeqCst);
+        self.outstanding.fetch_add(layout.size(), Ordering::SeqCst);
+        // SAFETY: the caller's contract is `System`'s.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        self.frees.fetch_add(1, Ordering::SeqCst);
+        self.outstanding.fetch_sub(layout.size(), Ordering::SeqCst);
+        // SAFETY: the caller's contract is `System`'s.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+fn counted(config: Config) -> (CachingAllocator, Arc<Counting>) {
+    let counting = Arc::new(Counting::default());
+    let alloc = CachingAllocator::with_config(config.system_allocator(counting.clone()));
+    (alloc, counting)
+}
+
+// ---- behaviour 1: size classes -------------------------------------------------------
+
+#[test]
+fn a_cached_block_serves_any_size_of_its_class() {
+    let mut alloc = CachingAllocator::new(1 << 20);
+    let p = alloc.allocate(5000, 64).unwrap();
+    alloc.reset();
+    // 5000 and 5100 share the 5120-byte class.
+    assert_eq!(SizeClass::for_size(5000), SizeClass::for_size(5100));
+    let q = alloc.allocate(5100, 64).unwrap();
+    assert_eq!(addr(p), addr(q));
+    let s = alloc.stats();
+    assert_eq!((s.hits, s.misses, s.system_allocs), (1, 1, 1));
+    assert_eq!(s.live_bytes, 5120);
+    assert_eq!(s.requested_bytes, 5100);
+}
+
+#[test]
+fn decode_like_growing_sizes_hit_after_the_first_of_each_class() {
+    let mut alloc = CachingAllocator::new(64 << 20);
+    let mut classes = std::collections::HashSet::new();
+    for t in 1..512usize {
+        let size = 8 * (t * 64 + 2 * 32 + 32 * 128) * 4;
+        classes.insert(SizeClass::for_size(size).unwrap());
+        alloc.allocate(size, 64).unwrap();
+        alloc.reset();
+    }
+    assert_eq!(alloc.stats().system_allocs as usize, classes.len());
+    assert!(classes.len() <= 32, "{} classes", classes.len());
+}
+
+// ---- behaviour 2: alignment ----------------------------------------------------------
+
+#[test]
+fn alignment_is_honoured_up_to_2_mib() {
+    let alloc = CachingAllocator::new(64 << 20);
+    let mut align = 1;
+    while align <= MAX_ALIGN {
+        let p = alloc.allocate(100, align).unwrap();
+        assert_eq!(addr(p) % align.max(64), 0, "align {align}");
+        write_read(p, 100, 7);
+        align *= 2;
+    }
+}
+
+#[test]
+fn a_cached_block_is_reused_only_if_aligned_enough() {
+    let mut alloc = CachingAllocator::new(64 << 20);
+    let mut small = Vec::new();
+    for _ in 0..8 {
+        small.push(alloc.allocate(100, 64).unwrap());
+    }
+    alloc.reset();
+    let p = alloc.allocate(100, 4096).unwrap();
+    assert_eq!(addr(p) % 4096, 0);
+    // (100, 256) vs (100, 512): both aligned as asked, distinct blocks.
+    let a = alloc.allocate(100, 256).unwrap();
+    let b = alloc.allocate(100, 512).unwrap();
+    assert_ne!(addr(a), addr(b));
+    assert_eq!(addr(a) % 256, 0);
+    assert_eq!(addr(b) % 512, 0);
+}
+
+#[test]
+fn invalid_alignments_fail_and_change_nothing() {
+    let alloc = CachingAllocator::new(1 << 20);
+    let before = alloc.stats();
+    for align in [0, 5, 6, 12, 34, MAX_ALIGN * 2, usize::MAX] {
+        assert_eq!(
+            alloc.allocate(64, align),
+            Err(AllocError::InvalidAlignment { align })
+        );
+    }
+    assert_eq!(alloc.stats(), before);
+    let msg = AllocError::InvalidAlignment { align: 6 }.to_string();
+    assert!(msg.contains("power of two"), "{msg}");
+}
+
+// ---- behaviour 3: size 0 -------------------------------------------------------------
+
+#[test]
+fn zero_size_is_aligned_touches_nothing_and_releases_ok() {
+    let (alloc, counting) = counted(Config::default());
+    for align in [1, 64, 4096, MAX_ALIGN] {
+        let p = alloc.allocate(0, align).unwrap();
+        assert_eq!(addr(p) % align, 0);
+        // SAFETY: `p` is from `allocate`.
+        assert_eq!(unsafe { alloc.release(p) }, Ok(()));
+    }
+    assert_eq!(counting.allocs.load(Ordering::SeqCst), 0);
+    assert_eq!(alloc.stats().live_blocks, 0);
+}
+
+// ---- behaviour 4: overflow -----------------------------------------------------------
+
+#[test]
+fn sizes_that_overflow_fail_and_change_nothing() {
+    let alloc = CachingAllocator::new(1 << 20);
+    let before = alloc.stats();
+    for size in [usize::MAX, isize::MAX as usize, (isize::MAX as usize) - 10] {
+        assert_eq!(
+            alloc.allocate(size, 64),
+            Err(AllocError::SizeOverflow { size, align: 64 })
+        );
+    }
+    let scope = alloc.scope();
+    assert!(matches!(
+        scope.alloc_uninit::<u64>(usize::MAX / 4),
+        Err(AllocError::SizeOverflow { .. })
+    ));
+    drop(scope);
+    assert_eq!(alloc.stats(), before);
+}
+
+// ---- behaviour 5: the cap ------------------------------------------------------------
+
+#[test]
+fn cap_evicts_least_recently_used_and_never_refuses_live_memory() {
+    let (mut alloc, counting) = counted(Config::default().max_cached_bytes(1024));
+    // ExecuTorch's "cap 1 KiB still serves three 512-byte blocks".
+    let blocks: Vec<_> = (0..3).map(|_| alloc.allocate(512, 64).unwrap()).collect();
+    assert_eq!(alloc.stats().live_bytes, 1536);
+    for (i, p) in blocks.iter().enumerate() {
+        write_read(*p, 512, i as u8);
+    }
+    alloc.reset();
+    let s = alloc.stats();
+    assert!(s.cached_bytes <= 1024, "{s}");
+    assert_eq!(s.cached_bytes, 1024);
+    assert_eq!(s.evictions, 1);
+    assert_eq!(counting.outstanding.load(Ordering::SeqCst), 1024);
+}
+
+#[test]
+fn cap_keeps_recent_blocks_and_evicts_old_ones() {
+    let alloc = CachingAllocator::new(3 * 4096);
+    let old = alloc.allocate(4096, 64).unwrap();
+    // SAFETY: each pointer is released once.
+    unsafe { alloc.release(old).unwrap() };
+    let mut newer = Vec::new();
+    for _ in 0..3 {
+        newer.push(alloc.allocate(4096 + 512, 64).unwrap()); // another class
+    }
+    for p in &newer {
+        // SAFETY: released once.
+        unsafe { alloc.release(*p).unwrap() };
+    }
+    // The cap holds 3 blocks of 4608 at most 2 (13824 > 12288): the old 4096 block goes first.
+    let s = alloc.stats();
+    assert!(s.cached_bytes <= 3 * 4096, "{s}");
+    assert!(s.evictions >= 1);
+    let again = alloc.allocate(4096, 64).unwrap();
+    assert_ne!(addr(again), addr(old), "the least recently used block was evicted");
+}
+
+#[test]
+fn zero_cap_caches_nothing() {
+    let (mut alloc, counting) = counted(Config::default().max_cached_bytes(0));
+    for _ in 0..3 {
+        let _ = alloc.allocate(4096, 64).unwrap();
+        alloc.reset();
+    }
+    assert_eq!(alloc.stats().cached_bytes, 0);
+    assert_eq!(counting.outstanding.load(Ordering::SeqCst), 0);
+    assert_eq!(alloc.stats().system_allocs, 3);
+}
+
+#[test]
+fn trim_and_free_cached_reach_idle_threads() {
+    let alloc = Arc::new(CachingAllocator::new(64 << 20));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let worker = {
+        let alloc = alloc.clone();
+        std::thread::spawn(move || {
+            let ps: Vec<_> = (0..4).map(|_| alloc.allocate(1 << 16, 64).unwrap()).collect();
+            for p in ps {
+                // SAFETY: released once.
+                unsafe { alloc.release(p).unwrap() };
+            }
+            ready_tx.send(()).unwrap();
+            done_rx.recv().unwrap(); // stay alive and idle
+        })
+    };
+    ready_rx.recv().unwrap();
+    assert_eq!(alloc.stats().cached_bytes, 4 << 16);
+    alloc.trim(2 << 16);
+    assert_eq!(alloc.stats().cached_bytes, 2 << 16);
+    alloc.free_cached();
+    let s = alloc.stats();
+    assert_eq!((s.cached_bytes, s.reserved_bytes, s.evictions), (0, 0, 4));
+    done_tx.send(()).unwrap();
+    worker.join().unwrap();
+}
+
+#[test]
+fn cap_holds_across_threads() {
+    let cap = 256 << 10;
+    let alloc = Arc::new(CachingAllocator::new(cap));
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let alloc = &alloc;
+            s.spawn(move || {
+                for i in 0..50 {
+                    let ps: Vec<_> = (0..4)
+                        .map(|k| alloc.allocate(4096 * (1 + (i + k + t) % 16), 64).unwrap())
+                        .collect();
+                    for p in ps {
+                        // SAFETY: released once.
+                        unsafe { alloc.release(p).unwrap() };
+                    }
+                }
+            });
+        }
+    });
+    let s = alloc.stats();
+    assert!(s.cached_bytes <= cap, "{s}");
+    assert_eq!(s.live_bytes, 0);
+    assert_eq!(s.reserved_bytes, s.cached_bytes);
+}
+
+// ---- limit ---------------------------------------------------------------------------
+
+#[test]
+fn limit_evicts_idle_blocks_then_refuses() {
+    let (alloc, counting) = counted(Config::default().limit_bytes(3 * 4096));
+    let a = alloc.allocate(4096, 64).unwrap();
+    let b = alloc.allocate(4096, 64).unwrap();
+    // SAFETY: released once.
+    unsafe { alloc.release(b).unwrap() };
+    // 4096 live + 4096 cached; a 8 KiB request must evict the cached block to fit.
+    let c = alloc.allocate(8192, 64).unwrap();
+    assert_eq!(alloc.stats().evictions, 1);
+    assert_eq!(alloc.stats().reserved_bytes, 3 * 4096);
+    let before = alloc.stats();
+    let err = alloc.allocate(64, 64).unwrap_err();
+    assert!(matches!(err, AllocError::LimitExceeded { limit: 12288, .. }), "{err}");
+    assert!(err.to_string().contains("limit_bytes"));
+    assert_eq!(alloc.stats(), before);
+    // SAFETY: released once each.
+    unsafe {
+        alloc.release(a).unwrap();
+        alloc.release(c).unwrap();
+    }
+    assert_eq!(counting.outstanding.load(Ordering::SeqCst), 3 * 4096);
+}
+
+// ---- behaviour 6: out of memory ------------------------------------------------------
+
+#[test]
+fn out_of_memory_frees_the_cache_retries_once_then_fails() {
+    let (alloc, counting) = counted(Config::default());
+    let p = alloc.allocate(4096, 64).unwrap();
+    // SAFETY: released once.
+    unsafe { alloc.release(p).unwrap() };
+    counting.fail_all.store(true, Ordering::SeqCst);
+    let err = alloc.allocate(8192, 64).unwrap_err();
+    assert_eq!(err, AllocError::OutOfMemory { size: 8192, align: 64 });
+    let s = alloc.stats();
+    assert_eq!((s.oom_retries, s.cached_bytes, s.reserved_bytes), (1, 0, 0));
+    // Nothing cached: no retry this time.
+    assert!(alloc.allocate(8192, 64).is_err());
+    assert_eq!(alloc.stats().oom_retries, 1);
+    counting.fail_all.store(false, Ordering::SeqCst);
+    assert!(alloc.allocate(8192, 64).is_ok());
+}
+
+// ---- behaviour 7: unknown pointers ---------------------------------------------------
+
+#[test]
+fn releasing_unknown_or_released_pointers_is_an_error() {
+    let alloc = CachingAllocator::new(1 << 20);
+    let p = alloc.allocate(100, 64).unwrap();
+    let mut local = 0u64;
+    let foreign = NonNull::from(&mut local).cast::<u8>();
+    // SAFETY: `release` never reads behind a pointer it does not know.
+    unsafe {
+        assert_eq!(
+            alloc.release(foreign),
+            Err(AllocError::UnknownPointer { addr: addr(foreign) })
+        );
+        alloc.release(p).unwrap();
+        let before = alloc.stats();
+        assert_eq!(
+            alloc.release(p),
+            Err(AllocError::UnknownPointer { addr: addr(p) })
+        );
+        assert_eq!(alloc.stats(), before);
+    }
+    // A scope's block cannot be released by hand.
+    let scope = alloc.scope();
+    let s = scope.alloc_slice_fill(10, 1u8).unwrap();
+    let sp = NonNull::from(&mut s[0]);
+    // SAFETY: as above.
+    assert!(matches!(
+        unsafe { alloc.release(sp) },
+        Err(AllocError::UnknownPointer { .. })
+    ));
+    assert_eq!(s[0], 1);
+}
+
+#[test]
+fn a_pointer_from_another_allocator_is_unknown() {
+    let a = CachingAllocator::new(1 << 20);
+    let b = CachingAllocator::new(1 << 20);
+    let p = a.allocate(64, 64).unwrap();
+    // SAFETY: `release` never reads behind a pointer it does not know.
+    assert!(unsafe { b.release(p) }.is_err());
+    // SAFETY: released once, to its own allocator.
+    assert!(unsafe { a.release(p) }.is_ok());
+}
+
+// ---- behaviour 8: threads ------------------------------------------------------------
+
+#[test]
+fn a_block_released_on_one_thread_serves_another() {
+    let alloc = Arc::new(CachingAllocator::new(1 << 20));
+    let p = alloc.allocate(3000, 64).unwrap();
+    let addr_p = addr(p);
+    {
+        let alloc = alloc.clone();
+        let a = addr_p;
+        std::thread::spawn(move || {
+            let p = NonNull::new(a as *mut u8).unwrap();
+            // SAFETY: released once, on another thread than the one that allocated it.
+            unsafe { alloc.release(p).unwrap() };
+        })
+        .join()
+        .unwrap();
+    }
+    let alloc2 = alloc.clone();
+    let q = std::thread::spawn(move || addr(alloc2.allocate(3000, 64).unwrap()))
+        .join()
+        .unwrap();
+    assert_eq!(q, addr_p, "the idle block flowed to a third thread");
+    assert_eq!(alloc.stats().system_allocs, 1);
+}
+
+#[test]
+fn reset_returns_every_threads_live_blocks() {
+    let mut alloc = CachingAllocator::new(64 << 20);
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                for _ in 0..10 {
+                    alloc.allocate(1000, 64).unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(alloc.stats().live_blocks, 30);
+    alloc.reset();
+    let s = alloc.stats();
+    assert_eq!((s.live_blocks, s.live_bytes, s.cached_blocks), (0, 0, 30));
+}
+
+// ---- behaviour 9: debug checks -------------------------------------------------------
+
+#[test]
+fn debug_checks_poison_every_block_hit_or_miss() {
+    let mut alloc = CachingAllocator::with_config(Config::default().debug_checks(true));
+    for _ in 0..2 {
+        let p = alloc.allocate(256, 64).unwrap();
+        // SAFETY: 256 bytes were handed out.
+        let bytes = unsafe { std::slice::from_raw_parts(p.as_ptr(), 256) };
+        assert!(bytes.iter().all(|&b| b == 0xFF));
+        let f = f32::from_ne_bytes(bytes[..4].try_into().unwrap());
+        assert!(f.is_nan());
+        write_read(p, 256, 0);
+        alloc.reset();
+    }
+    assert_eq!(alloc.stats().hits, 1);
+    let scope = alloc.scope();
+    let xs = scope.alloc_uninit::<f64>(8).unwrap();
+    // SAFETY: with debug checks every byte was written with 0xFF.
+    assert!(xs.iter().all(|x| unsafe { x.assume_init() }.is_nan()));
+}
+
+#[test]
+fn an_overrun_block_is_reported_and_never_reused() {
+    let (alloc, counting) = counted(Config::default().debug_checks(true));
+    let p = alloc.allocate(100, 64).unwrap();
+    // SAFETY: one byte past the requested end lies inside the class (the canary's room).
+    unsafe { p.as_ptr().add(100).write(0) };
+    // SAFETY: released once.
+    let err = unsafe { alloc.release(p) }.unwrap_err();
+    assert_eq!(
+        err,
+        AllocError::Corrupted {
+            addr: addr(p),
+            requested: 100,
+            class_size: 128
+        }
+    );
+    let s = alloc.stats();
+    assert_eq!((s.corrupted_blocks, s.cached_blocks, s.reserved_bytes), (1, 0, 0));
+    assert_eq!(counting.outstanding.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn reset_returns_good_blocks_then_panics_naming_the_overrun() {
+    let mut alloc = CachingAllocator::with_config(Config::default().debug_checks(true));
+    let good = alloc.allocate(64, 64).unwrap();
+    write_read(good, 64, 1);
+    let bad = alloc.allocate(1000, 64).unwrap();
+    // SAFETY: inside the canary's room behind the requested 1000 bytes.
+    unsafe { bad.as_ptr().add(1003).write(0) };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| alloc.reset()));
+    let msg = *result.unwrap_err().downcast::<String>().unwrap();
+    assert!(msg.contains("1000 bytes requested (class 1024)"), "{msg}");
+    let s = alloc.stats();
+    assert_eq!((s.live_blocks, s.cached_blocks, s.corrupted_blocks), (0, 1, 1));
+}
+
+#[test]
+fn an_overrun_scope_block_panics_on_drop_after_returning_the_rest() {
+    let alloc = CachingAllocator::with_config(Config::default().debug_checks(true));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let scope = alloc.scope();
+        let _ok = scope.alloc_slice_fill(8, 0u32).unwrap();
+        let bad = scope.alloc_slice_fill(8, 0u32).unwrap();
+        // SAFETY: inside the block (canary room), past the slice.
+        unsafe { bad.as_mut_ptr().add(8).write(1) };
+    }));
+    assert!(result.is_err());
+    let s = alloc.stats();
+    assert_eq!((s.live_blocks, s.cached_blocks, s.corrupted_blocks), (0, 1, 1));
+}
+
+// ---- behaviour 10: drop --------------------------------------------------------------
+
+#[test]
+fn dropping_gives_every_block_back() {
+    let (alloc, counting) = counted(Config::default().max_cached_bytes(1 << 20));
+    let live = alloc.allocate(5000, 64).unwrap();
+    write_read(live, 5000, 3);
+    let idle = alloc.allocate(300, 4096).unwrap();
+    // SAFETY: released once.
+    unsafe { alloc.release(idle).unwrap() };
+    let scope = alloc.scope();
+    let _ = scope.alloc_slice_fill(100, 0u8).unwrap();
+    std::mem::forget(scope); // a leaked scope's block is still freed on drop
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            alloc.allocate(777, 64).unwrap();
+        });
+    });
+    let allocs = counting.allocs.load(Ordering::SeqCst);
+    assert_eq!(allocs, 4);
+    drop(alloc);
+    assert_eq!(counting.frees.load(Ordering::SeqCst), allocs);
+    assert_eq!(counting.outstanding.load(Ordering::SeqCst), 0);
+}
+
+// ---- Scope ---------------------------------------------------------------------------
+
+#[test]
+fn scopes_nest_in_any_order_and_return_their_blocks() {
+    let alloc = CachingAllocator::new(1 << 20);
+    let outer = alloc.scope();
+    let a = outer.alloc_slice_copy(&[1u32, 2, 3]).unwrap();
+    let first = alloc.scope();
+    let second = alloc.scope();
+    assert_eq!(first.alloc_slice_fill(5, 7u16).unwrap(), &[7; 5]);
+    let c = second.alloc_slice_zeroed::<u64>(9).unwrap();
+    assert_eq!(alloc.stats().live_blocks, 3);
+    drop(first); // out of order: `second`'s block lies above
+    assert_eq!(alloc.stats().live_blocks, 2);
+    assert_eq!(c, &[0; 9]);
+    assert_eq!(a, &[1, 2, 3]);
+    drop(second);
+    assert_eq!(a, &[1, 2, 3]);
+    drop(outer);
+    let s = alloc.stats();
+    assert_eq!((s.live_blocks, s.cached_blocks), (0, 3));
+}
+
+#[test]
+fn scopes_on_several_threads_share_one_allocator() {
+    let alloc = CachingAllocator::new(1 << 20);
+    std::thread::scope(|s| {
+        for t in 0..4u32 {
+            let alloc = &alloc;
+            s.spawn(move || {
+                for _ in 0..100 {
+                    let scope = alloc.scope();
+                    let xs = scope.alloc_slice_fill(100, t).unwrap();
+                    assert!(xs.iter().all(|&x| x == t));
+                }
+            });
+        }
+    });
+    assert_eq!(alloc.stats().live_blocks, 0);
+    assert!(alloc.stats().hits >= 396);
+}
+
+#[test]
+fn zero_sized_scope_allocations() {
+    let alloc = CachingAllocator::new(1 << 20);
+    let scope = alloc.scope();
+    let units = scope.alloc_slice_fill(1000, ()).unwrap();
+    assert_eq!(units.len(), 1000);
+    let empty = scope.alloc_slice_copy::<u64>(&[]).unwrap();
+    assert!(empty.is_empty());
+    assert_eq!(alloc.stats().system_allocs, 0);
+}
+
+// ---- allocator-api2 ------------------------------------------------------------------
+
+#[test]
+fn collections_keep_their_memory_in_the_cache() {
+    let mut alloc = CachingAllocator::new(1 << 20);
+    {
+        let mut v = allocator_api2::vec::Vec::new_in(&alloc);
+        for i in 0..1000u32 {
+            v.push(i);
+        }
+        assert_eq!(v.iter().sum::<u32>(), 999 * 1000 / 2);
+        let mut m = hashbrown::HashMap::new_in(&alloc);
+        for i in 0..100u32 {
+            m.insert(i, i * 2);
+        }
+        assert_eq!(m[&50], 100);
+        assert!(alloc.stats().live_blocks >= 2);
+    }
+    let s = alloc.stats();
+    assert_eq!(s.live_blocks, 0);
+    assert!(s.cached_blocks > 0);
+    alloc.reset();
+}
+
+// ---- ExecuTorch scenarios, adapted -----------------------------------------------------
+
+#[test]
+fn et_simple_allocations_are_aligned() {
+    let alloc = CachingAllocator::new(1 << 20);
+    for size in [16, 32, 64] {
+        let p = alloc.allocate(size, 64).unwrap();
+        assert_eq!(addr(p) % 64, 0);
+    }
+}
+
+#[test]
+fn et_same_size_after_reset_is_the_same_block() {
+    let mut alloc = CachingAllocator::new(1 << 20);
+    let p = alloc.allocate(256, 64).unwrap();
+    alloc.reset();
+    assert_eq!(addr(alloc.allocate(256, 64).unwrap()), addr(p));
+}
+
+#[test]
+fn et_different_sizes_are_distinct() {
+    let alloc = CachingAllocator::new(1 << 20);
+    let ps: Vec<_> = [128, 256, 512].iter().map(|&s| alloc.allocate(s, 64).unwrap()).collect();
+    assert!(ps[0] != ps[1] && ps[1] != ps[2] && ps[0] != ps[2]);
+}
+
+#[test]
+fn et_two_blocks_reused_after_reset() {
+    let mut alloc = CachingAllocator::new(1 << 20);
+    let mut a = [addr(alloc.allocate(256, 64).unwrap()), addr(alloc.allocate(256, 64).unwrap())];
+    alloc.reset();
+    let mut b = [addr(alloc.allocate(256, 64).unwrap()), addr(alloc.allocate(256, 64).unwrap())];
+    a.sort();
+    b.sort();
+    assert_eq!(a, b);
+    assert_eq!(alloc.stats().system_allocs, 2);
+}
+
+#[test]
+fn et_rounds_of_mixed_sizes_and_repeated_resets() {
+    let mut alloc = CachingAllocator::new(1 << 20);
+    for _ in 0..5 {
+        for size in [256, 512, 1024] {
+            let p = alloc.allocate(size, 64).unwrap();
+            write_read(p, size, 0xAB);
+        }
+        alloc.reset();
+    }
+    let s = alloc.stats();
+    assert_eq!((s.system_allocs, s.hits, s.cached_blocks), (3, 12, 3));
+}
+
+#[test]
+fn et_multi_size_reuse_matches_classes() {
+    let mut alloc = CachingAllocator::new(1 << 20);
+    let sizes = [128, 256, 512, 128];
+    let first: Vec<_> = sizes.iter().map(|&s| addr(alloc.allocate(s, 64).unwrap())).collect();
+    alloc.reset();
+    let second: Vec<_> = sizes.iter().map(|&s| addr(alloc.allocate(s, 64).unwrap())).collect();
+    let mut f = first.clone();
+    let mut g = second.clone();
+    f.sort();
+    g.sort();
+    assert_eq!(f, g);
+    assert_eq!((first[1], first[2]), (second[1], second[2]));
+}
+
+#[test]
+fn et_one_mib_reused_under_a_ten_mib_cap() {
+    let mut alloc = CachingAllocator::new(10 << 20);
+    let p = alloc.allocate(1 << 20, 64).unwrap();
+    write_read(p, 1 << 20, 9);
+    alloc.reset();
+    assert_eq!(alloc.allocate(1 << 20, 64).unwrap(), p);
+}
+
+#[test]
+fn et_threads_get_distinct_blocks() {
+    let alloc = CachingAllocator::new(1 << 20);
+    let addrs = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                for _ in 0..10 {
+                    let p = alloc.allocate(256, 64).unwrap();
+                    assert_eq!(addr(p) % 64, 0);
+                    addrs.lock().unwrap().push(addr(p));
+                }
+            });
+        }
+    });
+    let mut a = addrs.into_inner().unwrap();
+    a.sort();
+    a.dedup();
+    assert_eq!(a.len(), 40);
+}
+
+#[test]
+fn error_messages_say_what_to_do() {
+    let errors = [
+        AllocError::InvalidAlignment { align: 3 },
+        AllocError::SizeOverflow { size: 1, align: 1 },
+        AllocError::LimitExceeded { size: 1, class_size: 64, limit: 0, reserved: 0 },
+        AllocError::OutOfMemory { size: 1, align: 1 },
+        AllocError::UnknownPointer { addr: 0x1000 },
+        AllocError::Corrupted { addr: 0x1000, requested: 1, class_size: 64 },
+    ];
+    for e in errors {
+        let msg = e.to_string();
+        assert!(msg.len() > 40, "{msg}");
+        let _: &dyn std::error::Error = &e;
+    }
+    assert!(Config::default().get_limit_bytes().is_none());
+    assert_eq!(Config::default().get_max_cached_bytes(), 64 << 20);
+}
+
+#[test]
+fn stats_display_is_readable() {
+    let alloc = CachingAllocator::new(1 << 20);
+    let _ = alloc.allocate(2000, 64).unwrap();
+    let text = alloc.stats().to_string();
+    assert!(text.contains("live 2.0 KiB in 1 blocks"), "{text}");
+    assert!(text.contains("misses 1"), "{text}");
+}
