@@ -1,1 +1,388 @@
-//! Scaled dot-product attention on the CPU (work in progress).
+//! Scaled dot-product attention (SDPA) on the CPU, f32, flash-attention style, taking its
+//! scratch memory from a [`TempAllocator`].
+//!
+//! One entry point, [`attention`], computes for every batch `b`, query row `i` and head `h`
+//!
+//! ```text
+//! out[b, i, h, :] = softmax_t( scale * q[b, i, h, :] . k[b, t, h / g, :] ) . v[b, t, h / g, :]
+//! ```
+//!
+//! over the visible key/value positions `t` (`g = heads / kv_heads`, grouped-query attention).
+//! Layouts follow ExecuTorch's LLM attention: `q` and `out` are `[batch, q_len, heads,
+//! head_dim]`, `k` and `v` are a KV cache `[batch, kv_capacity, kv_heads, head_dim]` of which the
+//! first `start_pos + q_len` positions are used. Causal attention lets query row `i` see the
+//! positions `0..=start_pos + i`; non-causal attention lets every row see all
+//! `start_pos + q_len` positions.
+//!
+//! Each call takes exactly one scratch buffer from `temp.allocate` (alignment
+//! [`SCRATCH_ALIGN`]), of [`scratch_bytes`] bytes, before it enters rayon; the buffer holds one
+//! slice per worker thread (and, for decode, one partial result per KV chunk). The kernel never
+//! reads scratch it has not written, so poisoned (0xFF) scratch gives the same results. The owner
+//! of `temp` calls `reset` after the call returns; the kernel never does.
+//!
+//! Two code paths (chosen from the shape alone, see [`Plan`]):
+//! - **decode / short queries** (`q_len <= ROW_PATH_MAX_Q_LEN`): the KV range is split into
+//!   chunks processed in parallel (flash-decoding); each chunk walks its positions in order and
+//!   handles *all heads of a position row together*, so K and V are read as long contiguous runs
+//!   of `kv_heads * head_dim` floats; partial softmax states are merged at the end.
+//! - **prefill** (longer queries): work items `(batch, head, q-block)` run in parallel; each
+//!   walks KV tiles with an online softmax, packing Q, K and V tiles into its scratch slice and
+//!   multiplying them with AVX2/FMA register-blocked micro-kernels (a portable scalar fallback
+//!   is used when the CPU lacks AVX2 or FMA).
+
+use core::fmt;
+
+pub use caching_allocator::{AllocError, TempAllocator};
+
+mod kernels;
+mod plan;
+mod rows;
+mod sync;
+mod tiled;
+
+pub use kernels::simd_enabled;
+pub use plan::{Path, Plan};
+
+/// Alignment of the scratch buffer a call requests from its temp allocator.
+pub const SCRATCH_ALIGN: usize = 64;
+
+/// Queries this short (decode, speculative verification) take the KV-chunked row path; longer
+/// ones the tiled prefill path.
+pub const ROW_PATH_MAX_Q_LEN: usize = 5;
+
+/// The sizes of one attention call. All counts are elements, not bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Shape {
+    /// Number of independent sequences.
+    pub batch: usize,
+    /// Number of query rows (new tokens) per sequence; 1 for decode.
+    pub q_len: usize,
+    /// Number of query heads; a multiple of `kv_heads`.
+    pub heads: usize,
+    /// Number of key/value heads (`heads` for multi-head attention, fewer for GQA/MQA).
+    pub kv_heads: usize,
+    /// Size of one head vector.
+    pub head_dim: usize,
+    /// Positions allocated in the KV cache (the second dimension of `k` and `v`).
+    pub kv_capacity: usize,
+    /// Position of the first query row in the sequence: the number of cached positions before
+    /// this call. Positions `0..start_pos + q_len` of the cache are used.
+    pub start_pos: usize,
+}
+
+impl Shape {
+    /// Number of key/value positions a call uses: `start_pos + q_len`.
+    pub fn kv_len(&self) -> usize {
+        self.start_pos.saturating_add(self.q_len)
+    }
+
+    /// Checks the shape on its own (everything [`attention`] checks except slice lengths and
+    /// the scale), returning the error [`attention`] would return.
+    pub fn validate(&self) -> Result<(), SdpaError> {
+        if self.head_dim == 0 {
+            return Err(SdpaError::ZeroHeadDim);
+        }
+        if self.kv_heads == 0 || self.heads == 0 {
+            return Err(SdpaError::ZeroHeads {
+                heads: self.heads,
+                kv_heads: self.kv_heads,
+            });
+        }
+        if !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(SdpaError::HeadsNotMultiple {
+                heads: self.heads,
+                kv_heads: self.kv_heads,
+            });
+        }
+        match self.start_pos.checked_add(self.q_len) {
+            Some(end) if end <= self.kv_capacity => {}
+            _ => {
+                return Err(SdpaError::KvOverflow {
+                    start_pos: self.start_pos,
+                    q_len: self.q_len,
+                    kv_capacity: self.kv_capacity,
+                })
+            }
+        }
+        self.q_elems()?;
+        self.kv_elems()?;
+        Ok(())
+    }
+
+    /// Elements of `q` (and `out`): `batch * q_len * heads * head_dim`.
+    pub fn q_elems(&self) -> Result<usize, SdpaError> {
+        [self.q_len, self.heads, self.head_dim]
+            .iter()
+            .try_fold(self.batch, |acc, &x| acc.checked_mul(x))
+            .filter(|&n| n.checked_mul(4).is_some_and(|b| b <= isize::MAX as usize))
+            .ok_or(SdpaError::ShapeOverflow { tensor: Tensor::Q })
+    }
+
+    /// Elements of `k` (and `v`): `batch * kv_capacity * kv_heads * head_dim`.
+    pub fn kv_elems(&self) -> Result<usize, SdpaError> {
+        [self.kv_capacity, self.kv_heads, self.head_dim]
+            .iter()
+            .try_fold(self.batch, |acc, &x| acc.checked_mul(x))
+            .filter(|&n| n.checked_mul(4).is_some_and(|b| b <= isize::MAX as usize))
+            .ok_or(SdpaError::ShapeOverflow { tensor: Tensor::K })
+    }
+}
+
+/// Options of an attention call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Params {
+    /// Causal masking: query row `i` sees positions `0..=start_pos + i`. When false, every row
+    /// sees all `start_pos + q_len` positions.
+    pub causal: bool,
+    /// Multiplier of the scores; `None` means `1 / sqrt(head_dim)`.
+    pub scale: Option<f32>,
+}
+
+impl Default for Params {
+    /// Causal, scale `1 / sqrt(head_dim)`.
+    fn default() -> Self {
+        Params {
+            causal: true,
+            scale: None,
+        }
+    }
+}
+
+/// Names one of the four tensors of a call, in errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tensor {
+    /// The queries.
+    Q,
+    /// The key cache.
+    K,
+    /// The value cache.
+    V,
+    /// The output.
+    Out,
+}
+
+impl fmt::Display for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Tensor::Q => "q",
+            Tensor::K => "k",
+            Tensor::V => "v",
+            Tensor::Out => "out",
+        })
+    }
+}
+
+/// Why [`attention`] refused or failed a call. No variant is returned after `out` was written.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum SdpaError {
+    /// `head_dim` is 0.
+    ZeroHeadDim,
+    /// `heads` or `kv_heads` is 0.
+    ZeroHeads {
+        /// Query heads.
+        heads: usize,
+        /// Key/value heads.
+        kv_heads: usize,
+    },
+    /// `heads` is not a multiple of `kv_heads`.
+    HeadsNotMultiple {
+        /// Query heads.
+        heads: usize,
+        /// Key/value heads.
+        kv_heads: usize,
+    },
+    /// `start_pos + q_len` exceeds `kv_capacity`: the cache has no room for the new positions.
+    KvOverflow {
+        /// First query position.
+        start_pos: usize,
+        /// Query rows.
+        q_len: usize,
+        /// Positions in the cache.
+        kv_capacity: usize,
+    },
+    /// The element count of a tensor implied by the shape overflows `usize` (or `isize::MAX`
+    /// bytes).
+    ShapeOverflow {
+        /// The tensor whose size overflows (`Q` stands for `q` and `out`, `K` for `k` and `v`).
+        tensor: Tensor,
+    },
+    /// A slice's length does not match the shape.
+    LenMismatch {
+        /// The tensor whose slice is wrong.
+        tensor: Tensor,
+        /// The length the shape implies.
+        expected: usize,
+        /// The slice's length.
+        actual: usize,
+    },
+    /// The scale is not finite (NaN or infinite).
+    InvalidScale {
+        /// The scale that was passed.
+        scale: f32,
+    },
+    /// The temp allocator could not provide the scratch buffer.
+    Scratch(AllocError),
+}
+
+impl fmt::Display for SdpaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SdpaError::ZeroHeadDim => write!(f, "sdpa: head_dim is 0"),
+            SdpaError::ZeroHeads { heads, kv_heads } => write!(
+                f,
+                "sdpa: heads ({heads}) and kv_heads ({kv_heads}) must both be at least 1"
+            ),
+            SdpaError::HeadsNotMultiple { heads, kv_heads } => write!(
+                f,
+                "sdpa: heads ({heads}) is not a multiple of kv_heads ({kv_heads})"
+            ),
+            SdpaError::KvOverflow {
+                start_pos,
+                q_len,
+                kv_capacity,
+            } => write!(
+                f,
+                "sdpa: start_pos ({start_pos}) + q_len ({q_len}) exceeds kv_capacity \
+                 ({kv_capacity})"
+            ),
+            SdpaError::ShapeOverflow { tensor } => {
+                write!(f, "sdpa: the element count of `{tensor}` overflows")
+            }
+            SdpaError::LenMismatch {
+                tensor,
+                expected,
+                actual,
+            } => write!(
+                f,
+                "sdpa: `{tensor}` has {actual} elements but the shape implies {expected}"
+            ),
+            SdpaError::InvalidScale { scale } => {
+                write!(f, "sdpa: scale {scale} is not a finite number")
+            }
+            SdpaError::Scratch(e) => write!(f, "sdpa: scratch allocation failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SdpaError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SdpaError::Scratch(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<AllocError> for SdpaError {
+    fn from(e: AllocError) -> Self {
+        SdpaError::Scratch(e)
+    }
+}
+
+/// Bytes of scratch a call with this shape requests from its temp allocator when it runs on a
+/// rayon pool of `threads` threads (see [`attention`]; the kernel uses
+/// `rayon::current_num_threads()`). Zero when the call has nothing to compute (`batch` or
+/// `q_len` is 0): then no scratch is requested at all.
+pub fn scratch_bytes(shape: &Shape, threads: usize) -> Result<usize, SdpaError> {
+    shape.validate()?;
+    Ok(Plan::new(shape, threads.max(1)).total_bytes)
+}
+
+/// Computes scaled dot-product attention; see the [crate documentation](crate) for the
+/// layouts and the masking rule.
+///
+/// `q` and `out` hold `batch * q_len * heads * head_dim` floats, `k` and `v`
+/// `batch * kv_capacity * kv_heads * head_dim`. Only the first `start_pos + q_len` positions of
+/// the cache are read; their values must be finite.
+///
+/// The call requests one buffer of [`scratch_bytes`]`(shape, rayon::current_num_threads())`
+/// bytes from `temp` (none when there is nothing to compute) before it runs in parallel on the
+/// current rayon pool, and never resets `temp`.
+///
+/// # Errors
+/// A shape or slice-length error ([`SdpaError`] says which) before anything is read or written;
+/// [`SdpaError::Scratch`] when `temp` refuses the scratch, in which case `out` is untouched.
+pub fn attention<A: TempAllocator + ?Sized>(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+    shape: &Shape,
+    params: &Params,
+    temp: &A,
+) -> Result<(), SdpaError> {
+    shape.validate()?;
+    let q_elems = shape.q_elems()?;
+    let kv_elems = shape.kv_elems()?;
+    for (tensor, expected, actual) in [
+        (Tensor::Q, q_elems, q.len()),
+        (Tensor::K, kv_elems, k.len()),
+        (Tensor::V, kv_elems, v.len()),
+        (Tensor::Out, q_elems, out.len()),
+    ] {
+        if expected != actual {
+            return Err(SdpaError::LenMismatch {
+                tensor,
+                expected,
+                actual,
+            });
+        }
+    }
+    let scale = match params.scale {
+        Some(s) if !s.is_finite() => return Err(SdpaError::InvalidScale { scale: s }),
+        Some(s) => s,
+        None => 1.0 / (shape.head_dim as f32).sqrt(),
+    };
+    if shape.batch == 0 || shape.q_len == 0 {
+        return Ok(());
+    }
+    let plan = Plan::new(shape, rayon::current_num_threads().max(1));
+    let scratch = temp.allocate(plan.total_bytes, SCRATCH_ALIGN)?;
+    let kernels = kernels::Kernels::detect();
+    let args = Args {
+        q,
+        k,
+        v,
+        shape: *shape,
+        causal: params.causal,
+        // Scores are kept in the log2 domain: exp(x * scale) = exp2(x * scale * log2(e)).
+        c: scale * core::f32::consts::LOG2_E,
+        kernels,
+    };
+    // SAFETY: `scratch` points to `plan.total_bytes` bytes aligned to SCRATCH_ALIGN, valid
+    // until the owner resets `temp`, which cannot happen before this call returns (the owner
+    // calls `reset` after the kernel; `reset` is unsafe and requires that no memory from
+    // `allocate` is used afterwards, and we hold `&A` for the whole call).
+    let scratch = unsafe { sync::Scratch::new(scratch, &plan) };
+    match plan.path {
+        Path::Rows { .. } => rows::run(&args, &plan, &scratch, out),
+        Path::Tiled { .. } => tiled::run(&args, &plan, &scratch, out),
+    }
+    Ok(())
+}
+
+/// Validated inputs of one call, shared by the two paths.
+struct Args<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    shape: Shape,
+    causal: bool,
+    /// `scale * log2(e)`: the multiplier taking a raw dot product to the exp2 domain.
+    c: f32,
+    kernels: kernels::Kernels,
+}
+
+impl Args<'_> {
+    /// Number of positions query row `i` sees among `0..kv_len`, clipped to a tile starting at
+    /// `t0` of `n` positions: the count of visible columns of that tile (a prefix).
+    #[inline]
+    fn visible(&self, i: usize, t0: usize, n: usize) -> usize {
+        if self.causal {
+            (self.shape.start_pos + i + 1).saturating_sub(t0).min(n)
+        } else {
+            n
+        }
+    }
+}

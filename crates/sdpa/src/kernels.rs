@@ -1,0 +1,442 @@
+//! The inner loops, in an AVX2+FMA version (x86-64, chosen at run time) and a portable scalar
+//! version with the same contracts.
+//!
+//! Packed layouts used by the tile kernels (`MR = 6` rows, `NR = 16` columns):
+//! - packed Q strip: `[d][MR]` (the MR rows of a strip interleaved, so the micro-kernel reads
+//!   one stream);
+//! - packed K panel: `[d][NR]` (NR consecutive KV positions of one head, transposed);
+//! - packed V tile: `[t][d_pad]` row-major, head dim padded to a multiple of NR with zeros.
+
+use crate::plan::{MR, NR};
+
+/// The kernel set of a call. Every function pointer is `unsafe` because the AVX2 versions
+/// require the CPU features checked by [`Kernels::detect`], on top of each kernel's own
+/// pointer contract (documented on the scalar version, which the AVX2 one matches).
+#[derive(Clone, Copy)]
+pub(crate) struct Kernels {
+    /// `S[MR x NR] = Qstrip . Kpanel`: see [`scalar::qk_tile`].
+    pub qk_tile: unsafe fn(*const f32, usize, *const f32, *mut f32, usize),
+    /// `O[MR x NR] += P[MR x nk] . V[nk x NR]`: see [`scalar::pv_tile`].
+    pub pv_tile: unsafe fn(*const f32, usize, *const f32, usize, usize, *mut f32, usize),
+    /// Online-softmax step of one row: see [`scalar::softmax_row`].
+    pub softmax_row: unsafe fn(&mut [f32], usize, f32, f32) -> (f32, f32),
+    /// `x *= a`.
+    pub scale: unsafe fn(&mut [f32], f32),
+    /// `a . b` (equal lengths).
+    pub dot: unsafe fn(&[f32], &[f32]) -> f32,
+    /// `acc += p[0] v[0] + p[1] v[1] + p[2] v[2] + p[3] v[3]` (equal lengths).
+    pub axpy4: unsafe fn(&mut [f32], [f32; 4], [&[f32]; 4]),
+    /// Whether these are the AVX2+FMA kernels.
+    pub simd: bool,
+}
+
+impl Kernels {
+    /// The fastest kernel set this CPU supports.
+    pub(crate) fn detect() -> Kernels {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                return Kernels {
+                    qk_tile: avx2::qk_tile,
+                    pv_tile: avx2::pv_tile,
+                    softmax_row: avx2::softmax_row,
+                    scale: avx2::scale,
+                    dot: avx2::dot,
+                    axpy4: avx2::axpy4,
+                    simd: true,
+                };
+            }
+        }
+        Kernels::scalar()
+    }
+
+    /// The portable kernel set (also used by tests to cover it on any CPU).
+    pub(crate) fn scalar() -> Kernels {
+        Kernels {
+            qk_tile: scalar::qk_tile,
+            pv_tile: scalar::pv_tile,
+            softmax_row: scalar::softmax_row,
+            scale: scalar::scale,
+            dot: scalar::dot,
+            axpy4: scalar::axpy4,
+            simd: false,
+        }
+    }
+}
+
+/// Whether the kernels of this CPU are the AVX2+FMA ones (for reports).
+pub fn simd_enabled() -> bool {
+    Kernels::detect().simd
+}
+
+pub(crate) mod scalar {
+    use super::{MR, NR};
+
+    /// Writes `s[r * lds + j] = sum_x a[x * MR + r] * b[x * NR + j]` for `r < MR`, `j < NR`.
+    ///
+    /// # Safety
+    /// `a` must be readable for `d * MR` floats, `b` for `d * NR` floats, and `s` writable for
+    /// rows `r < MR` of `NR` floats at `s + r * lds`, not overlapping `a` or `b`.
+    pub(crate) unsafe fn qk_tile(a: *const f32, d: usize, b: *const f32, s: *mut f32, lds: usize) {
+        let mut c = [[0f32; NR]; MR];
+        for x in 0..d {
+            // SAFETY: `x < d`, so both reads are within the caller-guaranteed extents.
+            let (ar, br) = unsafe {
+                (
+                    &*a.add(x * MR).cast::<[f32; MR]>(),
+                    &*b.add(x * NR).cast::<[f32; NR]>(),
+                )
+            };
+            for r in 0..MR {
+                for j in 0..NR {
+                    c[r][j] += ar[r] * br[j];
+                }
+            }
+        }
+        for (r, row) in c.iter().enumerate() {
+            // SAFETY: row `r < MR` of `s` is writable for NR floats (caller's guarantee).
+            unsafe { s.add(r * lds).cast::<[f32; NR]>().write_unaligned(*row) };
+        }
+    }
+
+    /// `o[r * ldo + j] += sum_{t < nk} p[r * ldp + t] * v[t * ldv + j]` for `r < MR`, `j < NR`.
+    ///
+    /// # Safety
+    /// `p` readable for rows `r < MR` of `nk` floats at `p + r * ldp`; `v` readable for rows
+    /// `t < nk` of `NR` floats at `v + t * ldv`; `o` readable and writable for rows `r < MR` of
+    /// `NR` floats at `o + r * ldo`, not overlapping `p` or `v`.
+    pub(crate) unsafe fn pv_tile(
+        p: *const f32,
+        ldp: usize,
+        v: *const f32,
+        ldv: usize,
+        nk: usize,
+        o: *mut f32,
+        ldo: usize,
+    ) {
+        for r in 0..MR {
+            // SAFETY: row `r` of `o` is valid for NR floats and not aliased (caller).
+            let orow = unsafe { &mut *o.add(r * ldo).cast::<[f32; NR]>() };
+            for t in 0..nk {
+                // SAFETY: `r < MR`, `t < nk`: within the caller-guaranteed extents.
+                let (pv, vr) =
+                    unsafe { (*p.add(r * ldp + t), &*v.add(t * ldv).cast::<[f32; NR]>()) };
+                for j in 0..NR {
+                    orow[j] += pv * vr[j];
+                }
+            }
+        }
+    }
+
+    /// One online-softmax step on a row of raw scores `s` whose first `valid` entries are
+    /// visible (`1 <= valid <= s.len()`): with `y = c * s`, `m_new = max(m_old, max(y))`,
+    /// overwrites `s[..valid]` with `exp2(y - m_new)` and `s[valid..]` with 0, and returns
+    /// `(m_new, sum of the new s)`.
+    ///
+    /// # Safety
+    /// None beyond the function-pointer contract (this version is safe to call).
+    pub(crate) unsafe fn softmax_row(s: &mut [f32], valid: usize, c: f32, m_old: f32) -> (f32, f32) {
+        let (vis, rest) = s.split_at_mut(valid);
+        let mut mx = m_old;
+        for x in vis.iter_mut() {
+            *x *= c;
+            mx = mx.max(*x);
+        }
+        let mut sum = 0.0;
+        for x in vis.iter_mut() {
+            *x = (*x - mx).exp2();
+            sum += *x;
+        }
+        rest.fill(0.0);
+        (mx, sum)
+    }
+
+    /// `x *= a`.
+    ///
+    /// # Safety
+    /// None (safe to call).
+    pub(crate) unsafe fn scale(x: &mut [f32], a: f32) {
+        for e in x {
+            *e *= a;
+        }
+    }
+
+    /// `a . b`; panics if the lengths differ.
+    ///
+    /// # Safety
+    /// None (safe to call).
+    pub(crate) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+
+    /// `acc += sum_u p[u] * v[u]`; panics if a length differs from `acc`'s.
+    ///
+    /// # Safety
+    /// None (safe to call).
+    pub(crate) unsafe fn axpy4(acc: &mut [f32], p: [f32; 4], v: [&[f32]; 4]) {
+        let n = acc.len();
+        assert!(v.iter().all(|r| r.len() == n));
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a += p[0] * v[0][j] + p[1] * v[1][j] + p[2] * v[2][j] + p[3] * v[3][j];
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{MR, NR};
+    use core::arch::x86_64::*;
+
+    /// `2^x` for `x <= 0`, 8 lanes; `x <= -127` (and NaN) give 0. Relative error ~1.2e-7
+    /// (degree-6 polynomial on `[-0.5, 0.5]`).
+    #[target_feature(enable = "avx2,fma")]
+    fn exp2_ps(x: __m256) -> __m256 {
+        let x = _mm256_max_ps(x, _mm256_set1_ps(-127.0));
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+        let f = _mm256_sub_ps(x, n);
+        // Taylor coefficients of 2^f = e^(f ln 2).
+        let mut p = _mm256_set1_ps(1.540_353e-4);
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.333_355_8e-3));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618_129e-3));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550_411e-2));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.240_226_5));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(core::f32::consts::LN_2));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0));
+        // 2^n from its exponent bits; n = -127 gives the bit pattern 0, i.e. 0.0.
+        let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        ));
+        _mm256_mul_ps(p, _mm256_castsi256_ps(e))
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn hmax(v: __m256) -> f32 {
+        let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
+        _mm_cvtss_f32(m)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// AVX2 version of [`super::scalar::qk_tile`].
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA, and the contract of [`super::scalar::qk_tile`] holds.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn qk_tile(a: *const f32, d: usize, b: *const f32, s: *mut f32, lds: usize) {
+        let mut c = [[_mm256_setzero_ps(); 2]; MR];
+        for x in 0..d {
+            // SAFETY: `x < d`: the panel row `b[x * NR..][..NR]` is readable (caller).
+            let (b0, b1) = unsafe {
+                let br = b.add(x * NR);
+                (_mm256_loadu_ps(br), _mm256_loadu_ps(br.add(8)))
+            };
+            for (r, cr) in c.iter_mut().enumerate() {
+                // SAFETY: `x < d`, `r < MR`: `a[x * MR + r]` is readable (caller).
+                let ar = _mm256_set1_ps(unsafe { *a.add(x * MR + r) });
+                cr[0] = _mm256_fmadd_ps(ar, b0, cr[0]);
+                cr[1] = _mm256_fmadd_ps(ar, b1, cr[1]);
+            }
+        }
+        for (r, cr) in c.iter().enumerate() {
+            // SAFETY: row `r < MR` of `s` is writable for NR = 16 floats (caller).
+            unsafe {
+                let sr = s.add(r * lds);
+                _mm256_storeu_ps(sr, cr[0]);
+                _mm256_storeu_ps(sr.add(8), cr[1]);
+            }
+        }
+    }
+
+    /// AVX2 version of [`super::scalar::pv_tile`].
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA, and the contract of [`super::scalar::pv_tile`] holds.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn pv_tile(
+        p: *const f32,
+        ldp: usize,
+        v: *const f32,
+        ldv: usize,
+        nk: usize,
+        o: *mut f32,
+        ldo: usize,
+    ) {
+        let mut c = [[_mm256_setzero_ps(); 2]; MR];
+        for (r, cr) in c.iter_mut().enumerate() {
+            // SAFETY: row `r < MR` of `o` is readable for 16 floats (caller).
+            unsafe {
+                let or = o.add(r * ldo);
+                cr[0] = _mm256_loadu_ps(or);
+                cr[1] = _mm256_loadu_ps(or.add(8));
+            }
+        }
+        for t in 0..nk {
+            // SAFETY: `t < nk`: row `t` of `v` is readable for 16 floats (caller).
+            let (b0, b1) = unsafe {
+                let vr = v.add(t * ldv);
+                (_mm256_loadu_ps(vr), _mm256_loadu_ps(vr.add(8)))
+            };
+            for (r, cr) in c.iter_mut().enumerate() {
+                // SAFETY: `r < MR`, `t < nk`: `p[r * ldp + t]` is readable (caller).
+                let ar = _mm256_set1_ps(unsafe { *p.add(r * ldp + t) });
+                cr[0] = _mm256_fmadd_ps(ar, b0, cr[0]);
+                cr[1] = _mm256_fmadd_ps(ar, b1, cr[1]);
+            }
+        }
+        for (r, cr) in c.iter().enumerate() {
+            // SAFETY: row `r < MR` of `o` is writable for 16 floats (caller).
+            unsafe {
+                let or = o.add(r * ldo);
+                _mm256_storeu_ps(or, cr[0]);
+                _mm256_storeu_ps(or.add(8), cr[1]);
+            }
+        }
+    }
+
+    /// AVX2 version of [`super::scalar::softmax_row`].
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn softmax_row(s: &mut [f32], valid: usize, c: f32, m_old: f32) -> (f32, f32) {
+        let (vis, rest) = s.split_at_mut(valid);
+        let cv = _mm256_set1_ps(c);
+        let mut mv = _mm256_set1_ps(m_old);
+        let mut chunks = vis.chunks_exact_mut(8);
+        for ch in &mut chunks {
+            // SAFETY: `ch` is 8 floats.
+            unsafe {
+                let y = _mm256_mul_ps(_mm256_loadu_ps(ch.as_ptr()), cv);
+                _mm256_storeu_ps(ch.as_mut_ptr(), y);
+                mv = _mm256_max_ps(mv, y);
+            }
+        }
+        let mut mx = hmax(mv);
+        for x in chunks.into_remainder() {
+            *x *= c;
+            mx = mx.max(*x);
+        }
+        let mv = _mm256_set1_ps(mx);
+        let mut sv = _mm256_setzero_ps();
+        let mut chunks = vis.chunks_exact_mut(8);
+        for ch in &mut chunks {
+            // SAFETY: `ch` is 8 floats.
+            unsafe {
+                let e = exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(ch.as_ptr()), mv));
+                _mm256_storeu_ps(ch.as_mut_ptr(), e);
+                sv = _mm256_add_ps(sv, e);
+            }
+        }
+        let mut sum = hsum(sv);
+        let tail = chunks.into_remainder();
+        if !tail.is_empty() {
+            let mut buf = [-1000.0f32; 8];
+            buf[..tail.len()].copy_from_slice(tail);
+            // SAFETY: `buf` is 8 floats.
+            let e = unsafe { exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(buf.as_ptr()), mv)) };
+            let mut out = [0f32; 8];
+            // SAFETY: `out` is 8 floats.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), e) };
+            for (x, e) in tail.iter_mut().zip(out) {
+                *x = e;
+                sum += e;
+            }
+        }
+        rest.fill(0.0);
+        (mx, sum)
+    }
+
+    /// AVX2 version of [`super::scalar::scale`].
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn scale(x: &mut [f32], a: f32) {
+        let av = _mm256_set1_ps(a);
+        let mut chunks = x.chunks_exact_mut(8);
+        for ch in &mut chunks {
+            // SAFETY: `ch` is 8 floats.
+            unsafe { _mm256_storeu_ps(ch.as_mut_ptr(), _mm256_mul_ps(_mm256_loadu_ps(ch.as_ptr()), av)) };
+        }
+        for e in chunks.into_remainder() {
+            *e *= a;
+        }
+    }
+
+    /// AVX2 version of [`super::scalar::dot`].
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        let n = a.len();
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 32 <= n {
+            for (u, au) in acc.iter_mut().enumerate() {
+                // SAFETY: `i + 8u + 8 <= i + 32 <= n`: in bounds of both slices.
+                unsafe {
+                    *au = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(pa.add(i + 8 * u)),
+                        _mm256_loadu_ps(pb.add(i + 8 * u)),
+                        *au,
+                    );
+                }
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            // SAFETY: `i + 8 <= n`: in bounds of both slices.
+            unsafe {
+                acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc[0]);
+            }
+            i += 8;
+        }
+        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut s = hsum(v);
+        for j in i..n {
+            s += a[j] * b[j];
+        }
+        s
+    }
+
+    /// AVX2 version of [`super::scalar::axpy4`].
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn axpy4(acc: &mut [f32], p: [f32; 4], v: [&[f32]; 4]) {
+        let n = acc.len();
+        assert!(v.iter().all(|r| r.len() == n));
+        let pv = p.map(|x| _mm256_set1_ps(x));
+        let pa = acc.as_mut_ptr();
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: `i + 8 <= n` and every row has length `n`: all accesses in bounds.
+            unsafe {
+                let mut a = _mm256_loadu_ps(pa.add(i));
+                a = _mm256_fmadd_ps(pv[0], _mm256_loadu_ps(v[0].as_ptr().add(i)), a);
+                a = _mm256_fmadd_ps(pv[1], _mm256_loadu_ps(v[1].as_ptr().add(i)), a);
+                a = _mm256_fmadd_ps(pv[2], _mm256_loadu_ps(v[2].as_ptr().add(i)), a);
+                a = _mm256_fmadd_ps(pv[3], _mm256_loadu_ps(v[3].as_ptr().add(i)), a);
+                _mm256_storeu_ps(pa.add(i), a);
+            }
+            i += 8;
+        }
+        for j in i..n {
+            acc[j] += p[0] * v[0][j] + p[1] * v[1][j] + p[2] * v[2][j] + p[3] * v[3][j];
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! How a call splits its work and lays out its one scratch buffer.
+
+use crate::{SdpaError, Shape, ROW_PATH_MAX_Q_LEN};
+
+/// Rows of the register-blocked micro-kernels (query rows per strip).
+pub(crate) const MR: usize = 6;
+/// Columns of the micro-kernels (KV positions per K panel, head-dim lanes per V strip).
+pub(crate) const NR: usize = 16;
+/// Largest query block of the tiled path (a multiple of `MR`).
+pub(crate) const BQ: usize = 96;
+/// Largest KV tile of the tiled path (a multiple of `NR`).
+pub(crate) const BK: usize = 64;
+/// Largest KV tile (positions scored before a softmax update) of the row path.
+pub(crate) const ROW_TILE: usize = 32;
+/// Work items per thread the row path aims for (so rayon can balance uneven progress).
+const ROW_ITEMS_PER_THREAD: usize = 4;
+/// Fewest positions in a row-path chunk.
+const ROW_MIN_CHUNK: usize = 32;
+/// Floats per 64-byte line: every scratch region starts on a line.
+const LINE_FLOATS: usize = 16;
+
+/// Which code path a call takes, with its blocking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// Decode and short queries: each sequence's KV range split into chunks, each chunk
+    /// processing all heads of a position row together; partial results merged at the end.
+    Rows {
+        /// Chunks per sequence (work items = `batch * chunks_per_batch`).
+        chunks_per_batch: usize,
+        /// Positions per chunk (the last one may be shorter).
+        chunk_len: usize,
+        /// Positions scored per softmax update.
+        tile: usize,
+    },
+    /// Prefill: work items `(batch, head, q-block)`, each walking KV tiles with an online
+    /// softmax and packed, register-blocked tiles.
+    Tiled {
+        /// Query rows per block (the last one may be shorter).
+        q_block: usize,
+        /// Number of query blocks per sequence and head.
+        q_blocks: usize,
+        /// KV positions per tile.
+        kv_block: usize,
+    },
+}
+
+/// The work split and scratch layout of a call, a pure function of the shape and thread count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The code path and its blocking.
+    pub path: Path,
+    /// Worker threads the scratch has a slice for.
+    pub threads: usize,
+    /// Bytes of the one scratch buffer (0: nothing to compute, nothing requested).
+    pub total_bytes: usize,
+    /// Bytes of each worker's slice.
+    pub thread_bytes: usize,
+    /// Bytes of each chunk's partial result (row path; 0 for the tiled path).
+    pub chunk_bytes: usize,
+    /// Number of partial results (row path: `batch * chunks_per_batch`; 0 for the tiled path).
+    pub chunks: usize,
+    /// Bytes at the start of the buffer holding the worker-slot flags.
+    pub(crate) flag_bytes: usize,
+}
+
+#[inline]
+pub(crate) fn round_up(x: usize, m: usize) -> usize {
+    x.div_ceil(m).saturating_mul(m)
+}
+
+/// Offsets (in floats, from the start of a worker slice) of the tiled path's regions.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TiledLayout {
+    /// Query rows per block, padded to `MR`.
+    pub bq_pad: usize,
+    /// Head dim padded to `NR`.
+    pub d_pad: usize,
+    /// KV positions per tile (a multiple of `NR`).
+    pub bk: usize,
+    pub qp: usize,
+    pub kp: usize,
+    pub vp: usize,
+    pub s: usize,
+    pub o: usize,
+    pub m: usize,
+    pub l: usize,
+    pub floats: usize,
+}
+
+impl TiledLayout {
+    pub(crate) fn new(shape: &Shape) -> Self {
+        let d = shape.head_dim;
+        let bq_pad = round_up(shape.q_len.min(BQ), MR);
+        let d_pad = round_up(d, NR);
+        let bk = round_up(shape.kv_len().min(BK), NR);
+        let mut at = 0usize;
+        let mut take = |n: usize| {
+            let o = at;
+            at = at.saturating_add(round_up(n, LINE_FLOATS));
+            o
+        };
+        let qp = take(bq_pad.saturating_mul(d));
+        let kp = take(d.saturating_mul(bk));
+        let vp = take(bk.saturating_mul(d_pad));
+        let s = take(bq_pad.saturating_mul(bk));
+        let o = take(bq_pad.saturating_mul(d_pad));
+        let m = take(bq_pad);
+        let l = take(bq_pad);
+        TiledLayout {
+            bq_pad,
+            d_pad,
+            bk,
+            qp,
+            kp,
+            vp,
+            s,
+            o,
+            m,
+            l,
+            floats: at,
+        }
+    }
+}
+
+/// Offsets (in floats) of the row path's regions: the worker slice holds the score tile; each
+/// chunk's partial result holds the running max, the running sum and the accumulator.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowsLayout {
+    /// Query rows per sequence: `q_len * heads`.
+    pub nq: usize,
+    /// Worker slice: scores `[nq, tile]`.
+    pub s_floats: usize,
+    /// Chunk partial offsets.
+    pub m: usize,
+    pub l: usize,
+    pub acc: usize,
+    pub chunk_floats: usize,
+}
+
+impl RowsLayout {
+    pub(crate) fn new(shape: &Shape, tile: usize) -> Self {
+        let nq = shape.q_len.saturating_mul(shape.heads);
+        let s_floats = round_up(nq.saturating_mul(tile), LINE_FLOATS);
+        let m = 0;
+        let l = round_up(nq, LINE_FLOATS);
+        let acc = l.saturating_add(round_up(nq, LINE_FLOATS));
+        let chunk_floats =
+            acc.saturating_add(round_up(nq.saturating_mul(shape.head_dim), LINE_FLOATS));
+        RowsLayout {
+            nq,
+            s_floats,
+            m,
+            l,
+            acc,
+            chunk_floats,
+        }
+    }
+}
+
+impl Plan {
+    /// The plan of a call with this shape on a pool of `threads` threads.
+    ///
+    /// # Errors
+    /// The shape's error, if it is invalid (see [`Shape::validate`]).
+    pub fn for_shape(shape: &Shape, threads: usize) -> Result<Plan, SdpaError> {
+        shape.validate()?;
+        Ok(Plan::new(shape, threads.max(1)))
+    }
+
+    /// Assumes a validated shape and `threads >= 1`. Sizes saturate instead of overflowing
+    /// (a saturated request then fails in the allocator, never here).
+    pub(crate) fn new(shape: &Shape, threads: usize) -> Plan {
+        let kv_len = shape.kv_len();
+        let empty = shape.batch == 0 || shape.q_len == 0;
+        let flag_bytes = round_up(threads.saturating_mul(4), 64);
+        if shape.q_len <= ROW_PATH_MAX_Q_LEN {
+            let max_chunks = kv_len.div_ceil(ROW_MIN_CHUNK).max(1);
+            let want = threads
+                .saturating_mul(ROW_ITEMS_PER_THREAD).div_ceil(shape.batch.max(1));
+            let chunks_per_batch = want.clamp(1, max_chunks);
+            let chunk_len = kv_len.div_ceil(chunks_per_batch).max(1);
+            let chunks_per_batch = kv_len.div_ceil(chunk_len).max(1);
+            let tile = chunk_len.min(ROW_TILE);
+            let lay = RowsLayout::new(shape, tile);
+            let thread_bytes = lay.s_floats.saturating_mul(4);
+            let chunk_bytes = lay.chunk_floats.saturating_mul(4);
+            let chunks = shape.batch.saturating_mul(chunks_per_batch);
+            let total_bytes = if empty {
+                0
+            } else {
+                flag_bytes
+                    .saturating_add(thread_bytes.saturating_mul(threads))
+                    .saturating_add(chunk_bytes.saturating_mul(chunks))
+            };
+            Plan {
+                path: Path::Rows {
+                    chunks_per_batch,
+                    chunk_len,
+                    tile,
+                },
+                threads,
+                total_bytes,
+                thread_bytes,
+                chunk_bytes,
+                chunks,
+                flag_bytes,
+            }
+        } else {
+            let lay = TiledLayout::new(shape);
+            let q_block = lay.bq_pad.min(BQ);
+            let q_blocks = shape.q_len.div_ceil(q_block);
+            let thread_bytes = lay.floats.saturating_mul(4);
+            let total_bytes = if empty {
+                0
+            } else {
+                flag_bytes.saturating_add(thread_bytes.saturating_mul(threads))
+            };
+            Plan {
+                path: Path::Tiled {
+                    q_block,
+                    q_blocks,
+                    kv_block: lay.bk,
+                },
+                threads,
+                total_bytes,
+                thread_bytes,
+                chunk_bytes: 0,
+                chunks: 0,
+                flag_bytes,
+            }
+        }
+    }
+}

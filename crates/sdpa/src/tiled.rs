@@ -1,0 +1,201 @@
+//! The prefill path: work items `(batch, head, q-block)`, each walking KV tiles with an online
+//! softmax, with packed Q/K/V tiles and register-blocked micro-kernels.
+
+use rayon::prelude::*;
+
+use crate::plan::{round_up, Path, Plan, TiledLayout, MR, NR};
+use crate::sync::{Scratch, SharedOut};
+use crate::Args;
+
+pub(crate) fn run(a: &Args<'_>, plan: &Plan, scratch: &Scratch, out: &mut [f32]) {
+    let Path::Tiled {
+        q_block, q_blocks, ..
+    } = plan.path
+    else {
+        unreachable!("tiled::run called with a row plan")
+    };
+    let sh = a.shape;
+    let lay = TiledLayout::new(&sh);
+    let out = SharedOut::new(out);
+    let items = sh.batch * sh.heads * q_blocks;
+    (0..items).into_par_iter().for_each(|item| {
+        // Later q blocks see more positions (causal): start them first.
+        let qb = q_blocks - 1 - item % q_blocks;
+        let bh = item / q_blocks;
+        let (b, h) = (bh / sh.heads, bh % sh.heads);
+        let i0 = qb * q_block;
+        let rows = q_block.min(sh.q_len - i0);
+        let mut slot = scratch.claim();
+        block(a, &lay, slot.floats(), b, h, i0, rows, &out);
+    });
+}
+
+/// Computes `out[b, i0..i0 + rows, h, :]` using the worker slice `ws`.
+#[allow(clippy::too_many_arguments)]
+fn block(
+    a: &Args<'_>,
+    lay: &TiledLayout,
+    ws: &mut [f32],
+    b: usize,
+    h: usize,
+    i0: usize,
+    rows: usize,
+    out: &SharedOut,
+) {
+    let sh = &a.shape;
+    let kern = &a.kernels;
+    let d = sh.head_dim;
+    let dp = lay.d_pad;
+    let bk = lay.bk;
+    let kvh = h / (sh.heads / sh.kv_heads);
+    let rows_p = round_up(rows, MR);
+    let strips = rows_p / MR;
+    debug_assert!(rows_p <= lay.bq_pad);
+
+    // Carve the worker slice (regions are in increasing offset order).
+    let (qp, rest) = ws[lay.qp..].split_at_mut(lay.kp - lay.qp);
+    let (kp, rest) = rest.split_at_mut(lay.vp - lay.kp);
+    let (vp, rest) = rest.split_at_mut(lay.s - lay.vp);
+    let (s, rest) = rest.split_at_mut(lay.o - lay.s);
+    let (o, rest) = rest.split_at_mut(lay.m - lay.o);
+    let (m, rest) = rest.split_at_mut(lay.l - lay.m);
+    let l = &mut rest[..lay.bq_pad];
+    let qp = &mut qp[..rows_p * d];
+    let o = &mut o[..rows_p * dp];
+    let s = &mut s[..rows_p * bk];
+
+    // Pack the query block: strip-major, `[strip][x][MR]`, pad rows zero.
+    let q_row = |i: usize| {
+        let off = ((b * sh.q_len + i) * sh.heads + h) * d;
+        &a.q[off..off + d]
+    };
+    for st in 0..strips {
+        let dst = &mut qp[st * d * MR..(st + 1) * d * MR];
+        for r in 0..MR {
+            let row = st * MR + r;
+            if row < rows {
+                for (x, &val) in q_row(i0 + row).iter().enumerate() {
+                    dst[x * MR + r] = val;
+                }
+            } else {
+                for x in 0..d {
+                    dst[x * MR + r] = 0.0;
+                }
+            }
+        }
+    }
+    o.fill(0.0);
+    m[..rows_p].fill(f32::NEG_INFINITY);
+    l[..rows_p].fill(0.0);
+
+    let kv_hi = if a.causal {
+        sh.start_pos + i0 + rows
+    } else {
+        sh.kv_len()
+    };
+    let kv_row = |t: usize| ((b * sh.kv_capacity + t) * sh.kv_heads + kvh) * d;
+    let mut t0 = 0;
+    while t0 < kv_hi {
+        let nk = bk.min(kv_hi - t0);
+        let nkp = round_up(nk, NR);
+        let panels = nkp / NR;
+
+        // Pack K: panel-major `[panel][x][NR]`, pad columns zero.
+        let kp = &mut kp[..nkp * d];
+        for j in 0..nkp {
+            let base = (j / NR) * d * NR + j % NR;
+            if j < nk {
+                let off = kv_row(t0 + j);
+                for (x, &val) in a.k[off..off + d].iter().enumerate() {
+                    kp[base + x * NR] = val;
+                }
+            } else {
+                for x in 0..d {
+                    kp[base + x * NR] = 0.0;
+                }
+            }
+        }
+        // Pack V: `[t][dp]`, pad lanes zero (their O columns are never output; zero keeps
+        // them finite rather than poison).
+        let vp = &mut vp[..nk * dp];
+        for t in 0..nk {
+            let off = kv_row(t0 + t);
+            let dst = &mut vp[t * dp..(t + 1) * dp];
+            dst[..d].copy_from_slice(&a.v[off..off + d]);
+            dst[d..].fill(0.0);
+        }
+
+        // S = Q . K^T over the tile: every (strip, panel) pair is one micro-kernel call.
+        for st in 0..strips {
+            for p in 0..panels {
+                let qs = &qp[st * d * MR..(st + 1) * d * MR];
+                let kpan = &kp[p * d * NR..(p + 1) * d * NR];
+                let dst = &mut s[st * MR * bk + p * NR..];
+                assert!(dst.len() >= (MR - 1) * bk + NR);
+                // SAFETY: `qs` holds d * MR floats, `kpan` d * NR, and `dst` (asserted) rows
+                // r < MR of NR floats at stride bk; the three are disjoint regions of `ws`.
+                // The kernel set was chosen by `Kernels::detect` for this CPU.
+                unsafe { (kern.qk_tile)(qs.as_ptr(), d, kpan.as_ptr(), dst.as_mut_ptr(), bk) };
+            }
+        }
+
+        // Online softmax per row; P overwrites S (zeros where masked or padding).
+        for r in 0..rows_p {
+            let srow = &mut s[r * bk..r * bk + nk];
+            let vis = if r < rows { a.visible(i0 + r, t0, nk) } else { 0 };
+            if vis == 0 {
+                srow.fill(0.0);
+                continue;
+            }
+            // SAFETY: slice-based kernel; the kernel set matches this CPU (`detect`).
+            let (mn, sum) = unsafe { (kern.softmax_row)(srow, vis, a.c, m[r]) };
+            let alpha = (m[r] - mn).exp2();
+            l[r] = l[r] * alpha + sum;
+            if alpha != 1.0 {
+                // SAFETY: slice-based kernel; the kernel set matches this CPU (`detect`).
+                unsafe { (kern.scale)(&mut o[r * dp..(r + 1) * dp], alpha) };
+            }
+            m[r] = mn;
+        }
+
+        // O += P . V: every (strip, 16-lane column block) is one micro-kernel call.
+        for st in 0..strips {
+            let ps = &s[st * MR * bk..];
+            assert!(ps.len() >= (MR - 1) * bk + nk);
+            for dc in 0..dp / NR {
+                let vs = &vp[dc * NR..];
+                assert!(nk == 0 || vs.len() >= (nk - 1) * dp + NR);
+                let os = &mut o[st * MR * dp + dc * NR..];
+                assert!(os.len() >= (MR - 1) * dp + NR);
+                // SAFETY: the asserts show P rows r < MR have nk floats at stride bk, V rows
+                // t < nk have 16 floats at stride dp, O rows r < MR have 16 floats at stride
+                // dp; O is a region of `ws` disjoint from S and V. Kernel set from `detect`.
+                unsafe {
+                    (kern.pv_tile)(
+                        ps.as_ptr(),
+                        bk,
+                        vs.as_ptr(),
+                        dp,
+                        nk,
+                        os.as_mut_ptr(),
+                        dp,
+                    )
+                };
+            }
+        }
+        t0 += nk;
+    }
+
+    // Normalise and write out.
+    for r in 0..rows {
+        let inv = 1.0 / l[r];
+        let off = ((b * sh.q_len + i0 + r) * sh.heads + h) * d;
+        // SAFETY: work item (b, h, q-block) is the only writer of rows i0..i0 + rows of head h
+        // of sequence b, so this range is disjoint from every other item's; `out` outlives
+        // the parallel section that calls this.
+        let dst = unsafe { out.range(off, d) };
+        for (x, y) in dst.iter_mut().zip(&o[r * dp..r * dp + d]) {
+            *x = y * inv;
+        }
+    }
+}
