@@ -1,1 +1,575 @@
-//! C ABI for caching-allocator (work in progress).
+//! C ABI for `caching-allocator`: `libcaching_allocator.{so,a}` with the header
+//! `include/caching_allocator.h` (generated from this file by cbindgen; `tests/header.rs`
+//! fails when the checked-in copy is out of date).
+//!
+//! # Model
+//! - `ca_create` makes an allocator from a `CaConfig`; `ca_destroy` frees it and every block
+//!   it holds.
+//! - `ca_allocate` returns NULL on failure; every other call returns a `CaStatus`.
+//!   `ca_last_error(a)` gives the code and a message of the calling thread's last failure on
+//!   `a`; failures without a handle (`ca_create`, a NULL handle, `ca_destroy`) are read with
+//!   `ca_last_error(NULL)`.
+//! - NULL handles and bad arguments give a status code, never a crash. Rust panics never cross
+//!   the boundary: they come back as `CA_STATUS_INTERNAL` (or `CA_STATUS_CORRUPTED` when debug
+//!   checks found an overrun during `ca_reset`).
+//!
+//! # Threads
+//! Any thread may call `ca_allocate`, `ca_release`, `ca_free_cached`, `ca_trim`, `ca_stats`
+//! and `ca_last_error` at the same time as other threads call them on the same handle. A block
+//! may be released on another thread than the one that allocated it.
+//!
+//! `ca_reset` and `ca_destroy` need **exclusive access**: no other call on the same handle may
+//! run concurrently, and no block handed out before them may be used or released after them.
+//! This is the contract of the Rust `CachingAllocator::reset_unchecked`.
+
+use core::ffi::{c_char, c_int, c_void, CStr};
+use core::ptr::NonNull;
+use std::any::Any;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+
+use ca::{AllocError, CachingAllocator, Config, Stats};
+
+mod last_error;
+#[cfg(test)]
+mod tests;
+
+/// The largest alignment `ca_allocate` serves: 2 MiB.
+pub const CA_MAX_ALIGN: usize = 2 << 20;
+/// Every block `ca_allocate` hands out is aligned to at least this (one cache line).
+pub const CA_MIN_ALIGN: usize = 64;
+
+const _: () = assert!(CA_MAX_ALIGN == ca::MAX_ALIGN && CA_MIN_ALIGN == ca::MIN_ALIGN);
+
+/// What a call did: `CA_STATUS_OK`, or why it failed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CaStatus {
+    /// Success (also what `ca_last_error` reports before any failure).
+    Ok = 0,
+    /// The allocator handle was NULL.
+    NullHandle = 1,
+    /// A pointer argument was NULL: the config of `ca_create`, the block of `ca_release`, the
+    /// output of `ca_stats`.
+    NullArgument = 2,
+    /// The alignment is 0, not a power of two, or larger than `CA_MAX_ALIGN`.
+    InvalidAlignment = 3,
+    /// The size, rounded up to its size class (plus the debug canary), exceeds `PTRDIFF_MAX`.
+    SizeOverflow = 4,
+    /// The allocation would push live + cached bytes over `limit_bytes`, even with the idle
+    /// cache given back.
+    LimitExceeded = 5,
+    /// The system allocator refused the memory, even after the idle cache was given back.
+    OutOfMemory = 6,
+    /// `ca_release` got a pointer that is not live in this allocator: never handed out by it,
+    /// already released, or taken back by `ca_reset`. Nothing changed.
+    UnknownPointer = 7,
+    /// Debug checks found a block written past its requested size (by `ca_release` or
+    /// `ca_reset`). The block went back to the system; with `ca_reset`, every other block was
+    /// still reset.
+    Corrupted = 8,
+    /// A bug inside the library: a Rust panic was caught at the boundary, or the core library
+    /// reported an error this version of the C API does not know. The message says which.
+    Internal = 9,
+}
+
+impl CaStatus {
+    /// The C name of the code, as a constant C string.
+    fn name(self) -> &'static CStr {
+        match self {
+            CaStatus::Ok => c"CA_STATUS_OK",
+            CaStatus::NullHandle => c"CA_STATUS_NULL_HANDLE",
+            CaStatus::NullArgument => c"CA_STATUS_NULL_ARGUMENT",
+            CaStatus::InvalidAlignment => c"CA_STATUS_INVALID_ALIGNMENT",
+            CaStatus::SizeOverflow => c"CA_STATUS_SIZE_OVERFLOW",
+            CaStatus::LimitExceeded => c"CA_STATUS_LIMIT_EXCEEDED",
+            CaStatus::OutOfMemory => c"CA_STATUS_OUT_OF_MEMORY",
+            CaStatus::UnknownPointer => c"CA_STATUS_UNKNOWN_POINTER",
+            CaStatus::Corrupted => c"CA_STATUS_CORRUPTED",
+            CaStatus::Internal => c"CA_STATUS_INTERNAL",
+        }
+    }
+
+    /// Every code, in numeric order.
+    const ALL: [CaStatus; 10] = [
+        CaStatus::Ok,
+        CaStatus::NullHandle,
+        CaStatus::NullArgument,
+        CaStatus::InvalidAlignment,
+        CaStatus::SizeOverflow,
+        CaStatus::LimitExceeded,
+        CaStatus::OutOfMemory,
+        CaStatus::UnknownPointer,
+        CaStatus::Corrupted,
+        CaStatus::Internal,
+    ];
+}
+
+/// The reason of a failure, from `ca_last_error`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CaError {
+    /// The status code of the failing call (`CA_STATUS_OK` if there was no failure).
+    pub code: CaStatus,
+    /// What went wrong and what to do about it; never NULL. Owned by the library: valid on the
+    /// calling thread until its next failing call on the same handle (for `ca_last_error(NULL)`:
+    /// its next failing call without a handle), or until the handle is destroyed.
+    pub message: *const c_char,
+}
+
+/// How an allocator behaves; start from `ca_config_default()`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CaConfig {
+    /// At most this many idle bytes stay cached (over all threads); past it the least recently
+    /// used idle blocks go back to the system. Default 64 MiB.
+    pub max_cached_bytes: usize,
+    /// A hard limit on live + cached bytes; 0 means no limit (the default).
+    pub limit_bytes: usize,
+    /// Fill every block with 0xFF when handed out and check a canary behind its requested end
+    /// when it comes back (`CA_STATUS_CORRUPTED`). Costs a memset per allocation. Default off.
+    pub debug_checks: bool,
+}
+
+impl From<CaConfig> for Config {
+    fn from(c: CaConfig) -> Config {
+        let config = Config::new()
+            .max_cached_bytes(c.max_cached_bytes)
+            .debug_checks(c.debug_checks);
+        if c.limit_bytes == 0 {
+            config
+        } else {
+            config.limit_bytes(c.limit_bytes)
+        }
+    }
+}
+
+/// A snapshot of an allocator's counters, from `ca_stats`. Byte counts of blocks are class
+/// sizes (what the blocks hold), except `requested_bytes`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CaStats {
+    /// Requests served by an idle cached block.
+    pub hits: u64,
+    /// Requests that needed a new block from the system.
+    pub misses: u64,
+    /// Bytes of the blocks live now.
+    pub live_bytes: usize,
+    /// How many blocks are live now.
+    pub live_blocks: usize,
+    /// Bytes of idle cached blocks, in every thread's cache.
+    pub cached_bytes: usize,
+    /// How many idle blocks are cached.
+    pub cached_blocks: usize,
+    /// The most live bytes there have been (with several threads allocating: never below the
+    /// true peak).
+    pub peak_live_bytes: usize,
+    /// Bytes taken from the system and not given back: live + cached.
+    pub reserved_bytes: usize,
+    /// The most bytes there have been taken from the system at once.
+    pub peak_reserved_bytes: usize,
+    /// The sizes requested for the live blocks (`live_bytes - requested_bytes` is rounding
+    /// waste, plus debug canaries).
+    pub requested_bytes: usize,
+    /// Blocks taken from the system.
+    pub system_allocs: u64,
+    /// Blocks given back to the system.
+    pub system_frees: u64,
+    /// Idle blocks given back to the system because of the cap, the limit or a trim.
+    pub evictions: u64,
+    /// Times the system refused memory and the allocator retried after freeing its cache.
+    pub oom_retries: u64,
+    /// Blocks found written past their requested end (debug checks).
+    pub corrupted_blocks: u64,
+}
+
+impl From<Stats> for CaStats {
+    fn from(s: Stats) -> CaStats {
+        CaStats {
+            hits: s.hits,
+            misses: s.misses,
+            live_bytes: s.live_bytes,
+            live_blocks: s.live_blocks,
+            cached_bytes: s.cached_bytes,
+            cached_blocks: s.cached_blocks,
+            peak_live_bytes: s.peak_live_bytes,
+            reserved_bytes: s.reserved_bytes,
+            peak_reserved_bytes: s.peak_reserved_bytes,
+            requested_bytes: s.requested_bytes,
+            system_allocs: s.system_allocs,
+            system_frees: s.system_frees,
+            evictions: s.evictions,
+            oom_retries: s.oom_retries,
+            corrupted_blocks: s.corrupted_blocks,
+        }
+    }
+}
+
+/// An allocator: opaque to C, made by `ca_create`, freed by `ca_destroy`.
+pub struct CaAllocator {
+    inner: CachingAllocator,
+    errors: last_error::PerThread,
+}
+
+/// Why a call failed, before it is recorded.
+struct Failure {
+    code: CaStatus,
+    message: String,
+}
+
+impl Failure {
+    fn new(code: CaStatus, message: impl Into<String>) -> Self {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn panicked(payload: &(dyn Any + Send)) -> Self {
+        Failure::new(
+            CaStatus::Internal,
+            format!("panicked: {}", panic_message(payload)),
+        )
+    }
+}
+
+impl From<AllocError> for Failure {
+    fn from(e: AllocError) -> Self {
+        let code = match e {
+            AllocError::InvalidAlignment { .. } => CaStatus::InvalidAlignment,
+            AllocError::SizeOverflow { .. } => CaStatus::SizeOverflow,
+            AllocError::LimitExceeded { .. } => CaStatus::LimitExceeded,
+            AllocError::OutOfMemory { .. } => CaStatus::OutOfMemory,
+            AllocError::UnknownPointer { .. } => CaStatus::UnknownPointer,
+            AllocError::Corrupted { .. } => CaStatus::Corrupted,
+            _ => CaStatus::Internal,
+        };
+        Failure::new(code, e.to_string())
+    }
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> &str {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s
+    } else {
+        "a panic with a non-string payload"
+    }
+}
+
+/// Runs `f`, turning a panic into a failure.
+fn catching<T>(f: impl FnOnce() -> Result<T, Failure>) -> Result<T, Failure> {
+    // `AssertUnwindSafe`: after a panic the allocator may hold inconsistent *counters*, never
+    // unsafe state (the core keeps its memory safety across panics); the caller is told by
+    // `CA_STATUS_INTERNAL`.
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| Err(Failure::panicked(&*payload)))
+}
+
+impl CaAllocator {
+    /// Runs `f` on the allocator, catching panics; a failure is recorded for this thread.
+    fn call<T>(
+        &self,
+        function: &str,
+        f: impl FnOnce(&CachingAllocator) -> Result<T, Failure>,
+    ) -> Result<T, CaStatus> {
+        catching(|| f(&self.inner)).map_err(|e| {
+            self.errors
+                .set(e.code, format!("{function}: {}", e.message));
+            e.code
+        })
+    }
+}
+
+/// Records a failure that has no handle to go to and returns its code.
+fn fail_without_handle(function: &str, e: Failure) -> CaStatus {
+    last_error::set_without_handle(e.code, format!("{function}: {}", e.message));
+    e.code
+}
+
+fn null_handle(function: &str) -> CaStatus {
+    fail_without_handle(
+        function,
+        Failure::new(
+            CaStatus::NullHandle,
+            "the allocator handle is NULL: pass the handle ca_create returned",
+        ),
+    )
+}
+
+fn status(result: Result<(), CaStatus>) -> CaStatus {
+    result.err().unwrap_or(CaStatus::Ok)
+}
+
+/// The default configuration: 64 MiB cached, no limit, no debug checks.
+#[no_mangle]
+pub extern "C" fn ca_config_default() -> CaConfig {
+    let d = Config::default();
+    CaConfig {
+        max_cached_bytes: d.get_max_cached_bytes(),
+        limit_bytes: d.get_limit_bytes().unwrap_or(0),
+        debug_checks: d.get_debug_checks(),
+    }
+}
+
+/// Creates an allocator configured by `*config`. Returns NULL on failure; then
+/// `ca_last_error(NULL)` says why (`CA_STATUS_NULL_ARGUMENT` if `config` is NULL).
+///
+/// # Safety
+/// `config` is NULL or points to a readable, initialised `CaConfig` (in particular
+/// `debug_checks` holds 0 or 1, as a C `bool` does).
+#[no_mangle]
+pub unsafe extern "C" fn ca_create(config: *const CaConfig) -> *mut CaAllocator {
+    const FUNCTION: &str = "ca_create";
+    if config.is_null() {
+        fail_without_handle(
+            FUNCTION,
+            Failure::new(
+                CaStatus::NullArgument,
+                "config is NULL: pass a CaConfig, e.g. from ca_config_default()",
+            ),
+        );
+        return core::ptr::null_mut();
+    }
+    // SAFETY: non-null, and the caller guarantees it points to an initialised `CaConfig`;
+    // `read_unaligned` asks no more of the pointer than that.
+    let config = unsafe { config.read_unaligned() };
+    match catching(|| {
+        Ok(Box::new(CaAllocator {
+            inner: CachingAllocator::with_config(config.into()),
+            errors: last_error::PerThread::default(),
+        }))
+    }) {
+        Ok(handle) => Box::into_raw(handle),
+        Err(e) => {
+            fail_without_handle(FUNCTION, e);
+            core::ptr::null_mut()
+        }
+    }
+}
+
+/// Destroys an allocator: every block it holds, live or cached, goes back to the system, and
+/// the handle must not be used again. Returns `CA_STATUS_NULL_HANDLE` for NULL (and does
+/// nothing); failures are read with `ca_last_error(NULL)`.
+///
+/// # Safety
+/// `a` is NULL or a handle from `ca_create` not yet destroyed. Exclusive access: no other call
+/// on `a` runs concurrently or afterwards, and no block from `a` (nor a message from
+/// `ca_last_error(a)`) is used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn ca_destroy(a: *mut CaAllocator) -> CaStatus {
+    const FUNCTION: &str = "ca_destroy";
+    if a.is_null() {
+        return null_handle(FUNCTION);
+    }
+    // SAFETY: `a` came from `Box::into_raw` in `ca_create` and is destroyed only once, with no
+    // other access running or to come (the caller's contract), so we may take the box back.
+    let handle = unsafe { Box::from_raw(a) };
+    match catching(|| {
+        drop(handle);
+        Ok(())
+    }) {
+        Ok(()) => CaStatus::Ok,
+        Err(e) => fail_without_handle(FUNCTION, e),
+    }
+}
+
+/// Borrows the allocator behind a handle, or records a NULL handle for `function`.
+///
+/// # Safety
+/// `a` is NULL or a live handle from `ca_create`, not destroyed while the borrow lasts.
+unsafe fn handle<'a>(a: *const CaAllocator, function: &str) -> Result<&'a CaAllocator, CaStatus> {
+    // SAFETY: by the caller's contract a non-null `a` points to a live `CaAllocator`, which is
+    // `Sync`, so a shared borrow is sound while other threads use it too.
+    unsafe { a.as_ref() }.ok_or_else(|| null_handle(function))
+}
+
+/// Returns a block of at least `size` bytes aligned to `align`, or NULL on failure (then
+/// `ca_last_error(a)` says why: `CA_STATUS_NULL_HANDLE` (read with `ca_last_error(NULL)`),
+/// `CA_STATUS_INVALID_ALIGNMENT`, `CA_STATUS_SIZE_OVERFLOW`, `CA_STATUS_LIMIT_EXCEEDED`,
+/// `CA_STATUS_OUT_OF_MEMORY`).
+///
+/// `align` is a power of two up to `CA_MAX_ALIGN`; every block is at least `CA_MIN_ALIGN`
+/// aligned. The memory is not zeroed (with debug checks it is filled with 0xFF). It stays
+/// valid until `ca_release`, `ca_reset` or `ca_destroy`. `size == 0` returns a non-NULL,
+/// aligned pointer that must not be dereferenced (releasing it is allowed and does nothing).
+/// Thread-safe.
+///
+/// # Safety
+/// `a` is NULL or a live handle from `ca_create`.
+#[no_mangle]
+pub unsafe extern "C" fn ca_allocate(a: *mut CaAllocator, size: usize, align: usize) -> *mut c_void {
+    const FUNCTION: &str = "ca_allocate";
+    // SAFETY: `a` is NULL or live, by this function's contract.
+    let Ok(a) = (unsafe { handle(a, FUNCTION) }) else {
+        return core::ptr::null_mut();
+    };
+    a.call(FUNCTION, |inner| Ok(inner.allocate(size, align)?))
+        .map_or(core::ptr::null_mut(), |p| p.as_ptr().cast())
+}
+
+/// Gives one block from `ca_allocate` back to the cache. Thread-safe, from any thread.
+///
+/// The pointer is checked against the allocator's books without reading the memory behind it:
+/// a pointer that is not live (never handed out by `a`, released twice, taken back by
+/// `ca_reset`) gives `CA_STATUS_UNKNOWN_POINTER` and changes nothing. NULL gives
+/// `CA_STATUS_NULL_ARGUMENT`. With debug checks, a block written past its requested size gives
+/// `CA_STATUS_CORRUPTED` (it goes back to the system, not to the cache).
+///
+/// # Safety
+/// `a` is NULL or a live handle from `ca_create`. If `ptr` is live in `a`, nothing uses the
+/// memory behind it after this call.
+#[no_mangle]
+pub unsafe extern "C" fn ca_release(a: *mut CaAllocator, ptr: *mut c_void) -> CaStatus {
+    const FUNCTION: &str = "ca_release";
+    // SAFETY: `a` is NULL or live, by this function's contract.
+    let a = match unsafe { handle(a, FUNCTION) } {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    status(a.call(FUNCTION, |inner| {
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| {
+            Failure::new(
+                CaStatus::NullArgument,
+                "ptr is NULL: pass a block from ca_allocate",
+            )
+        })?;
+        // SAFETY: the caller promises nothing uses the block after this call if it is live;
+        // the core checks the pointer against its books without dereferencing it otherwise.
+        Ok(unsafe { inner.release(ptr) }?)
+    }))
+}
+
+/// Every live block, handed out on any thread, goes back to the cache (ExecuTorch's temp
+/// allocator `reset()`). With debug checks, if blocks were written past their requested size,
+/// they go back to the system, every other block is still reset, and the result is
+/// `CA_STATUS_CORRUPTED`.
+///
+/// # Safety
+/// `a` is NULL or a live handle from `ca_create`. Exclusive access: no other call on `a` runs
+/// concurrently, and no block handed out before this call is used or released after it.
+#[no_mangle]
+pub unsafe extern "C" fn ca_reset(a: *mut CaAllocator) -> CaStatus {
+    const FUNCTION: &str = "ca_reset";
+    // SAFETY: `a` is NULL or live, by this function's contract.
+    let a = match unsafe { handle(a, FUNCTION) } {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    status(a.call(FUNCTION, |inner| {
+        let checks = inner.config().get_debug_checks();
+        let corrupted_before = if checks {
+            inner.stats().corrupted_blocks
+        } else {
+            0
+        };
+        // SAFETY: the caller guarantees exclusive access and that no block handed out before
+        // is used or released after: `reset_unchecked`'s contract (there are no `Scope`s, as C
+        // cannot make them).
+        match catch_unwind(AssertUnwindSafe(|| unsafe { inner.reset_unchecked() })) {
+            Ok(()) => Ok(()),
+            // The core reports overruns found by debug checks with a panic, after resetting
+            // every other block: that is a status code, not a bug.
+            Err(payload) if checks && inner.stats().corrupted_blocks > corrupted_before => Err(
+                Failure::new(CaStatus::Corrupted, panic_message(&*payload).to_owned()),
+            ),
+            Err(payload) => resume_unwind(payload),
+        }
+    }))
+}
+
+/// Gives every idle cached block back to the system. Thread-safe.
+///
+/// # Safety
+/// `a` is NULL or a live handle from `ca_create`.
+#[no_mangle]
+pub unsafe extern "C" fn ca_free_cached(a: *mut CaAllocator) -> CaStatus {
+    const FUNCTION: &str = "ca_free_cached";
+    // SAFETY: `a` is NULL or live, by this function's contract.
+    let a = match unsafe { handle(a, FUNCTION) } {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    status(a.call(FUNCTION, |inner| {
+        inner.free_cached();
+        Ok(())
+    }))
+}
+
+/// Gives least recently used idle blocks back to the system until at most `keep_bytes` stay
+/// cached. Thread-safe.
+///
+/// # Safety
+/// `a` is NULL or a live handle from `ca_create`.
+#[no_mangle]
+pub unsafe extern "C" fn ca_trim(a: *mut CaAllocator, keep_bytes: usize) -> CaStatus {
+    const FUNCTION: &str = "ca_trim";
+    // SAFETY: `a` is NULL or live, by this function's contract.
+    let a = match unsafe { handle(a, FUNCTION) } {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    status(a.call(FUNCTION, |inner| {
+        inner.trim(keep_bytes);
+        Ok(())
+    }))
+}
+
+/// Fills `*out` with a snapshot of the allocator's counters. Thread-safe (while other threads
+/// allocate, the counters are not all of one instant). `CA_STATUS_NULL_ARGUMENT` if `out` is
+/// NULL.
+///
+/// # Safety
+/// `a` is NULL or a live handle from `ca_create`; `out` is NULL or valid for writing a
+/// `CaStats`.
+#[no_mangle]
+pub unsafe extern "C" fn ca_stats(a: *const CaAllocator, out: *mut CaStats) -> CaStatus {
+    const FUNCTION: &str = "ca_stats";
+    // SAFETY: `a` is NULL or live, by this function's contract.
+    let a = match unsafe { handle(a, FUNCTION) } {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    status(a.call(FUNCTION, |inner| {
+        if out.is_null() {
+            return Err(Failure::new(
+                CaStatus::NullArgument,
+                "out is NULL: pass a CaStats to fill",
+            ));
+        }
+        let stats = CaStats::from(inner.stats());
+        // SAFETY: non-null, and the caller guarantees it is valid for writing a `CaStats`;
+        // `write_unaligned` needs no alignment and drops nothing (the type is plain data).
+        unsafe { out.write_unaligned(stats) };
+        Ok(())
+    }))
+}
+
+/// The calling thread's last failure on `a` (with `a == NULL`: its last failure that had no
+/// handle: `ca_create`, `ca_destroy`, or any call given a NULL handle). `code` is
+/// `CA_STATUS_OK` if there was none.
+///
+/// Like `errno`, a successful call does not clear it: read it right after a call that failed.
+/// Each thread has its own last error on each handle, so threads never see each other's.
+///
+/// # Safety
+/// `a` is NULL or a live handle from `ca_create`.
+#[no_mangle]
+pub unsafe extern "C" fn ca_last_error(a: *const CaAllocator) -> CaError {
+    // SAFETY: `a` is NULL or live, by this function's contract.
+    let (code, message) = match unsafe { a.as_ref() } {
+        Some(a) => a.errors.get(),
+        None => last_error::get_without_handle(),
+    };
+    CaError { code, message }
+}
+
+/// The name of a status code, e.g. `"CA_STATUS_LIMIT_EXCEEDED"`, as a constant string; for a
+/// value that is no `CaStatus`, `"CA_STATUS_UNKNOWN"`. Never NULL.
+#[no_mangle]
+pub extern "C" fn ca_status_name(code: c_int) -> *const c_char {
+    CaStatus::ALL
+        .iter()
+        .find(|s| **s as c_int == code)
+        .map_or(c"CA_STATUS_UNKNOWN", |s| s.name())
+        .as_ptr()
+}
