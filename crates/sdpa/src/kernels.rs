@@ -135,7 +135,12 @@ pub(crate) mod scalar {
     ///
     /// # Safety
     /// None beyond the function-pointer contract (this version is safe to call).
-    pub(crate) unsafe fn softmax_row(s: &mut [f32], valid: usize, c: f32, m_old: f32) -> (f32, f32) {
+    pub(crate) unsafe fn softmax_row(
+        s: &mut [f32],
+        valid: usize,
+        c: f32,
+        m_old: f32,
+    ) -> (f32, f32) {
         let (vis, rest) = s.split_at_mut(valid);
         let mut mx = m_old;
         for x in vis.iter_mut() {
@@ -308,7 +313,12 @@ mod avx2 {
     /// # Safety
     /// The CPU supports AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn softmax_row(s: &mut [f32], valid: usize, c: f32, m_old: f32) -> (f32, f32) {
+    pub(super) unsafe fn softmax_row(
+        s: &mut [f32],
+        valid: usize,
+        c: f32,
+        m_old: f32,
+    ) -> (f32, f32) {
         let (vis, rest) = s.split_at_mut(valid);
         let cv = _mm256_set1_ps(c);
         let mut mv = _mm256_set1_ps(m_old);
@@ -366,7 +376,12 @@ mod avx2 {
         let mut chunks = x.chunks_exact_mut(8);
         for ch in &mut chunks {
             // SAFETY: `ch` is 8 floats.
-            unsafe { _mm256_storeu_ps(ch.as_mut_ptr(), _mm256_mul_ps(_mm256_loadu_ps(ch.as_ptr()), av)) };
+            unsafe {
+                _mm256_storeu_ps(
+                    ch.as_mut_ptr(),
+                    _mm256_mul_ps(_mm256_loadu_ps(ch.as_ptr()), av),
+                )
+            };
         }
         for e in chunks.into_remainder() {
             *e *= a;
@@ -400,7 +415,11 @@ mod avx2 {
         while i + 8 <= n {
             // SAFETY: `i + 8 <= n`: in bounds of both slices.
             unsafe {
-                acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc[0]);
+                acc[0] = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(pa.add(i)),
+                    _mm256_loadu_ps(pb.add(i)),
+                    acc[0],
+                );
             }
             i += 8;
         }
@@ -437,6 +456,92 @@ mod avx2 {
         }
         for j in i..n {
             acc[j] += p[0] * v[0][j] + p[1] * v[1][j] + p[2] * v[2][j] + p[3] * v[3][j];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn close(a: &[f32], b: &[f32], tol: f32) {
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= tol * (1.0 + y.abs()), "at {i}: {x} vs {y}");
+        }
+    }
+
+    /// The detected (SIMD, where available) kernels agree with the scalar ones.
+    #[test]
+    fn detected_kernels_match_scalar() {
+        let (f, s) = (Kernels::detect(), Kernels::scalar());
+        for d in [1, 7, 8, 64, 72, 100, 128] {
+            let a = data(d * MR, d as u32);
+            let b = data(d * NR, 3 + d as u32);
+            let (mut s1, mut s2) = (vec![0f32; MR * 20], vec![0f32; MR * 20]);
+            // SAFETY: a holds d*MR floats, b d*NR, s rows of NR at stride 20 (MR*20 floats).
+            unsafe {
+                (f.qk_tile)(a.as_ptr(), d, b.as_ptr(), s1.as_mut_ptr(), 20);
+                (s.qk_tile)(a.as_ptr(), d, b.as_ptr(), s2.as_mut_ptr(), 20);
+            }
+            close(&s1, &s2, 1e-5);
+
+            let nk = d.min(50);
+            let p = data(MR * 50, 5);
+            let v = data(nk * 32, 6);
+            let (mut o1, mut o2) = (data(MR * 24, 7), data(MR * 24, 7));
+            // SAFETY: p rows of nk <= 50 at stride 50; v rows of 16 at stride 32 (nk rows);
+            // o rows of 16 at stride 24.
+            unsafe {
+                (f.pv_tile)(p.as_ptr(), 50, v.as_ptr(), 32, nk, o1.as_mut_ptr(), 24);
+                (s.pv_tile)(p.as_ptr(), 50, v.as_ptr(), 32, nk, o2.as_mut_ptr(), 24);
+            }
+            close(&o1, &o2, 1e-5);
+
+            let x = data(d, 8);
+            let y = data(d, 9);
+            // SAFETY: slice-based kernels on a CPU `detect` chose them for.
+            let (d1, d2) = unsafe { ((f.dot)(&x, &y), (s.dot)(&x, &y)) };
+            close(&[d1], &[d2], 1e-5);
+
+            let (mut a1, mut a2) = (data(d, 10), data(d, 10));
+            let rows = [data(d, 11), data(d, 12), data(d, 13), data(d, 14)];
+            let vr = [&rows[0][..], &rows[1][..], &rows[2][..], &rows[3][..]];
+            // SAFETY: as above.
+            unsafe {
+                (f.axpy4)(&mut a1, [0.5, -1.0, 2.0, 0.25], vr);
+                (s.axpy4)(&mut a2, [0.5, -1.0, 2.0, 0.25], vr);
+                (f.scale)(&mut a1, 0.7);
+                (s.scale)(&mut a2, 0.7);
+            }
+            close(&a1, &a2, 1e-5);
+
+            for valid in [1, d / 2 + 1, d] {
+                let (mut r1, mut r2) = (data(d, 15), data(d, 15));
+                for m_old in [f32::NEG_INFINITY, 0.5, 30.0] {
+                    // SAFETY: as above.
+                    let (x1, x2) = unsafe {
+                        (
+                            (f.softmax_row)(&mut r1, valid, 9.0, m_old),
+                            (s.softmax_row)(&mut r2, valid, 9.0, m_old),
+                        )
+                    };
+                    close(&[x1.0, x1.1], &[x2.0, x2.1], 1e-5);
+                    close(&r1, &r2, 1e-5);
+                    assert!(r1[valid..].iter().all(|&z| z == 0.0));
+                }
+            }
         }
     }
 }

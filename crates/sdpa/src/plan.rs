@@ -176,7 +176,8 @@ impl Plan {
         if shape.q_len <= ROW_PATH_MAX_Q_LEN {
             let max_chunks = kv_len.div_ceil(ROW_MIN_CHUNK).max(1);
             let want = threads
-                .saturating_mul(ROW_ITEMS_PER_THREAD).div_ceil(shape.batch.max(1));
+                .saturating_mul(ROW_ITEMS_PER_THREAD)
+                .div_ceil(shape.batch.max(1));
             let chunks_per_batch = want.clamp(1, max_chunks);
             let chunk_len = kv_len.div_ceil(chunks_per_batch).max(1);
             let chunks_per_batch = kv_len.div_ceil(chunk_len).max(1);

@@ -65,7 +65,10 @@ pub(crate) fn run(a: &Args<'_>, plan: &Plan, scratch: &Scratch, out: &mut [f32])
                 }
                 let w = (mc - mx).exp2();
                 sum += p[lay.l + r] * w;
-                for (x, y) in dst.iter_mut().zip(&p[lay.acc + r * d..lay.acc + (r + 1) * d]) {
+                for (x, y) in dst
+                    .iter_mut()
+                    .zip(&p[lay.acc + r * d..lay.acc + (r + 1) * d])
+                {
                     *x += y * w;
                 }
             }

@@ -117,7 +117,10 @@ impl Scratch {
         let off = self.flag_bytes + self.threads * self.thread_bytes + c * self.chunk_bytes;
         // SAFETY: in bounds and aligned as in `chunk`; no writer exists (caller's guarantee).
         unsafe {
-            core::slice::from_raw_parts(self.base.as_ptr().add(off).cast::<f32>(), self.chunk_bytes / 4)
+            core::slice::from_raw_parts(
+                self.base.as_ptr().add(off).cast::<f32>(),
+                self.chunk_bytes / 4,
+            )
         }
     }
 }
@@ -137,7 +140,10 @@ impl Slot<'_> {
         // drop), so no other reference to this slice exists; `&mut self` prevents two from
         // this slot. The slice lies inside the buffer (`Scratch::new`'s contract), 64-aligned.
         unsafe {
-            core::slice::from_raw_parts_mut(s.base.as_ptr().add(off).cast::<f32>(), s.thread_bytes / 4)
+            core::slice::from_raw_parts_mut(
+                s.base.as_ptr().add(off).cast::<f32>(),
+                s.thread_bytes / 4,
+            )
         }
     }
 }

@@ -142,7 +142,11 @@ fn block(
         // Online softmax per row; P overwrites S (zeros where masked or padding).
         for r in 0..rows_p {
             let srow = &mut s[r * bk..r * bk + nk];
-            let vis = if r < rows { a.visible(i0 + r, t0, nk) } else { 0 };
+            let vis = if r < rows {
+                a.visible(i0 + r, t0, nk)
+            } else {
+                0
+            };
             if vis == 0 {
                 srow.fill(0.0);
                 continue;
@@ -171,15 +175,7 @@ fn block(
                 // t < nk have 16 floats at stride dp, O rows r < MR have 16 floats at stride
                 // dp; O is a region of `ws` disjoint from S and V. Kernel set from `detect`.
                 unsafe {
-                    (kern.pv_tile)(
-                        ps.as_ptr(),
-                        bk,
-                        vs.as_ptr(),
-                        dp,
-                        nk,
-                        os.as_mut_ptr(),
-                        dp,
-                    )
+                    (kern.pv_tile)(ps.as_ptr(), bk, vs.as_ptr(), dp, nk, os.as_mut_ptr(), dp)
                 };
             }
         }
