@@ -182,7 +182,10 @@ impl CachingAllocator {
     /// over every thread's cache. The blocks that stay move to the shared cache.
     pub fn trim(&self, keep_bytes: usize) {
         let registry = lock(&self.registry);
-        let cached: usize = registry.iter().map(|c| c.lock().idle.bytes()).sum::<usize>()
+        let cached: usize = registry
+            .iter()
+            .map(|c| c.lock().idle.bytes())
+            .sum::<usize>()
             + lock(&self.shared).idle.bytes();
         if cached <= keep_bytes {
             return;
@@ -637,7 +640,12 @@ fn report_overruns(overruns: &[Overrun]) {
 impl Drop for CachingAllocator {
     fn drop(&mut self) {
         let mut blocks = Vec::new();
-        for cache in self.registry.get_mut().unwrap_or_else(|e| e.into_inner()).iter() {
+        for cache in self
+            .registry
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
             // Threads may still hold an `Arc` of this cache in their thread-locals; `closed`
             // tells them to forget it. They never lock it again: that needs `&self`.
             cache.close();

@@ -114,7 +114,8 @@ impl IdleLists {
         let pos = if align <= MIN_ALIGN {
             list.len().checked_sub(1)?
         } else {
-            list.iter().rposition(|(_, b)| b.addr() & (align - 1) == 0)?
+            list.iter()
+                .rposition(|(_, b)| b.addr() & (align - 1) == 0)?
         };
         let (_, block) = list.remove(pos)?;
         if list.is_empty() {
@@ -167,10 +168,20 @@ mod tests {
         idle.push(fake(64 * 3, 100));
         assert_eq!(idle.bytes(), 256);
         // align 64: newest first.
-        assert_eq!(idle.take(SizeClass::for_size(128).unwrap(), 64).unwrap().addr(), 192);
+        assert_eq!(
+            idle.take(SizeClass::for_size(128).unwrap(), 64)
+                .unwrap()
+                .addr(),
+            192
+        );
         idle.push(fake(64 * 3, 100));
         // align 4096: only the first block qualifies.
-        assert_eq!(idle.take(SizeClass::for_size(100).unwrap(), 4096).unwrap().addr(), 4096);
+        assert_eq!(
+            idle.take(SizeClass::for_size(100).unwrap(), 4096)
+                .unwrap()
+                .addr(),
+            4096
+        );
         assert!(idle.take(SizeClass::for_size(100).unwrap(), 4096).is_none());
         assert!(idle.take(SizeClass::for_size(64).unwrap(), 64).is_none());
         assert_eq!(idle.blocks(), 1);

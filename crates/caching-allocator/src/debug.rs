@@ -4,7 +4,8 @@ use core::ptr::NonNull;
 
 /// Bytes of canary behind every block's requested end when debug checks are on.
 pub(crate) const CANARY_LEN: usize = 16;
-const CANARY: [u8; CANARY_LEN] = *b"\xCA\xFE\xF0\x0D\xDE\xAD\xBE\xEF\xCA\xFE\xF0\x0D\xDE\xAD\xBE\xEF";
+const CANARY: [u8; CANARY_LEN] =
+    *b"\xCA\xFE\xF0\x0D\xDE\xAD\xBE\xEF\xCA\xFE\xF0\x0D\xDE\xAD\xBE\xEF";
 /// What handed-out memory is filled with: all-ones bytes are a NaN in f32 and f64.
 pub(crate) const POISON: u8 = 0xFF;
 

@@ -180,7 +180,10 @@ impl Drop for Scope<'_> {
         drop(state);
         if !overruns.is_empty() && !std::thread::panicking() {
             let list: Vec<String> = overruns.iter().map(ToString::to_string).collect();
-            panic!("caching-allocator: a Scope's blocks were overrun: {}", list.join("; "));
+            panic!(
+                "caching-allocator: a Scope's blocks were overrun: {}",
+                list.join("; ")
+            );
         }
     }
 }

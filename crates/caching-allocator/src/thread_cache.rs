@@ -96,7 +96,6 @@ impl ThreadCache {
         self.state.lock()
     }
 
-
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
     }
@@ -133,13 +132,17 @@ impl Drop for OwnedCaches {
     fn drop(&mut self) {
         // Forget the fast-path pointer first: the registry may free an orphaned cache on the
         // next `reset(&mut self)`, and a TLS destructor running later must not reach it.
-        LAST.with(|last| last.set((0, core::ptr::null())));
+        // `try_with`: under loom, thread-locals are destroyed in no fixed order and `LAST` may be
+        // gone already (then nobody can read it either). With `std`, `LAST` needs no destructor
+        // and is always there.
+        let _ = LAST.try_with(|last| last.set((0, core::ptr::null())));
         for (_, cache) in &self.0 {
             cache.lock().orphaned = true;
         }
     }
 }
 
+#[cfg(not(loom))]
 thread_local! {
     /// The allocator id and cache this thread used last: the fast path's one comparison.
     static LAST: Cell<(u64, *const ThreadCache)> = const { Cell::new((0, core::ptr::null())) };
@@ -147,6 +150,19 @@ thread_local! {
     static OWNED: RefCell<OwnedCaches> = const { RefCell::new(OwnedCaches(Vec::new())) };
     /// Scope ids: unique within a thread, combined with the thread's number.
     static SCOPE_IDS: Cell<u64> = const { Cell::new(0) };
+}
+
+// Under loom every model thread runs on one OS thread, so `std` thread-locals would be shared by
+// all of them: use loom's, which are per model thread. Loom's macro does not take `const { .. }`
+// initialisers, so the same three locals are declared again, initialised lazily.
+#[cfg(loom)]
+loom::thread_local! {
+    /// The allocator id and cache this thread used last: the fast path's one comparison.
+    static LAST: Cell<(u64, *const ThreadCache)> = Cell::new((0, core::ptr::null()));
+    /// Every cache this thread owns; keeps them alive as long as the thread is.
+    static OWNED: RefCell<OwnedCaches> = RefCell::new(OwnedCaches(Vec::new()));
+    /// Scope ids: unique within a thread, combined with the thread's number.
+    static SCOPE_IDS: Cell<u64> = Cell::new(0);
 }
 
 /// Gives each thread a distinct high half for its scope ids.

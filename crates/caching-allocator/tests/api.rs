@@ -207,7 +207,11 @@ fn cap_keeps_recent_blocks_and_evicts_old_ones() {
     assert!(s.cached_bytes <= 3 * 4096, "{s}");
     assert!(s.evictions >= 1);
     let again = alloc.allocate(4096, 64).unwrap();
-    assert_ne!(addr(again), addr(old), "the least recently used block was evicted");
+    assert_ne!(
+        addr(again),
+        addr(old),
+        "the least recently used block was evicted"
+    );
 }
 
 #[test]
@@ -230,7 +234,9 @@ fn trim_and_free_cached_reach_idle_threads() {
     let worker = {
         let alloc = alloc.clone();
         std::thread::spawn(move || {
-            let ps: Vec<_> = (0..4).map(|_| alloc.allocate(1 << 16, 64).unwrap()).collect();
+            let ps: Vec<_> = (0..4)
+                .map(|_| alloc.allocate(1 << 16, 64).unwrap())
+                .collect();
             for p in ps {
                 // SAFETY: released once.
                 unsafe { alloc.release(p).unwrap() };
@@ -291,7 +297,10 @@ fn limit_evicts_idle_blocks_then_refuses() {
     assert_eq!(alloc.stats().reserved_bytes, 3 * 4096);
     let before = alloc.stats();
     let err = alloc.allocate(64, 64).unwrap_err();
-    assert!(matches!(err, AllocError::LimitExceeded { limit: 12288, .. }), "{err}");
+    assert!(
+        matches!(err, AllocError::LimitExceeded { limit: 12288, .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("limit_bytes"));
     assert_eq!(alloc.stats(), before);
     // SAFETY: released once each.
@@ -312,7 +321,13 @@ fn out_of_memory_frees_the_cache_retries_once_then_fails() {
     unsafe { alloc.release(p).unwrap() };
     counting.fail_all.store(true, Ordering::SeqCst);
     let err = alloc.allocate(8192, 64).unwrap_err();
-    assert_eq!(err, AllocError::OutOfMemory { size: 8192, align: 64 });
+    assert_eq!(
+        err,
+        AllocError::OutOfMemory {
+            size: 8192,
+            align: 64
+        }
+    );
     let s = alloc.stats();
     assert_eq!((s.oom_retries, s.cached_bytes, s.reserved_bytes), (1, 0, 0));
     // Nothing cached: no retry this time.
@@ -334,7 +349,9 @@ fn releasing_unknown_or_released_pointers_is_an_error() {
     unsafe {
         assert_eq!(
             alloc.release(foreign),
-            Err(AllocError::UnknownPointer { addr: addr(foreign) })
+            Err(AllocError::UnknownPointer {
+                addr: addr(foreign)
+            })
         );
         alloc.release(p).unwrap();
         let before = alloc.stats();
@@ -450,7 +467,10 @@ fn an_overrun_block_is_reported_and_never_reused() {
         }
     );
     let s = alloc.stats();
-    assert_eq!((s.corrupted_blocks, s.cached_blocks, s.reserved_bytes), (1, 0, 0));
+    assert_eq!(
+        (s.corrupted_blocks, s.cached_blocks, s.reserved_bytes),
+        (1, 0, 0)
+    );
     assert_eq!(counting.outstanding.load(Ordering::SeqCst), 0);
 }
 
@@ -466,7 +486,10 @@ fn reset_returns_good_blocks_then_panics_naming_the_overrun() {
     let msg = *result.unwrap_err().downcast::<String>().unwrap();
     assert!(msg.contains("1000 bytes requested (class 1024)"), "{msg}");
     let s = alloc.stats();
-    assert_eq!((s.live_blocks, s.cached_blocks, s.corrupted_blocks), (0, 1, 1));
+    assert_eq!(
+        (s.live_blocks, s.cached_blocks, s.corrupted_blocks),
+        (0, 1, 1)
+    );
 }
 
 #[test]
@@ -481,7 +504,10 @@ fn an_overrun_scope_block_panics_on_drop_after_returning_the_rest() {
     }));
     assert!(result.is_err());
     let s = alloc.stats();
-    assert_eq!((s.live_blocks, s.cached_blocks, s.corrupted_blocks), (0, 1, 1));
+    assert_eq!(
+        (s.live_blocks, s.cached_blocks, s.corrupted_blocks),
+        (0, 1, 1)
+    );
 }
 
 // ---- behaviour 10: drop --------------------------------------------------------------
@@ -608,16 +634,25 @@ fn et_same_size_after_reset_is_the_same_block() {
 #[test]
 fn et_different_sizes_are_distinct() {
     let alloc = CachingAllocator::new(1 << 20);
-    let ps: Vec<_> = [128, 256, 512].iter().map(|&s| alloc.allocate(s, 64).unwrap()).collect();
+    let ps: Vec<_> = [128, 256, 512]
+        .iter()
+        .map(|&s| alloc.allocate(s, 64).unwrap())
+        .collect();
     assert!(ps[0] != ps[1] && ps[1] != ps[2] && ps[0] != ps[2]);
 }
 
 #[test]
 fn et_two_blocks_reused_after_reset() {
     let mut alloc = CachingAllocator::new(1 << 20);
-    let mut a = [addr(alloc.allocate(256, 64).unwrap()), addr(alloc.allocate(256, 64).unwrap())];
+    let mut a = [
+        addr(alloc.allocate(256, 64).unwrap()),
+        addr(alloc.allocate(256, 64).unwrap()),
+    ];
     alloc.reset();
-    let mut b = [addr(alloc.allocate(256, 64).unwrap()), addr(alloc.allocate(256, 64).unwrap())];
+    let mut b = [
+        addr(alloc.allocate(256, 64).unwrap()),
+        addr(alloc.allocate(256, 64).unwrap()),
+    ];
     a.sort();
     b.sort();
     assert_eq!(a, b);
@@ -642,9 +677,15 @@ fn et_rounds_of_mixed_sizes_and_repeated_resets() {
 fn et_multi_size_reuse_matches_classes() {
     let mut alloc = CachingAllocator::new(1 << 20);
     let sizes = [128, 256, 512, 128];
-    let first: Vec<_> = sizes.iter().map(|&s| addr(alloc.allocate(s, 64).unwrap())).collect();
+    let first: Vec<_> = sizes
+        .iter()
+        .map(|&s| addr(alloc.allocate(s, 64).unwrap()))
+        .collect();
     alloc.reset();
-    let second: Vec<_> = sizes.iter().map(|&s| addr(alloc.allocate(s, 64).unwrap())).collect();
+    let second: Vec<_> = sizes
+        .iter()
+        .map(|&s| addr(alloc.allocate(s, 64).unwrap()))
+        .collect();
     let mut f = first.clone();
     let mut g = second.clone();
     f.sort();
@@ -688,10 +729,19 @@ fn error_messages_say_what_to_do() {
     let errors = [
         AllocError::InvalidAlignment { align: 3 },
         AllocError::SizeOverflow { size: 1, align: 1 },
-        AllocError::LimitExceeded { size: 1, class_size: 64, limit: 0, reserved: 0 },
+        AllocError::LimitExceeded {
+            size: 1,
+            class_size: 64,
+            limit: 0,
+            reserved: 0,
+        },
         AllocError::OutOfMemory { size: 1, align: 1 },
         AllocError::UnknownPointer { addr: 0x1000 },
-        AllocError::Corrupted { addr: 0x1000, requested: 1, class_size: 64 },
+        AllocError::Corrupted {
+            addr: 0x1000,
+            requested: 1,
+            class_size: 64,
+        },
     ];
     for e in errors {
         let msg = e.to_string();

@@ -1,0 +1,290 @@
+//! Model-checked concurrency: every interleaving (up to a preemption bound) of a few threads
+//! using one allocator.
+//!
+//! Run with
+//! `LOOM_MAX_PREEMPTIONS=2 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p caching-allocator --release --test loom`.
+//! Under `cfg(loom)` the crate's locks and atomics are loom's (`src/sync.rs`) and so are its
+//! thread-locals (`src/thread_cache.rs`), so each model thread has its own thread cache and loom
+//! switches threads at every lock.
+//!
+//! Each model ends with the books checked against a counting backing allocator: stats agree
+//! with what the system handed out, the cap holds, and dropping the allocator gives back
+//! exactly the bytes taken.
+#![cfg(loom)]
+
+use core::alloc::{GlobalAlloc, Layout};
+use std::alloc::System;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc as StdArc;
+
+use caching_allocator::{CachingAllocator, Config, Stats};
+use loom::sync::Arc;
+use loom::thread;
+
+/// Counts what the allocator takes from and gives back to the system. Plain `std` atomics:
+/// the counts are checked only after every model thread has been joined.
+#[derive(Default)]
+struct Counting {
+    bytes: AtomicUsize,
+    blocks: AtomicUsize,
+}
+
+// SAFETY: forwards to `System` unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract is `System::alloc`'s.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            self.bytes.fetch_add(layout.size(), SeqCst);
+            self.blocks.fetch_add(1, SeqCst);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        self.bytes.fetch_sub(layout.size(), SeqCst);
+        self.blocks.fetch_sub(1, SeqCst);
+        // SAFETY: the caller's contract is `System::dealloc`'s.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+fn allocator(cap: usize) -> (Arc<CachingAllocator>, StdArc<Counting>) {
+    let counting = StdArc::new(Counting::default());
+    let alloc = CachingAllocator::with_config(
+        Config::default()
+            .max_cached_bytes(cap)
+            .system_allocator(counting.clone()),
+    );
+    (Arc::new(alloc), counting)
+}
+
+/// The books balance: what the system holds for us is exactly live + cached, and the cap holds.
+fn check_books(stats: &Stats, counting: &Counting, cap: usize) {
+    assert_eq!(
+        stats.reserved_bytes,
+        stats.live_bytes + stats.cached_bytes,
+        "{stats:?}"
+    );
+    assert_eq!(
+        counting.bytes.load(SeqCst),
+        stats.reserved_bytes,
+        "{stats:?}"
+    );
+    assert_eq!(
+        counting.blocks.load(SeqCst) as u64,
+        stats.system_allocs - stats.system_frees,
+        "{stats:?}"
+    );
+    assert_eq!(
+        (stats.live_blocks + stats.cached_blocks) as u64,
+        stats.system_allocs - stats.system_frees,
+        "{stats:?}"
+    );
+    assert!(stats.cached_bytes <= cap, "cap {cap} broken: {stats:?}");
+    assert_eq!(stats.system_frees, stats.evictions, "{stats:?}");
+}
+
+/// Dropping the allocator (the last `Arc`) gives every byte back to the system.
+fn drop_and_check(alloc: Arc<CachingAllocator>, counting: &Counting) {
+    drop(alloc);
+    assert_eq!(counting.bytes.load(SeqCst), 0, "bytes leaked at drop");
+    assert_eq!(counting.blocks.load(SeqCst), 0, "blocks leaked at drop");
+}
+
+/// Writes `tag` over a block's `len` bytes.
+fn tag(addr: usize, len: usize, tag: u8) {
+    // SAFETY: the block is live, ours alone, and at least `len` bytes long.
+    unsafe { core::ptr::write_bytes(addr as *mut u8, tag, len) };
+}
+
+/// Whether a block's `len` bytes still hold `tag`.
+fn tagged(addr: usize, len: usize, tag: u8) -> bool {
+    // SAFETY: as in `tag`; every byte was written by it.
+    let bytes = unsafe { core::slice::from_raw_parts(addr as *const u8, len) };
+    bytes.iter().all(|&b| b == tag)
+}
+
+/// Two threads allocate and release blocks of one class at once; after they are joined a third
+/// thread resets through `reset_unchecked`, reaching the blocks the exited threads left live.
+#[test]
+fn two_threads_same_class_then_reset_from_a_third() {
+    loom::model(|| {
+        let cap = 1 << 20;
+        let (alloc, counting) = allocator(cap);
+        let workers: Vec<_> = (1..=2u8)
+            .map(|t| {
+                let alloc = alloc.clone();
+                thread::spawn(move || {
+                    let a = alloc.allocate(100, 64).unwrap().as_ptr() as usize;
+                    tag(a, 100, t);
+                    // SAFETY: `a` came from `allocate` and is not used after.
+                    unsafe { alloc.release(core::ptr::NonNull::new(a as *mut u8).unwrap()) }
+                        .unwrap();
+                    // Left live on purpose: the reset must find it in an exited thread's cache.
+                    let b = alloc.allocate(100, 64).unwrap().as_ptr() as usize;
+                    tag(b, 100, t);
+                    (b, t)
+                })
+            })
+            .collect();
+        let held: Vec<(usize, u8)> = workers.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_ne!(held[0].0, held[1].0, "one block handed to two threads");
+        for &(addr, t) in &held {
+            assert!(tagged(addr, 100, t), "a live block was overwritten");
+        }
+        let stats = alloc.stats();
+        assert_eq!(stats.live_blocks, 2);
+        assert_eq!(stats.hits + stats.misses, 4);
+        check_books(&stats, &counting, cap);
+
+        let resetter = {
+            let alloc = alloc.clone();
+            // SAFETY: the workers are joined and nothing uses their blocks any more; no scope
+            // is alive; the main thread makes no call until this thread is joined.
+            thread::spawn(move || unsafe { alloc.reset_unchecked() })
+        };
+        resetter.join().unwrap();
+        let stats = alloc.stats();
+        assert_eq!((stats.live_blocks, stats.live_bytes), (0, 0), "{stats:?}");
+        assert_eq!(stats.cached_blocks as u64, stats.system_allocs, "{stats:?}");
+        check_books(&stats, &counting, cap);
+
+        // The reset blocks serve new requests without the system.
+        let before = alloc.stats().system_allocs;
+        let p = alloc.allocate(100, 64).unwrap();
+        assert_eq!(alloc.stats().system_allocs, before);
+        // SAFETY: `p` came from `allocate` and is not used after.
+        unsafe { alloc.release(p) }.unwrap();
+        drop_and_check(alloc, &counting);
+    });
+}
+
+/// A block released on one thread (not the one that allocated it) refills another thread's
+/// allocation of the same class, while the release and the allocation race.
+#[test]
+fn release_on_one_thread_refills_allocation_on_another() {
+    loom::model(|| {
+        let cap = 1 << 20;
+        let (alloc, counting) = allocator(cap);
+        let p = alloc.allocate(3000, 64).unwrap().as_ptr() as usize;
+        let releaser = {
+            let alloc = alloc.clone();
+            thread::spawn(move || {
+                tag(p, 3000, 1);
+                // SAFETY: `p` was handed to this thread; nothing uses it after.
+                unsafe { alloc.release(core::ptr::NonNull::new(p as *mut u8).unwrap()) }
+            })
+        };
+        let taker = {
+            let alloc = alloc.clone();
+            thread::spawn(move || {
+                let q = alloc.allocate(3000, 64).unwrap().as_ptr() as usize;
+                tag(q, 3000, 2);
+                q
+            })
+        };
+        releaser.join().unwrap().unwrap();
+        let q = taker.join().unwrap();
+        assert!(tagged(q, 3000, 2));
+        let stats = alloc.stats();
+        // Either the taker found `p` (released first: no new system block) or took a new one.
+        if stats.system_allocs == 1 {
+            assert_eq!(q, p, "one system block but the taker holds another");
+            assert_eq!((stats.hits, stats.misses), (1, 1));
+        } else {
+            assert_eq!(stats.system_allocs, 2);
+            assert_ne!(q, p, "the block was handed out while still live");
+            assert_eq!(stats.cached_blocks, 1);
+        }
+        assert_eq!(stats.live_blocks, 1);
+        check_books(&stats, &counting, cap);
+
+        // The main thread now finds `p` or `q`'s twin through the other threads' caches.
+        let r = alloc.allocate(3000, 64).unwrap();
+        assert_ne!(r.as_ptr() as usize, q);
+        assert_eq!(alloc.stats().system_allocs, 2);
+        // SAFETY: `r` came from `allocate` and is not used after.
+        unsafe { alloc.release(r) }.unwrap();
+        check_books(&alloc.stats(), &counting, cap);
+        drop_and_check(alloc, &counting);
+    });
+}
+
+/// With a cap of one block, releases that must evict race with an allocation of the class.
+#[test]
+fn eviction_races_with_allocation() {
+    loom::model(|| {
+        let cap = 64;
+        let (alloc, counting) = allocator(cap);
+        let p1 = alloc.allocate(64, 64).unwrap().as_ptr() as usize;
+        let p2 = alloc.allocate(64, 64).unwrap().as_ptr() as usize;
+        let releaser = {
+            let alloc = alloc.clone();
+            thread::spawn(move || {
+                for p in [p1, p2] {
+                    // SAFETY: `p` was handed to this thread; nothing uses it after.
+                    unsafe { alloc.release(core::ptr::NonNull::new(p as *mut u8).unwrap()) }
+                        .unwrap();
+                }
+            })
+        };
+        let taker = {
+            let alloc = alloc.clone();
+            thread::spawn(move || {
+                let q = alloc.allocate(64, 64).unwrap();
+                tag(q.as_ptr() as usize, 64, 7);
+                let addr = q.as_ptr() as usize;
+                assert!(tagged(addr, 64, 7));
+                // SAFETY: `q` came from `allocate` and is not used after.
+                unsafe { alloc.release(q) }.unwrap();
+                addr
+            })
+        };
+        releaser.join().unwrap();
+        taker.join().unwrap();
+        let stats = alloc.stats();
+        assert_eq!(stats.live_blocks, 0);
+        assert!(
+            stats.evictions >= 1,
+            "three blocks and a one-block cap: {stats:?}"
+        );
+        check_books(&stats, &counting, cap);
+        drop_and_check(alloc, &counting);
+    });
+}
+
+/// `trim(0)` on one thread races with a release and an allocation on another: nothing is lost,
+/// nothing is freed twice, and what stays cached is within the cap.
+#[test]
+fn trim_races_with_release_and_allocation() {
+    loom::model(|| {
+        let cap = 1 << 20;
+        let (alloc, counting) = allocator(cap);
+        let p = alloc.allocate(64, 64).unwrap().as_ptr() as usize;
+        let worker = {
+            let alloc = alloc.clone();
+            thread::spawn(move || {
+                // SAFETY: `p` was handed to this thread; nothing uses it after.
+                unsafe { alloc.release(core::ptr::NonNull::new(p as *mut u8).unwrap()) }.unwrap();
+                let q = alloc.allocate(64, 64).unwrap();
+                // SAFETY: `q` came from `allocate` and is not used after.
+                unsafe { alloc.release(q) }.unwrap();
+            })
+        };
+        alloc.trim(0);
+        worker.join().unwrap();
+        let stats = alloc.stats();
+        assert_eq!(stats.live_blocks, 0);
+        check_books(&stats, &counting, cap);
+        alloc.free_cached();
+        let stats = alloc.stats();
+        assert_eq!(
+            (stats.cached_bytes, stats.cached_blocks),
+            (0, 0),
+            "{stats:?}"
+        );
+        check_books(&stats, &counting, cap);
+        drop_and_check(alloc, &counting);
+    });
+}

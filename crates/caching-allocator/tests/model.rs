@@ -1,0 +1,170 @@
+//! Random sequences of operations against a simple model of what must hold.
+
+use std::ptr::NonNull;
+
+use caching_allocator::{CachingAllocator, Config, SizeClass};
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Allocate { size: usize, align_log2: u32 },
+    Release(usize),
+    ReleaseTwice(usize),
+    Reset,
+    Scope(Vec<usize>),
+    Trim(usize),
+    FreeCached,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (prop_oneof![0usize..200, 200usize..70_000], 0u32..13)
+            .prop_map(|(size, align_log2)| Op::Allocate { size, align_log2 }),
+        3 => any::<usize>().prop_map(Op::Release),
+        1 => any::<usize>().prop_map(Op::ReleaseTwice),
+        1 => Just(Op::Reset),
+        2 => prop::collection::vec(0usize..10_000, 0..5).prop_map(Op::Scope),
+        1 => (0usize..300_000).prop_map(Op::Trim),
+        1 => Just(Op::FreeCached),
+    ]
+}
+
+struct Held {
+    ptr: NonNull<u8>,
+    size: usize,
+    align: usize,
+    tag: u8,
+}
+
+fn fill(p: NonNull<u8>, len: usize, tag: u8) {
+    // SAFETY: `p` is a live block of at least `len` bytes that the model holds alone.
+    unsafe { p.as_ptr().write_bytes(tag, len) }
+}
+
+fn intact(h: &Held) -> bool {
+    // SAFETY: as in `fill`.
+    let bytes = unsafe { std::slice::from_raw_parts(h.ptr.as_ptr(), h.size) };
+    bytes.iter().all(|&b| b == h.tag)
+}
+
+fn class_size(size: usize, debug: bool) -> usize {
+    SizeClass::for_size(size + if debug { 16 } else { 0 })
+        .unwrap()
+        .size()
+}
+
+fn check(alloc: &CachingAllocator, held: &[Held], cap: usize, debug: bool, takes: u64) {
+    let s = alloc.stats();
+    let real: Vec<&Held> = held.iter().filter(|h| h.size > 0).collect();
+    assert_eq!(s.live_blocks, real.len(), "{s}");
+    assert_eq!(
+        s.live_bytes,
+        real.iter()
+            .map(|h| class_size(h.size, debug))
+            .sum::<usize>()
+    );
+    assert_eq!(
+        s.requested_bytes,
+        real.iter().map(|h| h.size).sum::<usize>()
+    );
+    assert!(s.cached_bytes <= cap, "cap {cap}: {s}");
+    assert_eq!(s.reserved_bytes, s.live_bytes + s.cached_bytes, "{s}");
+    assert_eq!(s.hits + s.misses, takes, "{s}");
+    assert_eq!(s.system_allocs, s.misses);
+    assert!(s.peak_live_bytes >= s.live_bytes && s.peak_reserved_bytes >= s.reserved_bytes);
+    let mut spans: Vec<(usize, usize)> = real
+        .iter()
+        .map(|h| (h.ptr.as_ptr() as usize, h.size))
+        .collect();
+    spans.sort();
+    for w in spans.windows(2) {
+        assert!(w[0].0 + w[0].1 <= w[1].0, "live blocks overlap: {w:?}");
+    }
+    for h in held {
+        assert_eq!(h.ptr.as_ptr() as usize % h.align.max(64), 0);
+        assert!(intact(h), "a live block's contents changed");
+    }
+}
+
+fn run(ops: Vec<Op>, cap: usize, debug: bool) {
+    let mut alloc =
+        CachingAllocator::with_config(Config::default().max_cached_bytes(cap).debug_checks(debug));
+    let mut held: Vec<Held> = Vec::new();
+    let mut tag = 0u8;
+    let mut takes = 0u64;
+    for op in ops {
+        tag = tag.wrapping_add(1);
+        match op {
+            Op::Allocate { size, align_log2 } => {
+                let align = 1 << align_log2;
+                let ptr = alloc.allocate(size, align).unwrap();
+                fill(ptr, size, tag);
+                takes += u64::from(size > 0);
+                held.push(Held {
+                    ptr,
+                    size,
+                    align,
+                    tag,
+                });
+            }
+            Op::Release(i) | Op::ReleaseTwice(i) if !held.is_empty() => {
+                let h = held.swap_remove(i % held.len());
+                assert!(intact(&h));
+                // SAFETY: the model holds `h` alone and drops it here.
+                assert_eq!(unsafe { alloc.release(h.ptr) }, Ok(()));
+                if matches!(op, Op::ReleaseTwice(_)) && h.size > 0 {
+                    let before = alloc.stats();
+                    // SAFETY: releasing a released pointer is an error, never a read.
+                    assert!(unsafe { alloc.release(h.ptr) }.is_err());
+                    assert_eq!(alloc.stats(), before);
+                }
+            }
+            Op::Release(_) | Op::ReleaseTwice(_) => {}
+            Op::Reset => {
+                alloc.reset();
+                held.clear();
+            }
+            Op::Scope(sizes) => {
+                let scope = alloc.scope();
+                let mut slices = Vec::new();
+                for (k, &n) in sizes.iter().enumerate() {
+                    let v = scope
+                        .alloc_slice_fill(n, tag.wrapping_add(k as u8))
+                        .unwrap();
+                    takes += u64::from(n > 0);
+                    slices.push(v);
+                }
+                for (k, v) in slices.iter().enumerate() {
+                    assert!(v.iter().all(|&b| b == tag.wrapping_add(k as u8)));
+                }
+                let in_scope = sizes.iter().filter(|&&n| n > 0).count();
+                let held_blocks = held.iter().filter(|h| h.size > 0).count();
+                assert_eq!(alloc.stats().live_blocks, held_blocks + in_scope);
+            }
+            Op::Trim(keep) => {
+                alloc.trim(keep);
+                assert!(alloc.stats().cached_bytes <= keep);
+            }
+            Op::FreeCached => {
+                alloc.free_cached();
+                assert_eq!(alloc.stats().cached_bytes, 0);
+            }
+        }
+        check(&alloc, &held, cap, debug, takes);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: if cfg!(miri) { 4 } else { 256 },
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn model_holds(ops in prop::collection::vec(op(), 1..if cfg!(miri) { 12 } else { 60 }),
+                   cap in prop_oneof![Just(0usize), 1usize..200_000, Just(64 << 20)],
+                   debug in any::<bool>()) {
+        run(ops, cap, debug);
+    }
+}
