@@ -118,9 +118,9 @@ pub(crate) fn set_without_handle(code: CaStatus, message: String) {
 /// The calling thread's last failure that had no handle: `CA_STATUS_OK` if it had none.
 pub(crate) fn get_without_handle() -> (CaStatus, *const c_char) {
     WITHOUT_HANDLE
-        .try_with(|slot| match slot.try_borrow().ok()?.as_ref() {
-            Some(r) => Some((r.code, r.message.as_ptr())),
-            None => None,
+        .try_with(|slot| {
+            let slot = slot.try_borrow().ok()?;
+            slot.as_ref().map(|r| (r.code, r.message.as_ptr()))
         })
         .ok()
         .flatten()

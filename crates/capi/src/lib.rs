@@ -397,7 +397,11 @@ unsafe fn handle<'a>(a: *const CaAllocator, function: &str) -> Result<&'a CaAllo
 /// # Safety
 /// `a` is NULL or a live handle from `ca_create`.
 #[no_mangle]
-pub unsafe extern "C" fn ca_allocate(a: *mut CaAllocator, size: usize, align: usize) -> *mut c_void {
+pub unsafe extern "C" fn ca_allocate(
+    a: *mut CaAllocator,
+    size: usize,
+    align: usize,
+) -> *mut c_void {
     const FUNCTION: &str = "ca_allocate";
     // SAFETY: `a` is NULL or live, by this function's contract.
     let Ok(a) = (unsafe { handle(a, FUNCTION) }) else {

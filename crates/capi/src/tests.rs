@@ -1,1 +1,239 @@
 //! Unit tests of the C ABI, calling the `extern "C"` functions as C does.
+
+use core::ffi::{c_int, CStr};
+use core::ptr::null_mut;
+
+use super::*;
+
+fn message(e: CaError) -> String {
+    assert!(!e.message.is_null());
+    // SAFETY: `ca_last_error` never returns NULL and the message stays valid on this thread
+    // until its next failure on the handle; it is copied before any other call.
+    unsafe { CStr::from_ptr(e.message) }
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn create(config: CaConfig) -> *mut CaAllocator {
+    // SAFETY: `config` is a valid, initialised `CaConfig`.
+    let a = unsafe { ca_create(&config) };
+    assert!(!a.is_null());
+    a
+}
+
+#[test]
+fn null_handles_give_a_code_and_a_message_without_handle() {
+    // SAFETY: NULL is allowed everywhere.
+    unsafe {
+        assert!(ca_allocate(null_mut(), 8, 8).is_null());
+        let e = ca_last_error(core::ptr::null());
+        assert_eq!(e.code, CaStatus::NullHandle);
+        assert!(message(e).starts_with("ca_allocate: the allocator handle is NULL"));
+        assert_eq!(ca_release(null_mut(), null_mut()), CaStatus::NullHandle);
+        assert_eq!(ca_reset(null_mut()), CaStatus::NullHandle);
+        assert_eq!(ca_free_cached(null_mut()), CaStatus::NullHandle);
+        assert_eq!(ca_trim(null_mut(), 0), CaStatus::NullHandle);
+        assert_eq!(ca_stats(null_mut(), null_mut()), CaStatus::NullHandle);
+        assert_eq!(ca_destroy(null_mut()), CaStatus::NullHandle);
+        assert!(message(ca_last_error(core::ptr::null())).starts_with("ca_destroy:"));
+        assert!(ca_create(core::ptr::null()).is_null());
+        let e = ca_last_error(core::ptr::null());
+        assert_eq!(e.code, CaStatus::NullArgument);
+        assert!(message(e).starts_with("ca_create: config is NULL"));
+    }
+}
+
+#[test]
+fn allocation_errors_map_to_their_codes() {
+    let a = create(CaConfig {
+        limit_bytes: 1 << 20,
+        ..ca_config_default()
+    });
+    // SAFETY: `a` is live until `ca_destroy`; no block is used after release.
+    unsafe {
+        assert_eq!(ca_last_error(a).code, CaStatus::Ok);
+        for (size, align, code) in [
+            (8, 0, CaStatus::InvalidAlignment),
+            (8, 3, CaStatus::InvalidAlignment),
+            (8, CA_MAX_ALIGN * 2, CaStatus::InvalidAlignment),
+            (usize::MAX, 64, CaStatus::SizeOverflow),
+            (2 << 20, 64, CaStatus::LimitExceeded),
+        ] {
+            assert!(ca_allocate(a, size, align).is_null(), "{size} {align}");
+            let e = ca_last_error(a);
+            assert_eq!(e.code, code, "{}", message(e));
+            assert!(message(e).starts_with("ca_allocate: "));
+        }
+        let p = ca_allocate(a, 1000, 128);
+        assert!(!p.is_null() && p as usize % 128 == 0);
+        assert_eq!(ca_release(a, p), CaStatus::Ok);
+        assert_eq!(ca_release(a, p), CaStatus::UnknownPointer);
+        assert_eq!(ca_release(a, null_mut()), CaStatus::NullArgument);
+        assert_eq!(ca_stats(a, null_mut()), CaStatus::NullArgument);
+        assert_eq!(ca_destroy(a), CaStatus::Ok);
+    }
+}
+
+#[test]
+fn out_of_memory_when_the_system_refuses() {
+    let a = create(ca_config_default());
+    // SAFETY: `a` is live until `ca_destroy`.
+    unsafe {
+        // 4 PiB: past any address space a process gets, so the system refuses.
+        assert!(ca_allocate(a, 1 << 52, 64).is_null());
+        assert_eq!(ca_last_error(a).code, CaStatus::OutOfMemory);
+        assert_eq!(ca_destroy(a), CaStatus::Ok);
+    }
+}
+
+#[test]
+fn overruns_are_corrupted_on_release_and_on_reset() {
+    let a = create(CaConfig {
+        debug_checks: true,
+        ..ca_config_default()
+    });
+    // SAFETY: `a` is live until `ca_destroy`; the writes stay inside the blocks' classes
+    // (100 bytes + canary fit the 128-byte class); this test alone uses `a`.
+    unsafe {
+        let p = ca_allocate(a, 100, 64).cast::<u8>();
+        p.add(100).write(0);
+        assert_eq!(ca_release(a, p.cast()), CaStatus::Corrupted);
+        let q = ca_allocate(a, 100, 64).cast::<u8>();
+        let r = ca_allocate(a, 200, 64).cast::<u8>();
+        q.add(101).write(0);
+        assert!(!r.is_null());
+        assert_eq!(ca_reset(a), CaStatus::Corrupted);
+        let e = message(ca_last_error(a));
+        assert!(
+            e.starts_with("ca_reset: caching-allocator: 1 block(s)"),
+            "{e}"
+        );
+        let mut s = CaStats::default();
+        assert_eq!(ca_stats(a, &mut s), CaStatus::Ok);
+        assert_eq!(s.corrupted_blocks, 2);
+        assert_eq!(s.live_blocks, 0, "every other block was reset");
+        assert_eq!(ca_reset(a), CaStatus::Ok);
+        assert_eq!(ca_destroy(a), CaStatus::Ok);
+    }
+}
+
+#[test]
+fn panics_become_internal_with_their_message() {
+    let a = create(ca_config_default());
+    // SAFETY: `a` is live until `ca_destroy`.
+    let handle = unsafe { &*a };
+    let r: Result<(), CaStatus> = handle.call("ca_test", |_| panic!("boom"));
+    assert_eq!(r, Err(CaStatus::Internal));
+    // SAFETY: as above.
+    let e = unsafe { ca_last_error(a) };
+    assert_eq!(e.code, CaStatus::Internal);
+    assert_eq!(message(e), "ca_test: panicked: boom");
+    // SAFETY: as above; nothing uses `a` afterwards.
+    assert_eq!(unsafe { ca_destroy(a) }, CaStatus::Ok);
+}
+
+#[test]
+fn last_error_is_per_thread_and_per_handle() {
+    let a = create(ca_config_default());
+    let b = create(ca_config_default());
+    // SAFETY: `a` and `b` are live until `ca_destroy`, after the scoped thread has ended.
+    unsafe {
+        assert!(ca_allocate(a, 8, 3).is_null());
+        let addr = a as usize;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let a = addr as *mut CaAllocator;
+                assert_eq!(
+                    ca_last_error(a).code,
+                    CaStatus::Ok,
+                    "not this thread's error"
+                );
+                assert!(ca_allocate(a, usize::MAX, 8).is_null());
+                assert_eq!(ca_last_error(a).code, CaStatus::SizeOverflow);
+            });
+        });
+        assert_eq!(ca_last_error(a).code, CaStatus::InvalidAlignment);
+        assert_eq!(
+            ca_last_error(b).code,
+            CaStatus::Ok,
+            "not this handle's error"
+        );
+        // A success does not clear it (errno-like).
+        let p = ca_allocate(a, 8, 8);
+        assert_eq!(ca_last_error(a).code, CaStatus::InvalidAlignment);
+        assert_eq!(ca_release(a, p), CaStatus::Ok);
+        assert_eq!(ca_destroy(a), CaStatus::Ok);
+        assert_eq!(ca_destroy(b), CaStatus::Ok);
+    }
+}
+
+#[test]
+fn cache_calls_and_stats() {
+    let a = create(CaConfig {
+        max_cached_bytes: 1 << 20,
+        ..ca_config_default()
+    });
+    // SAFETY: `a` is live until `ca_destroy`; no block is used after it goes back.
+    unsafe {
+        let mut s = CaStats::default();
+        let blocks: Vec<_> = (0..4).map(|i| ca_allocate(a, 1000 * (i + 1), 64)).collect();
+        assert!(blocks.iter().all(|p| !p.is_null()));
+        assert_eq!(ca_release(a, blocks[0]), CaStatus::Ok);
+        assert_eq!(ca_reset(a), CaStatus::Ok);
+        assert_eq!(ca_stats(a, &mut s), CaStatus::Ok);
+        assert_eq!((s.live_blocks, s.cached_blocks, s.misses), (0, 4, 4));
+        let p = ca_allocate(a, 1000, 64);
+        assert_eq!(ca_stats(a, &mut s), CaStatus::Ok);
+        assert_eq!(s.hits, 1);
+        assert_eq!(ca_trim(a, 0), CaStatus::Ok);
+        assert_eq!(ca_stats(a, &mut s), CaStatus::Ok);
+        assert_eq!((s.cached_blocks, s.evictions), (0, 3));
+        assert_eq!(ca_release(a, p), CaStatus::Ok);
+        assert_eq!(ca_free_cached(a), CaStatus::Ok);
+        assert_eq!(ca_stats(a, &mut s), CaStatus::Ok);
+        assert_eq!((s.cached_bytes, s.reserved_bytes), (0, 0));
+        // Zero bytes: non-NULL, aligned, releasing it is fine.
+        let z = ca_allocate(a, 0, 256);
+        assert!(!z.is_null() && z as usize % 256 == 0);
+        assert_eq!(ca_release(a, z), CaStatus::Ok);
+        assert_eq!(ca_destroy(a), CaStatus::Ok);
+    }
+}
+
+#[test]
+fn config_maps_zero_limit_to_none_and_defaults_match_the_core() {
+    let d = ca_config_default();
+    assert_eq!(
+        (d.max_cached_bytes, d.limit_bytes, d.debug_checks),
+        (64 << 20, 0, false)
+    );
+    let c: Config = CaConfig {
+        max_cached_bytes: 5,
+        limit_bytes: 7,
+        debug_checks: true,
+    }
+    .into();
+    assert_eq!(
+        (
+            c.get_max_cached_bytes(),
+            c.get_limit_bytes(),
+            c.get_debug_checks()
+        ),
+        (5, Some(7), true)
+    );
+    assert_eq!(Config::from(d).get_limit_bytes(), None);
+}
+
+#[test]
+fn status_names() {
+    for (i, s) in CaStatus::ALL.iter().enumerate() {
+        assert_eq!(*s as c_int, i as c_int);
+        // SAFETY: `ca_status_name` returns a constant C string.
+        let name = unsafe { CStr::from_ptr(ca_status_name(i as c_int)) };
+        assert_eq!(name, s.name());
+    }
+    // SAFETY: as above.
+    let unknown = unsafe { CStr::from_ptr(ca_status_name(42)) };
+    assert_eq!(unknown, c"CA_STATUS_UNKNOWN");
+}

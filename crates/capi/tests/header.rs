@@ -7,8 +7,8 @@ use std::path::Path;
 #[test]
 fn checked_in_header_is_up_to_date() {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml"))
-        .expect("cbindgen.toml parses");
+    let config =
+        cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml parses");
     let mut generated = Vec::new();
     cbindgen::Builder::new()
         .with_config(config)

@@ -1,0 +1,200 @@
+// An ExecuTorch-shaped temp allocator on top of the C ABI.
+//
+// ExecuTorch hands kernels a `MemoryAllocator` for scratch ("temp") memory and calls `reset()`
+// on it after each kernel. `MemoryAllocator` below has the same virtual interface as
+// `executorch::runtime::MemoryAllocator`; the README shows the same class deriving from the real
+// one. `main` runs a kernel-like loop on two threads sharing one allocator: both allocate
+// concurrently inside a "kernel", then one thread resets while the other waits (reset needs
+// exclusive access), and every block is checked to be distinct, aligned and writable.
+//
+// Built and run by `cargo test -p caching-allocator-capi` (tests/c_examples.rs) with -std=c++17
+// -Wall -Wextra -Werror, against the shared library and under -fsanitize=address,undefined.
+#include "caching_allocator.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+// The interface of executorch::runtime::MemoryAllocator (runtime/core/memory_allocator.h).
+class MemoryAllocator {
+public:
+    static constexpr size_t kDefaultAlignment = alignof(void*);
+    virtual ~MemoryAllocator() = default;
+    // Returns nullptr on failure, as ExecuTorch expects.
+    virtual void* allocate(size_t size, size_t alignment = kDefaultAlignment) = 0;
+    // Every block allocated since the last reset becomes invalid.
+    virtual void reset() = 0;
+};
+
+// A caching temp allocator: blocks come back to the cache on reset() and are reused by the next
+// kernel, instead of going to malloc every call.
+class CachingTempAllocator final : public MemoryAllocator {
+public:
+    explicit CachingTempAllocator(const CaConfig& config) : a_(ca_create(&config)) {
+        if (a_ == nullptr) {
+            throw std::runtime_error(ca_last_error(nullptr).message);
+        }
+    }
+    ~CachingTempAllocator() override { ca_destroy(a_); }
+    CachingTempAllocator(const CachingTempAllocator&) = delete;
+    CachingTempAllocator& operator=(const CachingTempAllocator&) = delete;
+
+    void* allocate(size_t size, size_t alignment = kDefaultAlignment) override {
+        void* p = ca_allocate(a_, size, alignment);
+        if (p == nullptr) {
+            CaError e = ca_last_error(a_);
+            std::fprintf(stderr, "temp allocation of %zu bytes failed: %s\n", size, e.message);
+        }
+        return p;
+    }
+
+    // Needs exclusive access: no allocate() may run concurrently, and no block from before is
+    // used after. ExecuTorch calls it between kernels, when nothing allocates.
+    void reset() override {
+        CaStatus s = ca_reset(a_);
+        if (s != CA_STATUS_OK) {
+            std::fprintf(stderr, "reset: %s\n", ca_last_error(a_).message);
+        }
+    }
+
+    CaStats stats() const {
+        CaStats s{};
+        ca_stats(a_, &s);
+        return s;
+    }
+
+private:
+    CaAllocator* a_;
+};
+
+// std::barrier is C++20.
+class Barrier {
+public:
+    explicit Barrier(int count) : count_(count) {}
+    void wait() {
+        std::unique_lock<std::mutex> lock(mutex_);
+        const unsigned long generation = generation_;
+        if (++arrived_ == count_) {
+            arrived_ = 0;
+            generation_++;
+            cv_.notify_all();
+        } else {
+            cv_.wait(lock, [&] { return generation_ != generation; });
+        }
+    }
+
+private:
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    int count_;
+    int arrived_ = 0;
+    unsigned long generation_ = 0;
+};
+
+struct Block {
+    unsigned char* ptr;
+    size_t size;
+    size_t alignment;
+    unsigned char pattern;
+};
+
+constexpr int kThreads = 2;
+constexpr int kIterations = 200;
+constexpr int kBlocksPerKernel = 6;
+
+int main() {
+    CaConfig config = ca_config_default();
+    config.max_cached_bytes = 8 << 20;
+    config.debug_checks = true;  // any overrun would come back as CA_STATUS_CORRUPTED
+    CachingTempAllocator temp(config);
+    MemoryAllocator& allocator = temp;  // kernels only see the ExecuTorch interface
+
+    Barrier barrier(kThreads);
+    std::vector<Block> blocks[kThreads];
+    int failures[kThreads] = {0, 0};
+
+    auto worker = [&](int t) {
+        for (int iter = 0; iter < kIterations; iter++) {
+            // The "kernel": scratch whose sizes change a little from call to call, as attention
+            // decode's grow with the sequence.
+            blocks[t].clear();
+            for (int i = 0; i < kBlocksPerKernel; i++) {
+                const size_t size = 256 + static_cast<size_t>(i) * 1500 + iter * 8 + t * 64;
+                const size_t alignment = size_t{16} << (i % 6);  // 16 .. 512
+                auto* p = static_cast<unsigned char*>(allocator.allocate(size, alignment));
+                if (p == nullptr) {
+                    failures[t]++;
+                    continue;
+                }
+                const auto pattern = static_cast<unsigned char>(t * 100 + i * 10 + iter % 7);
+                std::memset(p, pattern, size);  // writable, every byte
+                blocks[t].push_back(Block{p, size, alignment, pattern});
+            }
+            barrier.wait();  // both kernels done: blocks of both threads are live together
+            if (t == 0) {
+                std::vector<Block> all(blocks[0]);
+                all.insert(all.end(), blocks[1].begin(), blocks[1].end());
+                std::sort(all.begin(), all.end(),
+                          [](const Block& a, const Block& b) { return a.ptr < b.ptr; });
+                for (size_t i = 0; i < all.size(); i++) {
+                    const Block& b = all[i];
+                    if (reinterpret_cast<uintptr_t>(b.ptr) % b.alignment != 0) {
+                        std::fprintf(stderr, "block %p not aligned to %zu\n",
+                                     static_cast<void*>(b.ptr), b.alignment);
+                        failures[0]++;
+                    }
+                    if (i + 1 < all.size() && b.ptr + b.size > all[i + 1].ptr) {
+                        std::fprintf(stderr, "blocks %p and %p overlap\n",
+                                     static_cast<void*>(b.ptr), static_cast<void*>(all[i + 1].ptr));
+                        failures[0]++;
+                    }
+                    for (size_t j = 0; j < b.size; j++) {
+                        if (b.ptr[j] != b.pattern) {  // another block wrote into this one
+                            std::fprintf(stderr, "block %p byte %zu overwritten\n",
+                                         static_cast<void*>(b.ptr), j);
+                            failures[0]++;
+                            break;
+                        }
+                    }
+                }
+                if (all.size() != kThreads * kBlocksPerKernel) {
+                    failures[0]++;
+                }
+                allocator.reset();  // between kernels: the other thread waits at the barrier
+            }
+            barrier.wait();
+        }
+    };
+
+    std::thread other(worker, 1);
+    worker(0);
+    other.join();
+
+    const CaStats s = temp.stats();
+    const uint64_t requests = uint64_t{kThreads} * kIterations * kBlocksPerKernel;
+    std::printf("executorch_temp_allocator: %llu requests, %llu hits, %llu system allocations, "
+                "%zu bytes cached\n",
+                static_cast<unsigned long long>(s.hits + s.misses),
+                static_cast<unsigned long long>(s.hits),
+                static_cast<unsigned long long>(s.system_allocs), s.cached_bytes);
+    int failed = failures[0] + failures[1];
+    if (s.hits + s.misses != requests) failed++;
+    if (s.live_blocks != 0) failed++;
+    if (s.corrupted_blocks != 0) failed++;
+    // Size classes absorb the growth: most requests reuse cached blocks.
+    if (s.hits < requests * 9 / 10) {
+        std::fprintf(stderr, "hit rate too low: %llu of %llu\n",
+                     static_cast<unsigned long long>(s.hits),
+                     static_cast<unsigned long long>(requests));
+        failed++;
+    }
+    std::printf("executorch_temp_allocator: %s\n", failed == 0 ? "ok" : "FAILED");
+    return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,220 @@
+//! Builds the C and C++ examples in `examples/` with the system gcc/g++ against the library and
+//! runs them: against the shared library, and statically linked under
+//! `-fsanitize=address,undefined`. Also checks that the shared library exports exactly the
+//! functions the header declares.
+//!
+//! `cargo test` does not build a crate's `cdylib`/`staticlib` for its integration tests (they
+//! link only an `rlib`, which this crate has none of), so the test builds them itself with
+//! `cargo build -p caching-allocator-capi` in the same profile and target directory as this
+//! test, and takes their paths from cargo's JSON messages: whatever `CARGO_TARGET_DIR`, the
+//! paths are the ones cargo wrote. A fresh build is a no-op when they are up to date.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+const CRATE_DIR: &str = env!("CARGO_MANIFEST_DIR");
+const WARNINGS: &[&str] = &["-Wall", "-Wextra", "-Wpedantic", "-Werror"];
+const SANITIZERS: &[&str] = &[
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+    "-fno-omit-frame-pointer",
+];
+
+/// The built `libcaching_allocator.so` and `libcaching_allocator.a`.
+struct Library {
+    shared: PathBuf,
+    static_: PathBuf,
+}
+
+fn library() -> &'static Library {
+    static LIBRARY: OnceLock<Library> = OnceLock::new();
+    LIBRARY.get_or_init(build_library)
+}
+
+fn build_library() -> Library {
+    // This test runs from <target-dir>/<profile-dir>/deps/; build into the same place.
+    let exe = std::env::current_exe().expect("the test's own path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test runs from <target-dir>/<profile>/deps");
+    let target_dir = profile_dir.parent().expect("a target directory");
+    let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into()));
+    cargo
+        .args([
+            "build",
+            "-p",
+            "caching-allocator-capi",
+            "--message-format=json",
+        ])
+        .arg("--target-dir")
+        .arg(target_dir)
+        .current_dir(CRATE_DIR);
+    match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => {}
+        Some("release") => {
+            cargo.arg("--release");
+        }
+        Some(other) => {
+            cargo.args(["--profile", other]);
+        }
+        None => panic!("no profile directory in {}", exe.display()),
+    }
+    let out = cargo.output().expect("run cargo build");
+    assert!(
+        out.status.success(),
+        "cargo build -p caching-allocator-capi failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Each artifact is one JSON line; without a JSON parser, take the quoted strings of the
+    // capi package's `compiler-artifact` lines that name the library files.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut shared = None;
+    let mut static_ = None;
+    for line in stdout.lines().filter(|l| {
+        l.contains(r#""reason":"compiler-artifact""#) && l.contains("caching-allocator-capi")
+    }) {
+        for s in line.split('"') {
+            if s.ends_with("/libcaching_allocator.so") {
+                shared = Some(PathBuf::from(s));
+            } else if s.ends_with("/libcaching_allocator.a") {
+                static_ = Some(PathBuf::from(s));
+            }
+        }
+    }
+    let library = Library {
+        shared: shared.expect("cargo built libcaching_allocator.so"),
+        static_: static_.expect("cargo built libcaching_allocator.a"),
+    };
+    assert!(library.shared.is_file() && library.static_.is_file());
+    library
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (are gcc and g++ installed?)"));
+    let text = format!(
+        "{cmd:?}\n--- status {} ---\n--- stdout ---\n{}--- stderr ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    println!("{text}");
+    out
+}
+
+/// Compiles `examples/<source>` into `<name>` and runs it, returning its stdout.
+fn build_and_run(source: &str, name: &str, sanitize: bool) -> String {
+    let lib = library();
+    let cpp = source.ends_with(".cpp");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("capi-examples");
+    std::fs::create_dir_all(&dir).expect("create the examples' build directory");
+    let binary = dir.join(name);
+
+    let mut cc = Command::new(if cpp { "g++" } else { "gcc" });
+    cc.arg(if cpp { "-std=c++17" } else { "-std=c11" })
+        .args(WARNINGS)
+        .args(["-g", "-O1"])
+        .arg("-I")
+        .arg(Path::new(CRATE_DIR).join("include"))
+        .arg(Path::new(CRATE_DIR).join("examples").join(source))
+        .arg("-o")
+        .arg(&binary);
+    if sanitize {
+        // Static: the sanitizer runtime comes first on the link line (gcc puts it there for
+        // -fsanitize), then the program, then the Rust staticlib, then the system libraries
+        // the Rust standard library needs, after the archive that needs them.
+        cc.args(SANITIZERS)
+            .arg(&lib.static_)
+            .args(["-pthread", "-ldl", "-lm"]);
+    } else {
+        // Shared, as a C user links it: -L<dir> -lcaching_allocator (the .so is chosen over
+        // the .a next to it), with an rpath so the binary finds it when run.
+        let dir = lib.shared.parent().expect("the library's directory");
+        cc.arg("-L")
+            .arg(dir)
+            .arg("-lcaching_allocator")
+            .arg(format!("-Wl,-rpath,{}", dir.display()))
+            .arg("-pthread");
+    }
+    run(&mut cc);
+
+    let mut program = Command::new(&binary);
+    // The core reports overruns found during a reset with a panic, which the library catches
+    // and returns as CA_STATUS_CORRUPTED; Rust's panic hook still prints it. No backtrace.
+    program.env("RUST_BACKTRACE", "0");
+    if sanitize {
+        // allocator_may_return_null=1: the CA_STATUS_OUT_OF_MEMORY check asks for 4 PiB, which
+        // malloc refuses with NULL; ASan instead aborts on any request over its maximum size
+        // unless told to return NULL as malloc does. Leak detection stays on: every allocator
+        // is destroyed, so any leak is a bug.
+        program.env("ASAN_OPTIONS", "allocator_may_return_null=1:detect_leaks=1");
+        program.env("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1");
+    }
+    String::from_utf8_lossy(&run(&mut program).stdout).into_owned()
+}
+
+#[test]
+fn c_example_against_the_shared_library() {
+    let out = build_and_run("capi_test.c", "capi_test", false);
+    assert!(out.contains(" 0 failed"), "{out}");
+}
+
+#[test]
+fn c_example_static_under_address_and_undefined_sanitizers() {
+    let out = build_and_run("capi_test.c", "capi_test_asan_ubsan", true);
+    assert!(out.contains(" 0 failed"), "{out}");
+}
+
+#[test]
+fn cpp_executorch_temp_allocator_against_the_shared_library() {
+    let out = build_and_run(
+        "executorch_temp_allocator.cpp",
+        "executorch_temp_allocator",
+        false,
+    );
+    assert!(out.contains("executorch_temp_allocator: ok"), "{out}");
+}
+
+#[test]
+fn cpp_executorch_temp_allocator_static_under_address_and_undefined_sanitizers() {
+    let out = build_and_run(
+        "executorch_temp_allocator.cpp",
+        "executorch_temp_allocator_asan_ubsan",
+        true,
+    );
+    assert!(out.contains("executorch_temp_allocator: ok"), "{out}");
+}
+
+/// The shared library exports every function the header declares, and nothing else of ours.
+#[test]
+fn shared_library_exports_what_the_header_declares() {
+    let header = std::fs::read_to_string(Path::new(CRATE_DIR).join("include/caching_allocator.h"))
+        .expect("read the header");
+    let mut declared: Vec<&str> = header
+        .lines()
+        .filter(|l| !l.starts_with(' ') && l.contains('('))
+        .filter_map(|l| l.split('(').next()?.rsplit([' ', '*']).next())
+        .filter(|name| name.starts_with("ca_"))
+        .collect();
+    declared.sort_unstable();
+    assert!(
+        declared.len() >= 11,
+        "functions found in the header: {declared:?}"
+    );
+
+    let out = run(Command::new("nm")
+        .args(["-D", "--defined-only", "--format=posix"])
+        .arg(&library().shared));
+    let mut exported: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|s| s.starts_with("ca_"))
+        .map(str::to_owned)
+        .collect();
+    exported.sort_unstable();
+    assert_eq!(exported, declared);
+}
