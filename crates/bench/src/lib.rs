@@ -1,0 +1,20 @@
+//! `allocbench`: side-by-side scratch-memory benchmarks of this project's caching allocator
+//! against every allocator a kernel author would otherwise pick.
+//!
+//! The binary (`cargo run --release`) is the front end; this library holds the pieces so that
+//! tests and later subcommands can reuse them:
+//!
+//! - [`source`]: the scratch sources behind one trait ([`source::ScratchSource`] /
+//!   [`source::ScratchWorker`]), each also a [`caching_allocator::TempAllocator`];
+//! - [`workload`]: the scratch patterns (`scratch` mixes, SDPA `decode`);
+//! - [`harness`]: timing, page faults, system allocations, peak RSS;
+//! - [`suite`]: which (workload, threads) runs a subcommand makes, and running them;
+//! - [`report`] and [`plot`]: table, targets, JSON and SVG.
+
+pub mod harness;
+pub mod os;
+pub mod plot;
+pub mod report;
+pub mod source;
+pub mod suite;
+pub mod workload;

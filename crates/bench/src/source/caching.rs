@@ -1,0 +1,224 @@
+//! `caching` and `caching-scope`: this project's `CachingAllocator`.
+//!
+//! - `caching` drives it as ExecuTorch's runtime drives a temp allocator: `allocate` each
+//!   block, `reset` after the kernel. `reset` takes back every live block of the allocator,
+//!   so each worker (each thread) owns its own allocator, like one runtime per thread.
+//! - `caching-scope` shares one allocator between all threads and opens a `Scope` per call
+//!   (the safe API); each thread's blocks go back through its own per-thread cache.
+
+use core::cell::RefCell;
+use core::ptr::NonNull;
+
+use caching_allocator::{CachingAllocator, Config, Stats};
+
+use super::{
+    check_align, AllocError, Block, Counters, ScratchSource, ScratchWorker, TempAllocator,
+};
+
+/// How the benchmark drives the caching allocator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CachingMode {
+    /// `allocate` + `reset`, one allocator per worker.
+    Reset,
+    /// One shared allocator, a `Scope` per call.
+    Scope,
+}
+
+/// This project's allocator as a scratch source.
+pub struct CachingSource {
+    mode: CachingMode,
+    config: Config,
+    /// The allocator shared by all workers in [`CachingMode::Scope`].
+    shared: Option<CachingAllocator>,
+}
+
+impl CachingSource {
+    /// A source with `Config::default().max_cached_bytes(max_cached_bytes)`.
+    pub fn new(mode: CachingMode, max_cached_bytes: usize) -> Self {
+        let config = Config::default().max_cached_bytes(max_cached_bytes);
+        let shared = match mode {
+            CachingMode::Reset => None,
+            CachingMode::Scope => Some(CachingAllocator::with_config(config.clone())),
+        };
+        CachingSource {
+            mode,
+            config,
+            shared,
+        }
+    }
+}
+
+impl std::fmt::Debug for CachingSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachingSource")
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+fn counters_of(s: &Stats) -> Counters {
+    Counters {
+        system_allocs: Some(s.system_allocs),
+        misses: Some(s.misses),
+    }
+}
+
+impl ScratchSource for CachingSource {
+    fn name(&self) -> &'static str {
+        match self.mode {
+            CachingMode::Reset => "caching",
+            CachingMode::Scope => "caching-scope",
+        }
+    }
+
+    fn worker(&self) -> Box<dyn ScratchWorker + '_> {
+        match &self.shared {
+            None => Box::new(ResetWorker {
+                alloc: CachingAllocator::with_config(self.config.clone()),
+            }),
+            Some(alloc) => Box::new(ScopeWorker {
+                alloc,
+                live: RefCell::new(Vec::with_capacity(64)),
+            }),
+        }
+    }
+
+    fn counters(&self) -> Counters {
+        self.shared
+            .as_ref()
+            .map(|a| counters_of(&a.stats()))
+            .unwrap_or_default()
+    }
+}
+
+/// Owns an allocator; `call` is the default `allocate` each block, then `reset`.
+struct ResetWorker {
+    alloc: CachingAllocator,
+}
+
+impl TempAllocator for ResetWorker {
+    fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+        self.alloc.allocate(size, align)
+    }
+
+    unsafe fn reset(&self) {
+        // SAFETY: the caller's guarantees are `reset_unchecked`'s: no concurrent call, nothing
+        // handed out used after; this worker owns its allocator and opens no Scope on it.
+        unsafe { self.alloc.reset_unchecked() }
+    }
+}
+
+// SAFETY: `CachingAllocator::allocate` hands out distinct live blocks of at least `size`
+// bytes at `align`, valid until the reset the default `call` runs after the kernel returns.
+unsafe impl ScratchWorker for ResetWorker {
+    fn counters(&self) -> Counters {
+        counters_of(&self.alloc.stats())
+    }
+
+    fn as_temp(&self) -> &dyn TempAllocator {
+        self
+    }
+}
+
+/// A thread's handle on the shared allocator.
+struct ScopeWorker<'a> {
+    alloc: &'a CachingAllocator,
+    /// Blocks handed out through `TempAllocator::allocate`, released by `reset` (a reset of
+    /// the shared allocator would take other threads' blocks too).
+    live: RefCell<Vec<NonNull<u8>>>,
+}
+
+/// The block alignment the caching allocator guarantees for every block.
+const CACHING_MIN_ALIGN: usize = 64;
+
+impl TempAllocator for ScopeWorker<'_> {
+    fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+        let p = self.alloc.allocate(size, align)?;
+        if size != 0 {
+            self.live.borrow_mut().push(p);
+        }
+        Ok(p)
+    }
+
+    unsafe fn reset(&self) {
+        for p in self.live.borrow_mut().drain(..) {
+            // SAFETY: `p` came from `allocate` on this allocator and is released once (it is
+            // drained from the list); the caller guarantees it is not used after.
+            let r = unsafe { self.alloc.release(p) };
+            debug_assert!(r.is_ok(), "release: {r:?}");
+        }
+    }
+}
+
+// SAFETY: scope slices are distinct live blocks of `size` bytes, at least 64-byte aligned
+// (the allocator's guarantee; larger alignments go through `allocate`), owned by the scope
+// until it is dropped after the kernel returns; the TempAllocator path hands out live blocks
+// from `allocate`, released only in `reset`.
+unsafe impl ScratchWorker for ScopeWorker<'_> {
+    fn call(
+        &mut self,
+        sizes: &[usize],
+        align: usize,
+        blocks: &mut [Block],
+        kernel: &mut dyn FnMut(&[Block]),
+    ) -> Result<(), AllocError> {
+        check_align(align)?;
+        if align > CACHING_MIN_ALIGN {
+            // A scope aligns to the element type; beyond the guaranteed 64 bytes use the
+            // raw API, released per block.
+            return default_call(self, sizes, align, blocks, kernel);
+        }
+        let n = sizes.len();
+        assert!(blocks.len() >= n, "{} blocks for {n} sizes", blocks.len());
+        let scope = self.alloc.scope();
+        for (slot, &size) in blocks.iter_mut().zip(sizes) {
+            *slot = if size == 0 {
+                Block::new(super::dangling(align), 0)
+            } else {
+                let s = scope.alloc_uninit::<u8>(size)?;
+                let p = NonNull::new(s.as_mut_ptr().cast::<u8>()).unwrap_or(NonNull::dangling());
+                debug_assert_eq!(p.as_ptr() as usize % align, 0);
+                Block::new(p, size)
+            };
+        }
+        kernel(&blocks[..n]);
+        drop(scope);
+        Ok(())
+    }
+
+    fn as_temp(&self) -> &dyn TempAllocator {
+        self
+    }
+}
+
+/// `allocate` each block, run the kernel, `reset` (the trait's default `call`).
+fn default_call(
+    w: &mut ScopeWorker<'_>,
+    sizes: &[usize],
+    align: usize,
+    blocks: &mut [Block],
+    kernel: &mut dyn FnMut(&[Block]),
+) -> Result<(), AllocError> {
+    let n = sizes.len();
+    for i in 0..n {
+        match w.allocate(sizes[i], align) {
+            Ok(p) => blocks[i] = Block::new(p, sizes[i]),
+            Err(e) => {
+                // SAFETY: nothing handed out so far reached a kernel.
+                unsafe { w.reset() };
+                return Err(e);
+            }
+        }
+    }
+    kernel(&blocks[..n]);
+    // SAFETY: the kernel has returned; its blocks are not used again.
+    unsafe { w.reset() };
+    Ok(())
+}
+
+impl Drop for ScopeWorker<'_> {
+    fn drop(&mut self) {
+        // SAFETY: dropping the worker ends the validity of what it handed out.
+        unsafe { self.reset() };
+    }
+}

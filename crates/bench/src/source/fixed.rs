@@ -1,0 +1,136 @@
+//! `static`: buffers allocated once and reused, the floor no allocator can beat.
+//!
+//! Each worker keeps one buffer per block position of a call (the i-th block of every call
+//! reuses the i-th buffer). A buffer grows only when a call asks for more than it has, which
+//! in a benchmark happens during warm-up; after that a call allocates nothing.
+
+use core::alloc::{GlobalAlloc, Layout};
+use core::cell::{Cell, RefCell};
+use core::ptr::NonNull;
+use std::alloc::System;
+
+use super::{
+    check_align, dangling, AllocError, Block, Counters, ScratchSource, ScratchWorker, TempAllocator,
+};
+
+/// Preallocated buffers, one set per worker.
+#[derive(Debug, Default)]
+pub struct StaticSource;
+
+impl ScratchSource for StaticSource {
+    fn name(&self) -> &'static str {
+        "static"
+    }
+
+    fn worker(&self) -> Box<dyn ScratchWorker + '_> {
+        Box::new(StaticWorker {
+            slots: RefCell::new(Vec::with_capacity(64)),
+            next: Cell::new(0),
+            allocs: Cell::new(0),
+        })
+    }
+}
+
+/// One reusable buffer.
+struct Slot {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+struct StaticWorker {
+    slots: RefCell<Vec<Slot>>,
+    /// Next slot `TempAllocator::allocate` hands out.
+    next: Cell<usize>,
+    /// Buffers allocated (or grown) so far.
+    allocs: Cell<u64>,
+}
+
+/// Makes sure `slots[i]` exists with at least `size` bytes at `align`; returns its pointer.
+fn ensure(
+    slots: &mut Vec<Slot>,
+    allocs: &Cell<u64>,
+    i: usize,
+    size: usize,
+    align: usize,
+) -> Result<NonNull<u8>, AllocError> {
+    if let Some(s) = slots.get(i) {
+        if s.layout.size() >= size && s.layout.align() >= align {
+            return Ok(s.ptr);
+        }
+    }
+    let layout = Layout::from_size_align(size.max(1), align)
+        .map_err(|_| AllocError::SizeOverflow { size, align })?;
+    // SAFETY: the layout has a non-zero size.
+    let raw = unsafe { System.alloc(layout) };
+    let ptr = NonNull::new(raw).ok_or(AllocError::OutOfMemory { size, align })?;
+    allocs.set(allocs.get() + 1);
+    let new = Slot { ptr, layout };
+    if i < slots.len() {
+        let old = core::mem::replace(&mut slots[i], new);
+        // SAFETY: `old` was allocated by System with exactly `old.layout`, and is replaced
+        // (so freed) once; no block of it is live (slots are only regrown between calls or
+        // for a position not yet handed out since the last reset).
+        unsafe { System.dealloc(old.ptr.as_ptr(), old.layout) };
+    } else {
+        slots.push(new);
+    }
+    Ok(ptr)
+}
+
+impl TempAllocator for StaticWorker {
+    fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+        check_align(align)?;
+        if size == 0 {
+            return Ok(dangling(align));
+        }
+        let i = self.next.get();
+        let p = ensure(&mut self.slots.borrow_mut(), &self.allocs, i, size, align)?;
+        self.next.set(i + 1);
+        Ok(p)
+    }
+
+    unsafe fn reset(&self) {
+        self.next.set(0);
+    }
+}
+
+// SAFETY: block i of a call is slot i, a distinct System allocation of at least `size` bytes
+// at alignment >= `align`; slots are not touched again until the kernel has returned.
+unsafe impl ScratchWorker for StaticWorker {
+    fn call(
+        &mut self,
+        sizes: &[usize],
+        align: usize,
+        blocks: &mut [Block],
+        kernel: &mut dyn FnMut(&[Block]),
+    ) -> Result<(), AllocError> {
+        check_align(align)?;
+        let n = sizes.len();
+        assert!(blocks.len() >= n, "{} blocks for {n} sizes", blocks.len());
+        let slots = self.slots.get_mut();
+        for (i, (slot, &size)) in blocks.iter_mut().zip(sizes).enumerate() {
+            let p = ensure(slots, &self.allocs, i, size, align)?;
+            *slot = Block::new(p, size);
+        }
+        kernel(&blocks[..n]);
+        Ok(())
+    }
+
+    fn counters(&self) -> Counters {
+        Counters::allocs(self.allocs.get())
+    }
+
+    fn as_temp(&self) -> &dyn TempAllocator {
+        self
+    }
+}
+
+impl Drop for StaticWorker {
+    fn drop(&mut self) {
+        for s in self.slots.get_mut().drain(..) {
+            // SAFETY: each slot was allocated by System with exactly its layout and is
+            // drained (so freed) once; dropping the worker ends the validity of its blocks.
+            unsafe { System.dealloc(s.ptr.as_ptr(), s.layout) };
+        }
+    }
+}

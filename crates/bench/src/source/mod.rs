@@ -1,0 +1,422 @@
+//! Scratch sources: everything a kernel could take its scratch memory from, behind one trait.
+//!
+//! A source is built once per measurement ([`ScratchSource`], shared by every thread of the
+//! measurement) and hands each thread a [`ScratchWorker`]: the object a kernel actually
+//! allocates from. Sources whose design is shared between threads (the thread-caching
+//! allocators, `zeropool`, the caching allocator's `Scope` path) give workers that borrow the
+//! shared state; sources that are one arena or one cache per runtime (`bumpalo`, `static`,
+//! `exact-cache`, the caching allocator's `allocate`/`reset` path) give each worker its own.
+//!
+//! Every worker implements [`caching_allocator::TempAllocator`], so any source can be handed
+//! to a kernel (for example the attention kernel) as its temp allocator.
+//!
+//! # Adding a source
+//! Write a [`ScratchSource`] and a [`ScratchWorker`], then add one [`SourceKind`] entry to
+//! [`SOURCES`]. Override [`ScratchWorker::call`] when the natural way to use the allocator for
+//! one kernel call differs from "`allocate` each block, then `reset`".
+
+mod bump;
+mod caching;
+mod exact;
+mod fixed;
+mod fresh;
+mod global;
+mod pools;
+
+use core::ptr::NonNull;
+use std::fmt;
+
+pub use caching_allocator::{AllocError, TempAllocator, MAX_ALIGN};
+
+pub use bump::BumpaloSource;
+pub use caching::{CachingMode, CachingSource};
+pub use exact::{ExactCache, ExactCacheSource, ExactCacheStats};
+pub use fixed::StaticSource;
+pub use fresh::FreshPagesSource;
+pub use global::GlobalAllocSource;
+pub use pools::{OrthotopeSource, ZeropoolSource};
+
+/// The alignment every workload asks for: ExecuTorch's default temp-allocator alignment.
+pub const SCRATCH_ALIGN: usize = 64;
+
+/// One block of scratch memory handed to a kernel by [`ScratchWorker::call`].
+#[derive(Clone, Copy, Debug)]
+pub struct Block {
+    /// Start of the usable memory, aligned as requested.
+    pub ptr: NonNull<u8>,
+    /// Usable length in bytes (the size that was asked for).
+    pub len: usize,
+    /// Source-private: the address to give back (may differ from `ptr` when padded).
+    base: *mut u8,
+    /// Source-private: the length to give back.
+    base_len: usize,
+}
+
+impl Block {
+    /// A zero-length placeholder, used to fill block arrays before a call.
+    pub const EMPTY: Block = Block {
+        ptr: NonNull::dangling(),
+        len: 0,
+        base: core::ptr::null_mut(),
+        base_len: 0,
+    };
+
+    /// A block whose memory is given back through `ptr` itself.
+    fn new(ptr: NonNull<u8>, len: usize) -> Block {
+        Block {
+            ptr,
+            len,
+            base: ptr.as_ptr(),
+            base_len: len,
+        }
+    }
+
+    /// A block carved out of a larger region `base .. base + base_len`.
+    fn padded(ptr: NonNull<u8>, len: usize, base: *mut u8, base_len: usize) -> Block {
+        Block {
+            ptr,
+            len,
+            base,
+            base_len,
+        }
+    }
+}
+
+/// What a source can count about itself. `None` means "this source cannot count it".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Calls into the layer below: `malloc`-family calls for the malloc baselines, `mmap` for
+    /// `fresh-pages`, chunk allocations for `bumpalo`, backing allocations for the caches.
+    pub system_allocs: Option<u64>,
+    /// Cache misses, for sources that are caches.
+    pub misses: Option<u64>,
+}
+
+impl Counters {
+    /// Counters that count system allocations only.
+    pub fn allocs(n: u64) -> Counters {
+        Counters {
+            system_allocs: Some(n),
+            misses: None,
+        }
+    }
+
+    /// Field-wise sum; a field is `None` only when it is `None` on both sides.
+    pub fn add(self, other: Counters) -> Counters {
+        fn add(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+            match (a, b) {
+                (None, None) => None,
+                (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+            }
+        }
+        Counters {
+            system_allocs: add(self.system_allocs, other.system_allocs),
+            misses: add(self.misses, other.misses),
+        }
+    }
+
+    /// Field-wise `self - earlier` (saturating).
+    pub fn since(self, earlier: Counters) -> Counters {
+        fn sub(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+            a.map(|a| a.saturating_sub(b.unwrap_or(0)))
+        }
+        Counters {
+            system_allocs: sub(self.system_allocs, earlier.system_allocs),
+            misses: sub(self.misses, earlier.misses),
+        }
+    }
+}
+
+/// A scratch-memory source under test. Built once per measurement and shared by its threads.
+pub trait ScratchSource: Send + Sync {
+    /// The name used on the command line and in the table.
+    fn name(&self) -> &'static str;
+
+    /// A worker for the calling thread. Call it on the thread that will use the worker.
+    fn worker(&self) -> Box<dyn ScratchWorker + '_>;
+
+    /// Counters of state shared by all workers (workers report their own state themselves).
+    fn counters(&self) -> Counters {
+        Counters::default()
+    }
+}
+
+/// The per-thread face of a source: what a kernel allocates its scratch from.
+///
+/// # Safety
+/// Implementations promise that every [`Block`] passed to the `kernel` callback of
+/// [`call`](ScratchWorker::call) is valid for reads and writes of `len` bytes for the whole
+/// callback, is aligned to the requested alignment, and overlaps no other block of the call;
+/// and that their [`TempAllocator`] implementation keeps that trait's contract. Benchmark code
+/// writes through the blocks relying on this promise.
+pub unsafe trait ScratchWorker: TempAllocator {
+    /// One kernel call: obtain a block for each of `sizes` (alignment `align`) into
+    /// `blocks[..sizes.len()]`, run `kernel` on them, then give them all back.
+    ///
+    /// The default goes through [`TempAllocator`]: `allocate` each block, then `reset`, which
+    /// is how ExecuTorch's runtime drives its temp allocator. `blocks` must hold at least
+    /// `sizes.len()` entries (it is caller-provided so the harness itself allocates nothing).
+    fn call(
+        &mut self,
+        sizes: &[usize],
+        align: usize,
+        blocks: &mut [Block],
+        kernel: &mut dyn FnMut(&[Block]),
+    ) -> Result<(), AllocError> {
+        let n = sizes.len();
+        assert!(blocks.len() >= n, "{} blocks for {n} sizes", blocks.len());
+        for (slot, &size) in blocks.iter_mut().zip(sizes) {
+            match self.allocate(size, align) {
+                Ok(ptr) => *slot = Block::new(ptr, size),
+                Err(e) => {
+                    // SAFETY: `&mut self` proves no other call on this allocator runs
+                    // concurrently, and nothing handed out so far has reached a kernel, so
+                    // none of it is used after this reset.
+                    unsafe { self.reset() };
+                    return Err(e);
+                }
+            }
+        }
+        kernel(&blocks[..n]);
+        // SAFETY: the kernel has returned and the blocks it saw are not used again; `&mut self`
+        // proves no other call on this allocator runs concurrently.
+        unsafe { self.reset() };
+        Ok(())
+    }
+
+    /// This worker's own counters (state not shared with other workers).
+    fn counters(&self) -> Counters {
+        Counters::default()
+    }
+
+    /// This worker as a temp allocator, to hand to a kernel.
+    fn as_temp(&self) -> &dyn TempAllocator;
+}
+
+/// One entry of the source registry.
+pub struct SourceKind {
+    /// Name on the command line and in the table.
+    pub name: &'static str,
+    /// One line for the table legend.
+    pub about: &'static str,
+    /// Builds the source.
+    pub build: fn(&SourceConfig) -> Box<dyn ScratchSource>,
+}
+
+impl fmt::Debug for SourceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SourceKind")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// Settings that sources take from the command line.
+#[derive(Clone, Debug)]
+pub struct SourceConfig {
+    /// `exact-cache` cap in bytes (ExecuTorch's LLM runner: 10 MB).
+    pub exact_cap: u32,
+    /// `caching` `max_cached_bytes`.
+    pub caching_cap: usize,
+}
+
+impl Default for SourceConfig {
+    fn default() -> Self {
+        SourceConfig {
+            exact_cap: 10 * 1024 * 1024,
+            caching_cap: 256 << 20,
+        }
+    }
+}
+
+/// Every source, in table order.
+pub const SOURCES: &[SourceKind] = &[
+    SourceKind {
+        name: "system",
+        about: "std System (glibc malloc) through GlobalAlloc",
+        build: |_| Box::new(GlobalAllocSource::new("system", std::alloc::System)),
+    },
+    SourceKind {
+        name: "mimalloc",
+        about: "mimalloc through GlobalAlloc (not the global allocator)",
+        build: |_| Box::new(GlobalAllocSource::new("mimalloc", mimalloc::MiMalloc)),
+    },
+    SourceKind {
+        name: "jemalloc",
+        about: "jemalloc (tikv-jemallocator) through GlobalAlloc",
+        build: |_| Box::new(GlobalAllocSource::new("jemalloc", tikv_jemallocator::Jemalloc)),
+    },
+    SourceKind {
+        name: "fresh-pages",
+        about: "mmap/munmap per block: models iOS/macOS, where large mallocs are fresh VM pages",
+        build: |_| Box::new(FreshPagesSource),
+    },
+    SourceKind {
+        name: "exact-cache",
+        about: "re-implementation of ExecuTorch's CPUCachingAllocator (exact sizes, one mutex, free-all over cap)",
+        build: |c| Box::new(ExactCacheSource::new(c.exact_cap)),
+    },
+    SourceKind {
+        name: "bumpalo",
+        about: "bumpalo::Bump per thread, reset after every call",
+        build: |_| Box::new(BumpaloSource),
+    },
+    SourceKind {
+        name: "zeropool",
+        about: "zeropool::ZeroPool, alloc_uninit + drop (buffers padded by align-1 to align them)",
+        build: |_| Box::new(ZeropoolSource::new()),
+    },
+    SourceKind {
+        name: "orthotope",
+        about: "orthotope's global allocate/deallocate (thread caches over a 1 GiB arena)",
+        build: |_| Box::new(OrthotopeSource),
+    },
+    SourceKind {
+        name: "caching",
+        about: "this project: CachingAllocator::allocate + reset, one allocator per runtime (thread)",
+        build: |c| Box::new(CachingSource::new(CachingMode::Reset, c.caching_cap)),
+    },
+    SourceKind {
+        name: "caching-scope",
+        about: "this project: one shared CachingAllocator, a Scope per call",
+        build: |c| Box::new(CachingSource::new(CachingMode::Scope, c.caching_cap)),
+    },
+    SourceKind {
+        name: "static",
+        about: "buffers allocated once and reused: the floor",
+        build: |_| Box::new(StaticSource),
+    },
+];
+
+/// Looks a source up by name.
+pub fn find(name: &str) -> Option<&'static SourceKind> {
+    SOURCES.iter().find(|k| k.name == name)
+}
+
+/// Checks `align` the way the core library does: a power of two no larger than [`MAX_ALIGN`].
+pub fn check_align(align: usize) -> Result<(), AllocError> {
+    if align.is_power_of_two() && align <= MAX_ALIGN {
+        Ok(())
+    } else {
+        Err(AllocError::InvalidAlignment { align })
+    }
+}
+
+/// The pointer returned for zero-sized requests: dangling, aligned, never dereferenced.
+pub fn dangling(align: usize) -> NonNull<u8> {
+    // `align` is a non-zero power of two here, so it is a non-null address; fall back to the
+    // std dangling pointer rather than panic if a caller skipped `check_align`.
+    NonNull::new(core::ptr::without_provenance_mut(align)).unwrap_or(NonNull::dangling())
+}
+
+/// `addr` rounded up to a multiple of `align` (a power of two).
+pub(crate) fn align_up(addr: usize, align: usize) -> usize {
+    (addr + align - 1) & !(align - 1)
+}
+
+/// `size + align - 1`, the padded size that guarantees an aligned `size`-byte block inside.
+pub(crate) fn padded_size(size: usize, align: usize) -> Result<usize, AllocError> {
+    size.checked_add(align - 1)
+        .filter(|&p| p <= isize::MAX as usize)
+        .ok_or(AllocError::SizeOverflow { size, align })
+}
+
+/// The aligned pointer inside a padded region starting at `base`.
+///
+/// # Safety
+/// `base` must point to at least `size + align - 1` bytes of one allocation.
+pub(crate) unsafe fn align_within(base: NonNull<u8>, align: usize) -> NonNull<u8> {
+    let offset = align_up(base.as_ptr() as usize, align) - base.as_ptr() as usize;
+    // SAFETY: offset <= align - 1, and the caller guarantees the region holds
+    // size + align - 1 bytes, so base + offset stays inside the same allocation.
+    unsafe { base.add(offset) }
+}
+
+/// Runs one call for sources that allocate and free block by block.
+///
+/// `alloc_one` obtains one block (zero sizes are handled here); `free_one` gives one back.
+/// On an allocation failure the blocks obtained so far are given back before returning.
+pub(crate) fn call_with(
+    sizes: &[usize],
+    align: usize,
+    blocks: &mut [Block],
+    kernel: &mut dyn FnMut(&[Block]),
+    mut alloc_one: impl FnMut(usize) -> Result<Block, AllocError>,
+    mut free_one: impl FnMut(&Block),
+) -> Result<(), AllocError> {
+    check_align(align)?;
+    let n = sizes.len();
+    assert!(blocks.len() >= n, "{} blocks for {n} sizes", blocks.len());
+    for i in 0..n {
+        let size = sizes[i];
+        let got = if size == 0 {
+            Ok(Block::padded(dangling(align), 0, core::ptr::null_mut(), 0))
+        } else {
+            alloc_one(size)
+        };
+        match got {
+            Ok(b) => blocks[i] = b,
+            Err(e) => {
+                for b in &blocks[..i] {
+                    if b.len != 0 {
+                        free_one(b);
+                    }
+                }
+                return Err(e);
+            }
+        }
+    }
+    kernel(&blocks[..n]);
+    for b in &blocks[..n] {
+        if b.len != 0 {
+            free_one(b);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_add_and_since() {
+        let a = Counters {
+            system_allocs: Some(5),
+            misses: None,
+        };
+        let b = Counters {
+            system_allocs: Some(2),
+            misses: Some(1),
+        };
+        let s = a.add(b);
+        assert_eq!(s.system_allocs, Some(7));
+        assert_eq!(s.misses, Some(1));
+        assert_eq!(s.since(b).system_allocs, Some(5));
+        assert_eq!(
+            Counters::default().add(Counters::default()),
+            Counters::default()
+        );
+    }
+
+    #[test]
+    fn registry_names_are_unique_and_findable() {
+        for (i, k) in SOURCES.iter().enumerate() {
+            assert!(SOURCES[..i].iter().all(|o| o.name != k.name), "{}", k.name);
+            assert_eq!(find(k.name).map(|f| f.name), Some(k.name));
+        }
+        assert!(find("nonesuch").is_none());
+    }
+
+    #[test]
+    fn align_helpers() {
+        assert_eq!(align_up(65, 64), 128);
+        assert_eq!(align_up(64, 64), 64);
+        assert!(check_align(0).is_err());
+        assert!(check_align(48).is_err());
+        assert!(check_align(MAX_ALIGN * 2).is_err());
+        assert!(check_align(4096).is_ok());
+        assert_eq!(dangling(256).as_ptr() as usize, 256);
+        assert!(padded_size(usize::MAX, 64).is_err());
+    }
+}
