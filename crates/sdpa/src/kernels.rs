@@ -26,6 +26,10 @@ pub(crate) struct Kernels {
     pub dot: unsafe fn(&[f32], &[f32]) -> f32,
     /// `acc += p[0] v[0] + p[1] v[1] + p[2] v[2] + p[3] v[3]` (equal lengths).
     pub axpy4: unsafe fn(&mut [f32], [f32; 4], [&[f32]; 4]),
+    /// Packs a K tile into panels: see [`scalar::pack_k`].
+    pub pack_k: unsafe fn(&[f32], usize, usize, usize, usize, &mut [f32]),
+    /// Prefetches the rows of a KV tile towards L2: see [`scalar::prefetch_rows`].
+    pub prefetch_rows: unsafe fn(&[f32], usize, usize, usize),
     /// Whether these are the AVX2+FMA kernels.
     pub simd: bool,
 }
@@ -43,6 +47,8 @@ impl Kernels {
                     scale: avx2::scale,
                     dot: avx2::dot,
                     axpy4: avx2::axpy4,
+                    pack_k: avx2::pack_k,
+                    prefetch_rows: avx2::prefetch_rows,
                     simd: true,
                 };
             }
@@ -59,6 +65,8 @@ impl Kernels {
             scale: scalar::scale,
             dot: scalar::dot,
             axpy4: scalar::axpy4,
+            pack_k: scalar::pack_k,
+            prefetch_rows: scalar::prefetch_rows,
             simd: false,
         }
     }
@@ -174,6 +182,42 @@ pub(crate) mod scalar {
         assert_eq!(a.len(), b.len());
         a.iter().zip(b).map(|(x, y)| x * y).sum()
     }
+
+    /// Packs rows `j < nk` of a K tile (row `j` is `k[j * stride..][..d]`) into NR-column
+    /// panels `kp[(j / NR) * d * NR + x * NR + j % NR]`, with columns `nk <= j < nkp` zero.
+    /// Panics if `k` or `kp` is too short, or `nkp` is not a multiple of NR.
+    ///
+    /// # Safety
+    /// None (safe to call).
+    pub(crate) unsafe fn pack_k(
+        k: &[f32],
+        stride: usize,
+        nk: usize,
+        nkp: usize,
+        d: usize,
+        kp: &mut [f32],
+    ) {
+        assert!(nk <= nkp && nkp % NR == 0 && kp.len() >= nkp * d);
+        assert!(nk == 0 || k.len() >= (nk - 1) * stride + d);
+        for j in 0..nkp {
+            let base = (j / NR) * d * NR + j % NR;
+            if j < nk {
+                for (x, &val) in k[j * stride..j * stride + d].iter().enumerate() {
+                    kp[base + x * NR] = val;
+                }
+            } else {
+                for x in 0..d {
+                    kp[base + x * NR] = 0.0;
+                }
+            }
+        }
+    }
+
+    /// Hints that rows `j < n` (`rows[j * stride..][..d]`) will be read soon. No effect here.
+    ///
+    /// # Safety
+    /// None (safe to call).
+    pub(crate) unsafe fn prefetch_rows(_rows: &[f32], _stride: usize, _n: usize, _d: usize) {}
 
     /// `acc += sum_u p[u] * v[u]`; panics if a length differs from `acc`'s.
     ///
@@ -431,6 +475,114 @@ mod avx2 {
         s
     }
 
+    /// Transposes the 8x8 block whose rows are `r`.
+    #[target_feature(enable = "avx2,fma")]
+    fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        [
+            _mm256_permute2f128_ps::<0x20>(u0, u4),
+            _mm256_permute2f128_ps::<0x20>(u1, u5),
+            _mm256_permute2f128_ps::<0x20>(u2, u6),
+            _mm256_permute2f128_ps::<0x20>(u3, u7),
+            _mm256_permute2f128_ps::<0x31>(u0, u4),
+            _mm256_permute2f128_ps::<0x31>(u1, u5),
+            _mm256_permute2f128_ps::<0x31>(u2, u6),
+            _mm256_permute2f128_ps::<0x31>(u3, u7),
+        ]
+    }
+
+    /// AVX2 version of [`super::scalar::pack_k`]: 8x8 blocks transposed in registers.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn pack_k(
+        k: &[f32],
+        stride: usize,
+        nk: usize,
+        nkp: usize,
+        d: usize,
+        kp: &mut [f32],
+    ) {
+        assert!(nk <= nkp && nkp % NR == 0 && kp.len() >= nkp * d);
+        assert!(nk == 0 || k.len() >= (nk - 1) * stride + d);
+        let d8 = d / 8 * 8;
+        let mut j = 0;
+        while j + 8 <= nk {
+            let base = (j / NR) * d * NR + j % NR;
+            let mut x = 0;
+            while x < d8 {
+                // SAFETY: rows j..j+8 < nk and columns x..x+8 <= d are inside `k` (asserted
+                // length covers row nk-1 up to column d).
+                let rows: [__m256; 8] = core::array::from_fn(|u| unsafe {
+                    _mm256_loadu_ps(k.as_ptr().add((j + u) * stride + x))
+                });
+                let cols = transpose8(rows);
+                for (c, col) in cols.iter().enumerate() {
+                    // SAFETY: `base + (x + c) * NR + 8 <= nkp * d`: j % NR is 0 or 8 and
+                    // x + c < d, so the 8 floats are inside panel j / NR, inside `kp`.
+                    unsafe { _mm256_storeu_ps(kp.as_mut_ptr().add(base + (x + c) * NR), *col) };
+                }
+                x += 8;
+            }
+            for u in 0..8 {
+                for x in d8..d {
+                    kp[base + x * NR + u] = k[(j + u) * stride + x];
+                }
+            }
+            j += 8;
+        }
+        for j in j..nkp {
+            let base = (j / NR) * d * NR + j % NR;
+            if j < nk {
+                for (x, &val) in k[j * stride..j * stride + d].iter().enumerate() {
+                    kp[base + x * NR] = val;
+                }
+            } else {
+                for x in 0..d {
+                    kp[base + x * NR] = 0.0;
+                }
+            }
+        }
+    }
+
+    /// AVX2-build version of [`super::scalar::prefetch_rows`]: prefetches each 64-byte line of
+    /// the rows into L2.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn prefetch_rows(rows: &[f32], stride: usize, n: usize, d: usize) {
+        for j in 0..n {
+            let start = j * stride;
+            if start + d > rows.len() {
+                break;
+            }
+            let mut x = 0;
+            while x < d {
+                // SAFETY: `start + x < rows.len()`: in bounds; a prefetch never faults nor
+                // changes memory anyway.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(rows.as_ptr().add(start + x).cast::<i8>()) };
+                x += 16;
+            }
+        }
+    }
+
     /// AVX2 version of [`super::scalar::axpy4`].
     ///
     /// # Safety
@@ -526,6 +678,24 @@ mod tests {
                 (s.scale)(&mut a2, 0.7);
             }
             close(&a1, &a2, 1e-5);
+
+            for (nk, nkp) in [(0, 16), (5, 16), (8, 16), (16, 16), (27, 32), (64, 64)] {
+                let stride = d + 5;
+                let k = data(nk.max(1) * stride, 16);
+                let (mut p1, mut p2) = (vec![f32::NAN; nkp * d], vec![f32::NAN; nkp * d]);
+                // SAFETY: as above.
+                unsafe {
+                    (f.pack_k)(&k, stride, nk, nkp, d, &mut p1);
+                    (s.pack_k)(&k, stride, nk, nkp, d, &mut p2);
+                }
+                assert_eq!(p1, p2, "pack_k d {d} nk {nk}");
+                for j in 0..nkp {
+                    for x in 0..d {
+                        let want = if j < nk { k[j * stride + x] } else { 0.0 };
+                        assert_eq!(p2[(j / NR) * d * NR + x * NR + j % NR], want);
+                    }
+                }
+            }
 
             for valid in [1, d / 2 + 1, d] {
                 let (mut r1, mut r2) = (data(d, 15), data(d, 15));

@@ -7,7 +7,7 @@ pub(crate) const MR: usize = 6;
 /// Columns of the micro-kernels (KV positions per K panel, head-dim lanes per V strip).
 pub(crate) const NR: usize = 16;
 /// Largest query block of the tiled path (a multiple of `MR`).
-pub(crate) const BQ: usize = 96;
+pub(crate) const BQ: usize = 192;
 /// Largest KV tile of the tiled path (a multiple of `NR`).
 pub(crate) const BK: usize = 64;
 /// Largest KV tile (positions scored before a softmax update) of the row path.

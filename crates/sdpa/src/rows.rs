@@ -12,6 +12,8 @@ use crate::Args;
 
 /// Positions whose V rows are accumulated in one pass.
 const V_GROUP: usize = 4;
+/// Merges of at most this many partial floats run on the calling thread.
+const SERIAL_MERGE_FLOATS: usize = 1 << 18;
 
 pub(crate) fn run(a: &Args<'_>, plan: &Plan, scratch: &Scratch, out: &mut [f32]) {
     let Path::Rows {
@@ -36,47 +38,69 @@ pub(crate) fn run(a: &Args<'_>, plan: &Plan, scratch: &Scratch, out: &mut [f32])
         chunk(a, &lay, tile, slot.floats(), part, b, c0, c1);
     });
 
-    let out = SharedOut::new(out);
+    // Merge the chunks' partial states into `out`: on the calling thread when that is cheap
+    // (decode), saving a second round trip through the pool.
     let d = sh.head_dim;
     let nq = lay.nq;
-    (0..sh.batch * nq)
-        .into_par_iter()
-        .with_min_len(8)
-        .for_each(|br| {
-            let (b, r) = (br / nq, br % nq);
-            let part = |c: usize| {
-                // SAFETY: the first pass has finished and nothing writes chunks any more, so
-                // shared references to them are sound; it wrote all their m, l and acc rows.
-                unsafe { scratch.chunk_ref(b * cpb + c) }
-            };
-            let mut mx = f32::NEG_INFINITY;
-            for c in 0..cpb {
-                mx = mx.max(part(c)[lay.m + r]);
-            }
-            // SAFETY: row (b, r) is written by this iteration alone; `out` outlives the pass.
-            let dst = unsafe { out.range((b * nq + r) * d, d) };
-            dst.fill(0.0);
-            let mut sum = 0.0;
-            for c in 0..cpb {
-                let p = part(c);
-                let mc = p[lay.m + r];
-                if mc == f32::NEG_INFINITY {
-                    continue; // this chunk saw no position of row r
-                }
-                let w = (mc - mx).exp2();
-                sum += p[lay.l + r] * w;
-                for (x, y) in dst
-                    .iter_mut()
-                    .zip(&p[lay.acc + r * d..lay.acc + (r + 1) * d])
-                {
-                    *x += y * w;
-                }
-            }
-            let inv = 1.0 / sum;
-            for x in dst.iter_mut() {
-                *x *= inv;
-            }
-        });
+    let merge_floats = sh.batch * nq * d * cpb;
+    if merge_floats <= SERIAL_MERGE_FLOATS {
+        for (br, dst) in out.chunks_exact_mut(d).enumerate() {
+            merge(&lay, scratch, cpb, d, br / nq, br % nq, dst);
+        }
+    } else {
+        let out = SharedOut::new(out);
+        (0..sh.batch * nq)
+            .into_par_iter()
+            .with_min_len(8)
+            .for_each(|br| {
+                // SAFETY: row `br` of `out` is written by this iteration alone; `out` outlives
+                // the parallel section.
+                let dst = unsafe { out.range(br * d, d) };
+                merge(&lay, scratch, cpb, d, br / nq, br % nq, dst);
+            });
+    }
+}
+
+/// Merges the partial states of sequence `b`'s chunks for query row `r` into `dst`.
+fn merge(
+    lay: &RowsLayout,
+    scratch: &Scratch,
+    cpb: usize,
+    d: usize,
+    b: usize,
+    r: usize,
+    dst: &mut [f32],
+) {
+    let part = |c: usize| {
+        // SAFETY: the chunk pass has finished and nothing writes chunks any more, so shared
+        // references to them are sound; it wrote all their m, l and acc rows.
+        unsafe { scratch.chunk_ref(b * cpb + c) }
+    };
+    let mut mx = f32::NEG_INFINITY;
+    for c in 0..cpb {
+        mx = mx.max(part(c)[lay.m + r]);
+    }
+    dst.fill(0.0);
+    let mut sum = 0.0;
+    for c in 0..cpb {
+        let p = part(c);
+        let mc = p[lay.m + r];
+        if mc == f32::NEG_INFINITY {
+            continue; // this chunk saw no position of row r
+        }
+        let w = (mc - mx).exp2();
+        sum += p[lay.l + r] * w;
+        for (x, y) in dst
+            .iter_mut()
+            .zip(&p[lay.acc + r * d..lay.acc + (r + 1) * d])
+        {
+            *x += y * w;
+        }
+    }
+    let inv = 1.0 / sum;
+    for x in dst.iter_mut() {
+        *x *= inv;
+    }
 }
 
 /// Processes positions `c0..c1` of sequence `b` into the partial state `part`, with the

@@ -64,11 +64,25 @@ fn block(
     let o = &mut o[..rows_p * dp];
     let s = &mut s[..rows_p * bk];
 
-    // Pack the query block: strip-major, `[strip][x][MR]`, pad rows zero.
-    let q_row = |i: usize| {
-        let off = ((b * sh.q_len + i) * sh.heads + h) * d;
-        &a.q[off..off + d]
+    let kv_hi = if a.causal {
+        sh.start_pos + i0 + rows
+    } else {
+        sh.kv_len()
     };
+    let kv_row = |t: usize| ((b * sh.kv_capacity + t) * sh.kv_heads + kvh) * d;
+    let stride = sh.kv_heads * d;
+    let q_off = |i: usize| ((b * sh.q_len + i) * sh.heads + h) * d;
+    let q_row = |i: usize| &a.q[q_off(i)..q_off(i) + d];
+    // The query rows and the first K/V tile are strided in memory, which the hardware
+    // prefetcher follows poorly: request them all up front so their misses overlap.
+    // SAFETY: slice-based kernel (a hint only); kernel set from `detect`.
+    unsafe {
+        (kern.prefetch_rows)(&a.q[q_off(i0)..], sh.heads * d, rows, d);
+        (kern.prefetch_rows)(&a.k[kv_row(0)..], stride, bk.min(kv_hi), d);
+        (kern.prefetch_rows)(&a.v[kv_row(0)..], stride, bk.min(kv_hi), d);
+    }
+
+    // Pack the query block: strip-major, `[strip][x][MR]`, pad rows zero.
     for st in 0..strips {
         let dst = &mut qp[st * d * MR..(st + 1) * d * MR];
         for r in 0..MR {
@@ -88,31 +102,23 @@ fn block(
     m[..rows_p].fill(f32::NEG_INFINITY);
     l[..rows_p].fill(0.0);
 
-    let kv_hi = if a.causal {
-        sh.start_pos + i0 + rows
-    } else {
-        sh.kv_len()
-    };
-    let kv_row = |t: usize| ((b * sh.kv_capacity + t) * sh.kv_heads + kvh) * d;
     let mut t0 = 0;
     while t0 < kv_hi {
         let nk = bk.min(kv_hi - t0);
         let nkp = round_up(nk, NR);
-        let panels = nkp / NR;
 
         // Pack K: panel-major `[panel][x][NR]`, pad columns zero.
         let kp = &mut kp[..nkp * d];
-        for j in 0..nkp {
-            let base = (j / NR) * d * NR + j % NR;
-            if j < nk {
-                let off = kv_row(t0 + j);
-                for (x, &val) in a.k[off..off + d].iter().enumerate() {
-                    kp[base + x * NR] = val;
-                }
-            } else {
-                for x in 0..d {
-                    kp[base + x * NR] = 0.0;
-                }
+        let k_tile = &a.k[kv_row(t0)..];
+        // SAFETY: slice-based kernel; kernel set from `detect`.
+        unsafe { (kern.pack_k)(k_tile, stride, nk, nkp, d, kp) };
+        // Start fetching the next tile's K and V rows while this one is computed.
+        let next = (kv_hi - t0 - nk).min(bk);
+        if next > 0 {
+            // SAFETY: slice-based kernel (a hint only); kernel set from `detect`.
+            unsafe {
+                (kern.prefetch_rows)(&a.k[kv_row(t0 + nk)..], stride, next, d);
+                (kern.prefetch_rows)(&a.v[kv_row(t0 + nk)..], stride, next, d);
             }
         }
         // Pack V: `[t][dp]`, pad lanes zero (their O columns are never output; zero keeps
@@ -125,9 +131,13 @@ fn block(
             dst[d..].fill(0.0);
         }
 
+        // Positions of this tile visible to some row of each strip: a prefix (causal), so
+        // panels and P columns past it are skipped (they would be all masked).
+        let strip_vis = |st: usize| a.visible(i0 + (st * MR + MR).min(rows) - 1, t0, nk);
+
         // S = Q . K^T over the tile: every (strip, panel) pair is one micro-kernel call.
         for st in 0..strips {
-            for p in 0..panels {
+            for p in 0..strip_vis(st).div_ceil(NR) {
                 let qs = &qp[st * d * MR..(st + 1) * d * MR];
                 let kpan = &kp[p * d * NR..(p + 1) * d * NR];
                 let dst = &mut s[st * MR * bk + p * NR..];
@@ -139,7 +149,8 @@ fn block(
             }
         }
 
-        // Online softmax per row; P overwrites S (zeros where masked or padding).
+        // Online softmax per row; P overwrites S (zeros where masked or padding). A row reads
+        // only its `vis` visible scores, all inside the panels computed for its strip.
         for r in 0..rows_p {
             let srow = &mut s[r * bk..r * bk + nk];
             let vis = if r < rows {
@@ -164,11 +175,16 @@ fn block(
 
         // O += P . V: every (strip, 16-lane column block) is one micro-kernel call.
         for st in 0..strips {
+            // Columns past `strip_vis` are zero in every row of the strip: skip them.
+            let nk = strip_vis(st);
+            if nk == 0 {
+                continue;
+            }
             let ps = &s[st * MR * bk..];
             assert!(ps.len() >= (MR - 1) * bk + nk);
             for dc in 0..dp / NR {
                 let vs = &vp[dc * NR..];
-                assert!(nk == 0 || vs.len() >= (nk - 1) * dp + NR);
+                assert!(vs.len() >= (nk - 1) * dp + NR);
                 let os = &mut o[st * MR * dp + dc * NR..];
                 assert!(os.len() >= (MR - 1) * dp + NR);
                 // SAFETY: the asserts show P rows r < MR have nk floats at stride bk, V rows
