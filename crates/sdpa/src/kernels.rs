@@ -197,7 +197,7 @@ pub(crate) mod scalar {
         d: usize,
         kp: &mut [f32],
     ) {
-        assert!(nk <= nkp && nkp % NR == 0 && kp.len() >= nkp * d);
+        assert!(nk <= nkp && nkp.is_multiple_of(NR) && kp.len() >= nkp * d);
         assert!(nk == 0 || k.len() >= (nk - 1) * stride + d);
         for j in 0..nkp {
             let base = (j / NR) * d * NR + j % NR;
@@ -519,7 +519,7 @@ mod avx2 {
         d: usize,
         kp: &mut [f32],
     ) {
-        assert!(nk <= nkp && nkp % NR == 0 && kp.len() >= nkp * d);
+        assert!(nk <= nkp && nkp.is_multiple_of(NR) && kp.len() >= nkp * d);
         assert!(nk == 0 || k.len() >= (nk - 1) * stride + d);
         let d8 = d / 8 * 8;
         let mut j = 0;
