@@ -27,7 +27,7 @@ pub(crate) fn run(a: &Args<'_>, plan: &Plan, scratch: &Scratch, out: &mut [f32])
     let sh = a.shape;
     let lay = RowsLayout::new(&sh, tile);
     let kv_len = sh.kv_len();
-    (0..sh.batch * cpb).into_par_iter().for_each(|item| {
+    let run_item = |item: usize| {
         let b = item / cpb;
         let c0 = (item % cpb) * chunk_len;
         let c1 = kv_len.min(c0 + chunk_len);
@@ -36,7 +36,13 @@ pub(crate) fn run(a: &Args<'_>, plan: &Plan, scratch: &Scratch, out: &mut [f32])
         // `chunk` writes every float of it (m, l, acc) before reading any.
         let part = unsafe { scratch.chunk(item) };
         chunk(a, &lay, tile, slot.floats(), part, b, c0, c1);
-    });
+    };
+    let items = sh.batch * cpb;
+    if items == 1 {
+        run_item(0); // not worth a round trip through the pool
+    } else {
+        (0..items).into_par_iter().for_each(run_item);
+    }
 
     // Merge the chunks' partial states into `out`: on the calling thread when that is cheap
     // (decode), saving a second round trip through the pool.

@@ -18,7 +18,7 @@ pub(crate) fn run(a: &Args<'_>, plan: &Plan, scratch: &Scratch, out: &mut [f32])
     let lay = TiledLayout::new(&sh);
     let out = SharedOut::new(out);
     let items = sh.batch * sh.heads * q_blocks;
-    (0..items).into_par_iter().for_each(|item| {
+    let run_item = |item: usize| {
         // Later q blocks see more positions (causal): start them first.
         let qb = q_blocks - 1 - item % q_blocks;
         let bh = item / q_blocks;
@@ -27,7 +27,12 @@ pub(crate) fn run(a: &Args<'_>, plan: &Plan, scratch: &Scratch, out: &mut [f32])
         let rows = q_block.min(sh.q_len - i0);
         let mut slot = scratch.claim();
         block(a, &lay, slot.floats(), b, h, i0, rows, &out);
-    });
+    };
+    if items == 1 {
+        run_item(0); // not worth a round trip through the pool
+    } else {
+        (0..items).into_par_iter().for_each(run_item);
+    }
 }
 
 /// Computes `out[b, i0..i0 + rows, h, :]` using the worker slice `ws`.
