@@ -76,7 +76,8 @@ impl CachingAllocator {
 
     /// An allocator configured by `config`.
     pub fn with_config(config: Config) -> Self {
-        let fallback = Arc::new(ThreadCache::new());
+        crate::biased_lock::init();
+        let fallback = Arc::new(ThreadCache::new(false));
         CachingAllocator {
             id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
             cap: config.max_cached_bytes,
@@ -113,9 +114,12 @@ impl CachingAllocator {
         if req.class.is_none() {
             return Ok(dangling(align));
         }
-        let block = self.take(self.thread_cache(), &req, |state, live| {
-            state.live.insert(live.block.addr(), live);
-        })?;
+        // SAFETY: `thread_cache` gives this thread's own cache.
+        let block = unsafe {
+            self.take(self.thread_cache(), &req, |state, live| {
+                state.live.insert(live.block.addr(), live);
+            })
+        }?;
         Ok(block.ptr)
     }
 
@@ -136,7 +140,8 @@ impl CachingAllocator {
     pub unsafe fn release(&self, ptr: NonNull<u8>) -> Result<(), AllocError> {
         let here = self.thread_cache();
         let addr = ptr.as_ptr().addr();
-        let mut state = here.lock();
+        // SAFETY: `thread_cache` gives this thread's own cache, and we hold no guard of it.
+        let mut state = unsafe { here.lock_local() };
         if let Some(live) = state.live.remove(&addr) {
             state.counters.remove_live(&live);
             return self.retire(&mut state, live);
@@ -260,9 +265,11 @@ impl CachingAllocator {
         } else {
             Some(size)
         };
+        // The block's layout must be valid too: its size rounded up to the alignment must
+        // not exceed isize::MAX (cheaper to check here than to build the `Layout`).
         let class = padded
             .and_then(SizeClass::for_size)
-            .filter(|c| Block::layout_for(*c, align.max(MIN_ALIGN)).is_some())
+            .filter(|c| c.size() <= isize::MAX as usize - (align.max(MIN_ALIGN) - 1))
             .ok_or(AllocError::SizeOverflow { size, align })?;
         Ok(Request {
             size,
@@ -293,8 +300,12 @@ impl CachingAllocator {
 
     /// Takes a block for `req` (class present) through `cache`, records it with `record` under
     /// the cache's lock, and poisons it if debug checks are on.
+    ///
+    /// # Safety
+    /// `cache` is the calling thread's own cache (from `thread_cache` on this thread), and the
+    /// thread holds no guard of it.
     #[inline]
-    pub(crate) fn take(
+    pub(crate) unsafe fn take(
         &self,
         cache: &ThreadCache,
         req: &Request,
@@ -303,7 +314,8 @@ impl CachingAllocator {
         let Some(class) = req.class else {
             unreachable!("zero-size requests never reach the cache");
         };
-        let mut state = cache.lock();
+        // SAFETY: the caller passes this thread's own cache and holds no guard of it.
+        let mut state = unsafe { cache.lock_local() };
         let block = match state.idle.take(class, req.align) {
             Some(block) => {
                 state.counters.hits += 1;
@@ -312,7 +324,8 @@ impl CachingAllocator {
             None => {
                 drop(state);
                 let (block, cached) = self.take_slow(class, req)?;
-                state = cache.lock();
+                // SAFETY: as above; the guard was dropped before the slow path.
+                state = unsafe { cache.lock_local() };
                 if cached {
                     state.counters.hits += 1;
                 } else {
@@ -542,7 +555,9 @@ impl CachingAllocator {
             if let Some(live) = state.live.remove(&addr) {
                 state.counters.remove_live(&live);
                 drop(state);
-                return self.retire(&mut here.lock(), live);
+                // SAFETY: `here` is this thread's own cache (from `release`), not locked now.
+                let mut state = unsafe { here.lock_local() };
+                return self.retire(&mut state, live);
             }
         }
         if is_dangling(addr) {
@@ -579,7 +594,7 @@ impl CachingAllocator {
     fn reset_all(&self) -> Vec<Overrun> {
         let mut overruns = Vec::new();
         for cache in lock(&self.registry).iter() {
-            let mut state = cache.lock();
+            let mut state = cache.lock_exclusive();
             let state = &mut *state;
             let mut returning: Vec<Live> = state.live.drain().map(|(_, live)| live).collect();
             returning.extend(state.scoped.drain(..).map(|s| s.live));
@@ -611,7 +626,7 @@ impl CachingAllocator {
         let shared = self.shared.get_mut().unwrap_or_else(|e| e.into_inner());
         let registry = self.registry.get_mut().unwrap_or_else(|e| e.into_inner());
         registry.retain(|cache| {
-            let mut state = cache.lock();
+            let mut state = cache.lock_exclusive();
             if !state.orphaned || !state.live.is_empty() || !state.scoped.is_empty() {
                 return true;
             }
@@ -649,7 +664,7 @@ impl Drop for CachingAllocator {
             // Threads may still hold an `Arc` of this cache in their thread-locals; `closed`
             // tells them to forget it. They never lock it again: that needs `&self`.
             cache.close();
-            collect_blocks(&mut cache.lock(), &mut blocks);
+            collect_blocks(&mut cache.lock_exclusive(), &mut blocks);
         }
         let shared = self.shared.get_mut().unwrap_or_else(|e| e.into_inner());
         while let Some(block) = shared.idle.pop_lru() {

@@ -2,7 +2,6 @@
 
 use core::alloc::Layout;
 use core::ptr::NonNull;
-use std::collections::VecDeque;
 
 use crate::SizeClass;
 
@@ -14,6 +13,8 @@ pub(crate) const MIN_ALIGN: usize = 64;
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Block {
     pub(crate) ptr: NonNull<u8>,
+    /// `class.size()`, kept because the hot path needs it on every call.
+    size: usize,
     pub(crate) class: SizeClass,
     align_log2: u8,
 }
@@ -29,6 +30,7 @@ impl Block {
         debug_assert!(align.is_power_of_two() && align >= MIN_ALIGN);
         Block {
             ptr,
+            size: class.size(),
             class,
             align_log2: align.trailing_zeros() as u8,
         }
@@ -41,7 +43,7 @@ impl Block {
 
     #[inline]
     pub(crate) fn size(&self) -> usize {
-        self.class.size()
+        self.size
     }
 
     #[inline]
@@ -59,10 +61,12 @@ impl Block {
 
 /// Idle blocks, one list per size class, with least-recently-used eviction across classes.
 ///
-/// Each list is oldest-first. `take` serves from the newest end (warm in cache), `pop_lru`
-/// evicts the oldest block of all lists, found through a bitmap of non-empty classes.
+/// Each list is a stack, oldest first. `take` serves from the top (warm in cache), `pop_lru`
+/// evicts the oldest block of all lists (the bottom of one of them), found through a bitmap of
+/// non-empty classes. Eviction shifts a list down by one; it is the slow path, the stack's
+/// push and pop are the fast one.
 pub(crate) struct IdleLists {
-    lists: Vec<VecDeque<(u64, Block)>>,
+    lists: Vec<Vec<(u64, Block)>>,
     occupied: [u64; SizeClass::COUNT.div_ceil(64)],
     bytes: usize,
     blocks: usize,
@@ -97,10 +101,10 @@ impl IdleLists {
     pub(crate) fn push(&mut self, block: Block) {
         let i = block.class.index();
         if self.lists.is_empty() {
-            self.lists.resize_with(SizeClass::COUNT, VecDeque::new);
+            self.lists.resize_with(SizeClass::COUNT, Vec::new);
         }
         self.clock += 1;
-        self.lists[i].push_back((self.clock, block));
+        self.lists[i].push((self.clock, block));
         self.occupied[i / 64] |= 1 << (i % 64);
         self.bytes += block.size();
         self.blocks += 1;
@@ -111,13 +115,14 @@ impl IdleLists {
     pub(crate) fn take(&mut self, class: SizeClass, align: usize) -> Option<Block> {
         let i = class.index();
         let list = self.lists.get_mut(i)?;
-        let pos = if align <= MIN_ALIGN {
-            list.len().checked_sub(1)?
+        let (_, block) = if align <= MIN_ALIGN {
+            list.pop()?
         } else {
-            list.iter()
-                .rposition(|(_, b)| b.addr() & (align - 1) == 0)?
+            let pos = list
+                .iter()
+                .rposition(|(_, b)| b.addr() & (align - 1) == 0)?;
+            list.remove(pos)
         };
-        let (_, block) = list.remove(pos)?;
         if list.is_empty() {
             self.occupied[i / 64] &= !(1 << (i % 64));
         }
@@ -134,14 +139,14 @@ impl IdleLists {
             while bits != 0 {
                 let i = word_index * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
-                let tick = self.lists[i].front().map_or(u64::MAX, |(t, _)| *t);
+                let tick = self.lists[i].first().map_or(u64::MAX, |(t, _)| *t);
                 if best.is_none_or(|(t, _)| tick < t) {
                     best = Some((tick, i));
                 }
             }
         }
         let (_, i) = best?;
-        let (_, block) = self.lists[i].pop_front()?;
+        let (_, block) = self.lists[i].remove(0);
         if self.lists[i].is_empty() {
             self.occupied[i / 64] &= !(1 << (i % 64));
         }

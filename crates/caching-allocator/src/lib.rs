@@ -44,6 +44,8 @@
 
 mod allocator;
 mod api2;
+#[cfg(not(loom))]
+mod biased_lock;
 mod block;
 mod config;
 mod debug;

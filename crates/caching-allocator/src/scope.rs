@@ -71,12 +71,16 @@ impl<'a> Scope<'a> {
         let ptr: NonNull<u8> = if req.class.is_none() {
             dangling(align)
         } else {
-            let block = self.alloc.take(self.cache, &req, |state, live| {
-                state.scoped.push(Scoped {
-                    scope: self.id,
-                    live,
-                });
-            })?;
+            // SAFETY: a scope is not `Send`: this is the thread that made it, and `self.cache`
+            // is that thread's own cache; no guard of it is held here.
+            let block = unsafe {
+                self.alloc.take(self.cache, &req, |state, live| {
+                    state.scoped.push(Scoped {
+                        scope: self.id,
+                        live,
+                    });
+                })
+            }?;
             self.blocks.set(self.blocks.get() + 1);
             block.ptr
         };
@@ -148,7 +152,9 @@ impl Drop for Scope<'_> {
             return;
         }
         let mut overruns = Vec::new();
-        let mut state = self.cache.lock();
+        // SAFETY: a scope is dropped on the thread that made it (it is not `Send`), and
+        // `self.cache` is that thread's own cache; no guard of it is held here.
+        let mut state = unsafe { self.cache.lock_local() };
         // Scopes dropped in the order they were opened find their blocks on top.
         while remaining > 0 {
             match state.scoped.last() {

@@ -46,7 +46,7 @@ impl SizeClass {
     /// exceed `isize::MAX` bytes.
     #[inline]
     pub const fn for_size(size: usize) -> Option<SizeClass> {
-        if size == 0 || size > isize::MAX as usize {
+        if size == 0 || size > LARGEST_SIZE {
             return None;
         }
         let index = if size <= SMALL_MAX {
@@ -58,16 +58,17 @@ impl SizeClass {
             let j = (size - 1 - (1 << k)) >> step_log2;
             SMALL_CLASSES + ((k - SMALL_MAX_LOG2) << DIVISIONS_LOG2) + j
         };
-        let class = SizeClass(index as u16);
-        if class.size() > isize::MAX as usize {
-            return None;
-        }
-        Some(class)
+        Some(SizeClass(index as u16))
     }
 
     /// The class's size in bytes: what a block of this class holds.
     #[inline]
     pub const fn size(self) -> usize {
+        CLASS_SIZES[self.0 as usize]
+    }
+
+    /// `size`, computed: fills the table that `size` reads.
+    const fn compute_size(self) -> usize {
         let i = self.0 as usize;
         if i < SMALL_CLASSES {
             (i + 1) * SMALL_STEP
@@ -86,6 +87,21 @@ impl SizeClass {
         self.0 as usize
     }
 }
+
+/// The largest size with a class: the top class (2^(BITS-1)) exceeds `isize::MAX`, the one
+/// below it is the largest that fits.
+const LARGEST_SIZE: usize = SizeClass(SizeClass::COUNT as u16 - 2).compute_size();
+
+/// Every class's size, computed at compile time: the hot path reads one entry.
+const CLASS_SIZES: [usize; SizeClass::COUNT] = {
+    let mut sizes = [0; SizeClass::COUNT];
+    let mut i = 0;
+    while i < SizeClass::COUNT {
+        sizes[i] = SizeClass(i as u16).compute_size();
+        i += 1;
+    }
+    sizes
+};
 
 #[cfg(test)]
 mod tests {
@@ -149,6 +165,17 @@ mod tests {
                 assert!(c.size() - size < 64);
             }
         }
+    }
+
+    #[test]
+    fn the_largest_class_is_the_last_that_fits_isize() {
+        assert!(LARGEST_SIZE <= isize::MAX as usize);
+        assert!(SizeClass((SizeClass::COUNT - 1) as u16).compute_size() > isize::MAX as usize);
+        assert_eq!(
+            SizeClass::for_size(LARGEST_SIZE).unwrap().size(),
+            LARGEST_SIZE
+        );
+        assert_eq!(SizeClass::for_size(LARGEST_SIZE + 1), None);
     }
 
     #[test]

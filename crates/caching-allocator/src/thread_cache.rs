@@ -8,12 +8,32 @@ use core::cell::{Cell, RefCell};
 use core::hash::{BuildHasherDefault, Hasher};
 use std::collections::HashMap;
 
+#[cfg(not(loom))]
+use crate::biased_lock::{BiasedGuard, BiasedLock};
 use crate::block::{Block, IdleLists};
-use crate::sync::{Arc, AtomicBool, Ordering, SpinGuard, SpinLock};
+use crate::sync::{Arc, AtomicBool, Ordering};
+#[cfg(loom)]
+use crate::sync::{SpinGuard, SpinLock};
+
+/// The lock of a thread cache: biased towards its thread (see `biased_lock`). Under loom, a
+/// plain lock: loom cannot model the asymmetric barrier, and the rest of the logic is the same.
+#[cfg(not(loom))]
+type CacheLock = BiasedLock<CacheState>;
+/// Access to a locked thread cache.
+#[cfg(not(loom))]
+pub(crate) type CacheGuard<'a> = BiasedGuard<'a, CacheState>;
+#[cfg(loom)]
+type CacheLock = SpinLock<CacheState>;
+/// Access to a locked thread cache.
+#[cfg(loom)]
+pub(crate) type CacheGuard<'a> = SpinGuard<'a, CacheState>;
 
 /// One thread's cache in one allocator.
 pub(crate) struct ThreadCache {
-    state: SpinLock<CacheState>,
+    state: CacheLock,
+    /// Whether one thread owns this cache (and may take the lock's owner path). The allocator's
+    /// fallback cache, used by threads whose thread-locals are gone, is shared.
+    owned: bool,
     /// Set when the allocator is dropped, so threads forget their entry.
     closed: AtomicBool,
 }
@@ -77,9 +97,10 @@ impl Counters {
 }
 
 impl ThreadCache {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(owned: bool) -> Self {
         ThreadCache {
-            state: SpinLock::new(CacheState {
+            owned,
+            state: CacheLock::new(CacheState {
                 idle: IdleLists::new(),
                 credit: 0,
                 live: HashMap::default(),
@@ -91,9 +112,34 @@ impl ThreadCache {
         }
     }
 
+    /// Locks from this cache's own thread: no atomic read-modify-write in the common case.
+    ///
+    /// # Safety
+    /// The calling thread is the one this cache was made for (the cache came from
+    /// `CachingAllocator::thread_cache` on this thread), and it holds no guard of this cache.
     #[inline]
-    pub(crate) fn lock(&self) -> SpinGuard<'_, CacheState> {
+    pub(crate) unsafe fn lock_local(&self) -> CacheGuard<'_> {
+        #[cfg(not(loom))]
+        if self.owned {
+            // SAFETY: the caller is the owner thread and holds no guard; `owned` caches are
+            // reached through `lock_local` by that thread only.
+            return unsafe { self.state.lock_as_owner() };
+        }
         self.state.lock()
+    }
+
+    /// Locks from any thread.
+    pub(crate) fn lock(&self) -> CacheGuard<'_> {
+        self.state.lock()
+    }
+
+    /// Locks when no other thread is inside a call on the allocator (`&mut self`, or
+    /// `reset_unchecked`'s contract): skips the barrier the owner protocol needs.
+    pub(crate) fn lock_exclusive(&self) -> CacheGuard<'_> {
+        #[cfg(not(loom))]
+        return self.state.lock_exclusive();
+        #[cfg(loom)]
+        return self.state.lock();
     }
 
     pub(crate) fn close(&self) {
@@ -209,7 +255,7 @@ pub(crate) fn find_or_create(
                     owned
                         .0
                         .retain(|(_, cache)| !cache.closed.load(Ordering::Acquire));
-                    let cache = Arc::new(ThreadCache::new());
+                    let cache = Arc::new(ThreadCache::new(true));
                     register(&cache);
                     let ptr = Arc::as_ptr(&cache);
                     owned.0.push((id, cache));

@@ -391,13 +391,17 @@ fn a_block_released_on_one_thread_serves_another() {
     let alloc = Arc::new(CachingAllocator::new(1 << 20));
     let p = alloc.allocate(3000, 64).unwrap();
     let addr_p = addr(p);
+    /// A block handed to another thread, which releases it.
+    struct Handoff(NonNull<u8>);
+    // SAFETY: the block is plain memory owned by the allocator; one thread holds it at a time.
+    unsafe impl Send for Handoff {}
     {
         let alloc = alloc.clone();
-        let a = addr_p;
+        let handoff = Handoff(p);
         std::thread::spawn(move || {
-            let p = NonNull::new(a as *mut u8).unwrap();
+            let handoff = handoff;
             // SAFETY: released once, on another thread than the one that allocated it.
-            unsafe { alloc.release(p).unwrap() };
+            unsafe { alloc.release(handoff.0).unwrap() };
         })
         .join()
         .unwrap();
