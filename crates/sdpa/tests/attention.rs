@@ -93,6 +93,9 @@ fn prefill_head_dims_and_awkward_lengths() {
 
 #[test]
 fn prefill_non_causal() {
+    // A single work item runs on the calling thread.
+    check(shape(1, 50, 1, 1, 64, 20), non_causal(), 51, 2.0);
+    check(shape(1, 50, 1, 1, 100, 20), causal(), 52, 2.0);
     for (q_len, sp, d) in [(6, 0, 64), (40, 9, 72), (100, 0, 100), (70, 200, 128)] {
         check(
             shape(2, q_len, 8, 2, d, sp),
