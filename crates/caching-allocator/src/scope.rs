@@ -50,6 +50,10 @@ impl CachingAllocator {
     }
 }
 
+// Allocating methods take `&self` and return `&mut [T]`, as bumpalo's do: each call hands out
+// a distinct block that no other slice, and nothing in the scope, refers to, so the `&mut`
+// aliases nothing; tying it to the `&self` borrow is what keeps it from outliving the scope.
+#[allow(clippy::mut_from_ref)]
 impl<'a> Scope<'a> {
     /// The allocator this scope takes from.
     pub fn allocator(&self) -> &'a CachingAllocator {
