@@ -192,7 +192,7 @@ fn worker_loop(sh: &Shared<'_>, index: usize) {
             // catch it and report it as the measurement's error.
             let res = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 if observe {
-                    let read = |w: &dyn ScratchWorker| sh.sources[si].counters().add(w.counters());
+                    let read = |w: &dyn ScratchWorker| sh.sources[si].counters().plus(w.counters());
                     sh.workload
                         .observe_round(worker.as_mut(), calls, &mut blocks, &read)
                         .map(|o| lock(&sh.observation)[si] = o)
@@ -241,7 +241,7 @@ fn round(sh: &Shared<'_>, si: usize, calls: u64, observe: bool) -> Duration {
 fn total_counters(sh: &Shared<'_>, si: usize) -> Counters {
     lock(&sh.counters)[si]
         .iter()
-        .fold(sh.sources[si].counters(), |acc, c| acc.add(*c))
+        .fold(sh.sources[si].counters(), |acc, c| acc.plus(*c))
 }
 
 /// Measures `workload` on a fresh source of `kind` with `threads` threads.

@@ -102,7 +102,7 @@ impl Counters {
     }
 
     /// Field-wise sum; a field is `None` only when it is `None` on both sides.
-    pub fn add(self, other: Counters) -> Counters {
+    pub fn plus(self, other: Counters) -> Counters {
         fn add(a: Option<u64>, b: Option<u64>) -> Option<u64> {
             match (a, b) {
                 (None, None) => None,
@@ -389,12 +389,12 @@ mod tests {
             system_allocs: Some(2),
             misses: Some(1),
         };
-        let s = a.add(b);
+        let s = a.plus(b);
         assert_eq!(s.system_allocs, Some(7));
         assert_eq!(s.misses, Some(1));
         assert_eq!(s.since(b).system_allocs, Some(5));
         assert_eq!(
-            Counters::default().add(Counters::default()),
+            Counters::default().plus(Counters::default()),
             Counters::default()
         );
     }

@@ -1,0 +1,183 @@
+//! Every workload, with tiny sizes, through every source; and the contract every source's
+//! worker promises (aligned, disjoint, writable blocks; a working temp allocator).
+
+use std::collections::HashMap;
+use std::ptr::NonNull;
+
+use allocbench::harness::{measure_all, RunConfig};
+use allocbench::source::{
+    AllocError, Block, ScratchSource, SourceConfig, SourceKind, TempAllocator, SOURCES,
+};
+use allocbench::workload::{Decode, Mix, Scratch, Workload};
+
+fn all() -> Vec<&'static SourceKind> {
+    SOURCES.iter().collect()
+}
+
+fn small_config() -> SourceConfig {
+    SourceConfig {
+        exact_cap: 64 * 1024,
+        caching_cap: 8 << 20,
+    }
+}
+
+#[test]
+fn every_workload_runs_on_every_source() {
+    let cfg = RunConfig::smoke();
+    let mut tiny = Scratch::new(Mix::Small);
+    tiny.sizes = vec![64, 100, 5000, 70_000];
+    let workloads: Vec<(Box<dyn Workload>, usize)> = vec![
+        (Box::new(tiny.clone()), 1),
+        (Box::new(Decode::new(6, 2, 1)), 1),
+        (Box::new(tiny), 2), // the `threads` workload: scratch on several threads
+    ];
+    for (w, threads) in &workloads {
+        let ms = measure_all(w.as_ref(), &all(), &small_config(), *threads, &cfg, &|| {});
+        assert_eq!(ms.len(), SOURCES.len());
+        for m in &ms {
+            assert_eq!(m.error, None, "{} on {}", m.source, m.workload);
+            assert!(m.ns_per_call.median > 0.0, "{} on {}", m.source, m.workload);
+            assert!(m.calls_total > 0);
+            assert_eq!(m.threads, *threads);
+        }
+        let get = |name: &str| ms.iter().find(|m| m.source == name).unwrap();
+        // Sources that allocate from the system on every call say so.
+        assert!(get("system").sys_allocs_per_call.unwrap() >= 1.0);
+        assert!(get("fresh-pages").faults_per_call >= 1.0);
+        // After warm-up, the floor allocates nothing.
+        assert_eq!(get("static").sys_allocs_per_call, Some(0.0));
+    }
+}
+
+#[test]
+fn decode_observation_counts_exact_cache_misses_and_caching_classes() {
+    let d = Decode::new(20, 3, 2);
+    let kinds: Vec<&SourceKind> = ["exact-cache", "caching", "caching-scope", "static"]
+        .iter()
+        .map(|n| allocbench::source::find(n).unwrap())
+        .collect();
+    let ms = measure_all(
+        &d,
+        &kinds,
+        &SourceConfig::default(),
+        1,
+        &RunConfig::smoke(),
+        &|| {},
+    );
+    let exact = &ms[0];
+    let o = exact
+        .observation
+        .as_ref()
+        .expect("decode observes its first round");
+    // Sizes change every token, so an exact-size cache misses on every one of them.
+    assert_eq!(o.tokens_below_512, 20);
+    assert_eq!(o.tokens_below_512_with_miss, 20);
+    assert_eq!(o.distinct_size_classes, d.distinct_size_classes());
+    for m in &ms[1..3] {
+        // A size-class cache allocates at most once per class over the whole run.
+        let allocs = m.sys_allocs_total.unwrap();
+        assert!(
+            allocs > 0 && allocs <= d.distinct_size_classes() as u64,
+            "{}: {allocs}",
+            m.source
+        );
+    }
+}
+
+/// Fills every block with its own pattern, then checks none was overwritten by another.
+fn check_blocks(blocks: &[Block], sizes: &[usize], align: usize) {
+    assert_eq!(blocks.len(), sizes.len());
+    for (i, (b, &size)) in blocks.iter().zip(sizes).enumerate() {
+        assert_eq!(b.len, size);
+        assert_eq!(b.ptr.as_ptr() as usize % align, 0, "block {i} misaligned");
+        // SAFETY: ScratchWorker's contract: each block is valid for writes of len bytes
+        // during the kernel callback.
+        unsafe { b.ptr.as_ptr().write_bytes(i as u8 + 1, b.len) };
+    }
+    for (i, b) in blocks.iter().enumerate() {
+        // SAFETY: as above, valid for reads of len bytes (and now initialised).
+        let s = unsafe { std::slice::from_raw_parts(b.ptr.as_ptr(), b.len) };
+        assert!(
+            s.iter().all(|&x| x == i as u8 + 1),
+            "block {i} overlaps another"
+        );
+    }
+}
+
+#[test]
+fn every_worker_hands_out_aligned_disjoint_writable_blocks() {
+    let sizes = [64, 1, 4096, 100_000, 3000, 64, 2 << 20];
+    for kind in SOURCES {
+        let source: Box<dyn ScratchSource> = (kind.build)(&small_config());
+        let mut w = source.worker();
+        let mut blocks = vec![Block::EMPTY; sizes.len()];
+        for align in [64, 128, 4096] {
+            for _ in 0..3 {
+                let mut ran = false;
+                w.call(&sizes, align, &mut blocks, &mut |bs| {
+                    check_blocks(bs, &sizes, align);
+                    ran = true;
+                })
+                .unwrap_or_else(|e| panic!("{}: {e}", kind.name));
+                assert!(ran, "{}: kernel not run", kind.name);
+            }
+        }
+        assert!(
+            w.call(&sizes, 48, &mut blocks, &mut |_| {}).is_err(),
+            "{}: alignment 48 accepted",
+            kind.name
+        );
+    }
+}
+
+#[test]
+fn every_worker_is_a_temp_allocator() {
+    for kind in SOURCES {
+        let source = (kind.build)(&small_config());
+        let w = source.worker();
+        let temp: &dyn TempAllocator = w.as_temp();
+        for round in 0..3u8 {
+            let mut live: HashMap<usize, (NonNull<u8>, usize)> = HashMap::new();
+            for (i, (size, align)) in [(64, 64), (5000, 128), (300_000, 4096), (10, 64)]
+                .into_iter()
+                .enumerate()
+            {
+                let p = temp
+                    .allocate(size, align)
+                    .unwrap_or_else(|e| panic!("{}: {e}", kind.name));
+                assert_eq!(p.as_ptr() as usize % align, 0, "{}", kind.name);
+                // SAFETY: `p` is valid for `size` bytes until the reset.
+                unsafe { p.as_ptr().write_bytes(round * 16 + i as u8, size) };
+                live.insert(i, (p, size));
+            }
+            for (i, (p, size)) in &live {
+                // SAFETY: still valid (no reset yet).
+                let s = unsafe { std::slice::from_raw_parts(p.as_ptr(), *size) };
+                assert!(
+                    s.iter().all(|&x| x == round * 16 + *i as u8),
+                    "{}: block {i} overwritten",
+                    kind.name
+                );
+            }
+            let z = temp.allocate(0, 256).unwrap();
+            assert_eq!(z.as_ptr() as usize % 256, 0, "{}: zero-size", kind.name);
+            // SAFETY: nothing allocated above is used after this.
+            unsafe { temp.reset() };
+        }
+        if kind.name != "exact-cache" {
+            // (exact-cache follows ExecuTorch: it clamps, and only rejects non-powers of two.)
+            assert!(matches!(
+                temp.allocate(64, allocbench::source::MAX_ALIGN * 2),
+                Err(AllocError::InvalidAlignment { .. })
+            ));
+        }
+        assert!(
+            matches!(
+                temp.allocate(64, 12),
+                Err(AllocError::InvalidAlignment { align: 12 })
+            ),
+            "{}",
+            kind.name
+        );
+    }
+}
