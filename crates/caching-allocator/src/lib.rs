@@ -72,6 +72,11 @@ pub const MAX_ALIGN: usize = 2 << 20;
 /// The smallest alignment of every block handed out (one cache line).
 pub const MIN_ALIGN: usize = block::MIN_ALIGN;
 
+/// The README's examples, compiled and run as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
 impl TempAllocator for CachingAllocator {
     #[inline]
     fn allocate(&self, size: usize, align: usize) -> Result<core::ptr::NonNull<u8>, AllocError> {
