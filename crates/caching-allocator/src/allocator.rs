@@ -479,23 +479,33 @@ impl CachingAllocator {
     }
 
     /// Puts a block that came back (with its live bookkeeping already removed) into `state`'s
-    /// cache, after checking its canary.
+    /// cache, after checking its canary if debug checks are on.
     #[inline]
     pub(crate) fn retire(&self, state: &mut CacheState, live: Live) -> Result<(), AllocError> {
-        // SAFETY: the block came back, so nothing uses it; it holds `requested + CANARY_LEN`
-        // initialised bytes since `poison` ran when it was handed out.
-        if self.debug && !unsafe { debug::canary_intact(live.block.ptr, live.requested) } {
-            let mut shared = lock(&self.shared);
-            shared.corrupted_blocks += 1;
-            self.system_free(&mut shared, live.block);
-            return Err(AllocError::Corrupted {
-                addr: live.block.addr(),
-                requested: live.requested,
-                class_size: live.block.size(),
-            });
+        if self.debug {
+            return self.retire_checked(state, live);
         }
         self.cache_block(state, live.block);
         Ok(())
+    }
+
+    /// `retire` with debug checks: an overrun block goes back to the system, never reused.
+    #[cold]
+    fn retire_checked(&self, state: &mut CacheState, live: Live) -> Result<(), AllocError> {
+        // SAFETY: the block came back, so nothing uses it; it holds `requested + CANARY_LEN`
+        // initialised bytes since `poison` ran when it was handed out.
+        if unsafe { debug::canary_intact(live.block.ptr, live.requested) } {
+            self.cache_block(state, live.block);
+            return Ok(());
+        }
+        let mut shared = lock(&self.shared);
+        shared.corrupted_blocks += 1;
+        self.system_free(&mut shared, live.block);
+        Err(AllocError::Corrupted {
+            addr: live.block.addr(),
+            requested: live.requested,
+            class_size: live.block.size(),
+        })
     }
 
     /// Keeps an idle block in a thread cache, within the thread's credit.

@@ -766,3 +766,69 @@ fn stats_display_is_readable() {
     assert!(text.contains("live 2.0 KiB in 1 blocks"), "{text}");
     assert!(text.contains("misses 1"), "{text}");
 }
+
+// ---- threads that exit -----------------------------------------------------------------
+
+#[test]
+fn idle_blocks_of_an_exited_thread_serve_others() {
+    let mut alloc = CachingAllocator::new(1 << 20);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let ps: Vec<_> = (0..4)
+                .map(|_| alloc.allocate(10_000, 64).unwrap())
+                .collect();
+            for p in ps {
+                // SAFETY: released once.
+                unsafe { alloc.release(p).unwrap() };
+            }
+        });
+    });
+    let before = alloc.stats();
+    assert_eq!((before.system_allocs, before.cached_blocks), (4, 4));
+    let ps: Vec<_> = (0..4)
+        .map(|_| alloc.allocate(10_000, 64).unwrap())
+        .collect();
+    let after = alloc.stats();
+    assert_eq!(
+        after.system_allocs, 4,
+        "the exited thread's blocks were reused: {after}"
+    );
+    assert_eq!(after.hits, 4);
+    drop(ps);
+    alloc.reset();
+    // Its bookkeeping is gone after the reset; the blocks stay cached.
+    let s = alloc.stats();
+    assert_eq!((s.live_blocks, s.cached_blocks), (0, 4));
+}
+
+#[test]
+fn thread_local_destructors_may_still_allocate() {
+    static ALLOC: std::sync::OnceLock<CachingAllocator> = std::sync::OnceLock::new();
+    let alloc = ALLOC.get_or_init(|| CachingAllocator::new(1 << 20));
+
+    struct AllocOnDrop;
+    impl Drop for AllocOnDrop {
+        fn drop(&mut self) {
+            // Runs while the thread's locals are being torn down.
+            let alloc = ALLOC.get().unwrap();
+            let p = alloc.allocate(3000, 64).unwrap();
+            write_read(p, 3000, 5);
+            // SAFETY: released once.
+            unsafe { alloc.release(p).unwrap() };
+            let scope = alloc.scope();
+            assert_eq!(scope.alloc_slice_fill(10, 2u8).unwrap(), &[2; 10]);
+        }
+    }
+    thread_local! {
+        static GUARD: AllocOnDrop = const { AllocOnDrop };
+    }
+    std::thread::spawn(|| {
+        alloc.allocate(100, 64).unwrap();
+        GUARD.with(|_| {});
+    })
+    .join()
+    .unwrap();
+    let s = alloc.stats();
+    assert_eq!(s.live_blocks, 1, "{s}");
+    assert!(s.cached_blocks >= 2, "{s}");
+}
