@@ -8,7 +8,7 @@
 //! the streaming read; matrixmultiply's pool is set to the same count (`MATMUL_NUM_THREADS`).
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use caching_allocator::{CachingAllocator, TempAllocator};
 use rayon::prelude::*;
@@ -31,55 +31,90 @@ fn fill(n: usize, seed: u32) -> Vec<f32> {
         .collect()
 }
 
-/// Best of `reps` timings of each closure after one warm-up call each, the closures taking
-/// turns so that both see the same machine load (the machine may be shared).
-fn best_interleaved<const N: usize>(reps: usize, fs: &mut [&mut dyn FnMut(); N]) -> [Duration; N] {
+/// `reps` timings of each closure after one warm-up call each, the closures taking turns so
+/// that a baseline and a kernel timed in the same round saw the same machine load (the
+/// machine may be shared).
+fn interleaved<const N: usize>(reps: usize, fs: &mut [&mut dyn FnMut(); N]) -> Vec<[f64; N]> {
     for f in fs.iter_mut() {
         f();
     }
-    let mut best = [Duration::MAX; N];
-    for _ in 0..reps {
-        for (f, b) in fs.iter_mut().zip(&mut best) {
-            let t = Instant::now();
-            f();
-            *b = (*b).min(t.elapsed());
-        }
-    }
-    best
+    (0..reps)
+        .map(|_| {
+            let mut round = [0.0; N];
+            for (f, r) in fs.iter_mut().zip(&mut round) {
+                let t = Instant::now();
+                f();
+                *r = t.elapsed().as_secs_f64();
+            }
+            round
+        })
+        .collect()
 }
 
-/// One streaming read of `buf`, split over the rayon pool.
-fn stream_once(buf: &[f32]) {
+/// Best (smallest) time of closure `i`.
+fn best<const N: usize>(rounds: &[[f64; N]], i: usize) -> f64 {
+    rounds.iter().map(|r| r[i]).fold(f64::INFINITY, f64::min)
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// One streaming read of `buf`, split over the rayon pool; each thread reads its part as
+/// `streams` interleaved sequential runs (more than one run gives the memory system more
+/// independent streams, which reads faster on some machines).
+fn stream_once(buf: &[f32], streams: usize) {
     let part = buf.len().div_ceil(rayon::current_num_threads());
     let s: f32 = buf
         .par_chunks(part)
         .map(|c| {
-            let mut acc = [0f32; 16];
-            let mut it = c.chunks_exact(16);
-            for ch in &mut it {
-                for (a, x) in acc.iter_mut().zip(ch) {
-                    *a += x;
+            let run = c.len().div_ceil(streams);
+            let runs: Vec<&[f32]> = c.chunks(run).collect();
+            let mut acc = [0f32; 32];
+            let mut pos = 0;
+            while pos < run {
+                let end = (pos + 4096).min(run);
+                for r in &runs {
+                    acc = sum_block(acc, r.get(pos..end.min(r.len())).unwrap_or(&[]));
                 }
+                pos = end;
             }
-            acc.iter().sum::<f32>() + it.remainder().iter().sum::<f32>()
+            acc.iter().sum::<f32>()
         })
         .sum();
     black_box(s);
 }
 
-fn gbs(bytes: usize, t: Duration) -> f64 {
-    bytes as f64 / t.as_secs_f64() / 1e9
+/// Adds `x` into 32 independent lanes (vectorises without a dependency chain).
+#[inline(never)]
+fn sum_block(mut acc: [f32; 32], x: &[f32]) -> [f32; 32] {
+    let mut it = x.chunks_exact(32);
+    for ch in &mut it {
+        for (a, v) in acc.iter_mut().zip(ch) {
+            *a += v;
+        }
+    }
+    for (a, v) in acc.iter_mut().zip(it.remainder()) {
+        *a += v;
+    }
+    acc
+}
+
+fn gbs(bytes: usize, t: f64) -> f64 {
+    bytes as f64 / t / 1e9
 }
 
 /// Decode over `layers` separate caches of `kv` positions each, interleaved with streaming
-/// reads of `stream`: (stream GB/s, K/V GB/s, ms per token over all layers, scratch bytes).
+/// reads of `stream` (one and four runs per thread; the faster is the baseline): (best stream GB/s, best K/V GB/s, median over rounds of the ratio of the
+/// two, best ms per token over all layers, scratch bytes).
 fn decode(
     kv: usize,
     layers: usize,
     reps: usize,
     stream: &[f32],
     temp: &CachingAllocator,
-) -> (f64, f64, f64, usize) {
+) -> (f64, f64, f64, f64, usize) {
     let sh = Shape {
         batch: 1,
         q_len: 1,
@@ -95,21 +130,33 @@ fn decode(
     let q = fill(HEADS * HEAD_DIM, 99);
     let mut out = vec![0f32; HEADS * HEAD_DIM];
     let p = Params::default();
-    let [ts, tk] = best_interleaved(
+    let rounds = interleaved(
         reps,
-        &mut [&mut || stream_once(stream), &mut || {
-            for l in 0..layers {
-                attention(&q, &ks[l], &vs[l], &mut out, &sh, &p, temp).unwrap();
-                // SAFETY: nothing from `temp` is used after the call returned.
-                unsafe { temp.reset() };
-            }
-            black_box(&out);
-        }],
+        &mut [
+            &mut || stream_once(stream, 1),
+            &mut || stream_once(stream, 4),
+            &mut || {
+                for l in 0..layers {
+                    attention(&q, &ks[l], &vs[l], &mut out, &sh, &p, temp).unwrap();
+                    // SAFETY: nothing from `temp` is used after the call returned.
+                    unsafe { temp.reset() };
+                }
+                black_box(&out);
+            },
+        ],
+    );
+    let (sb, kb) = (stream.len() * 4, 2 * n * 4 * layers);
+    let ratio = median(
+        rounds
+            .iter()
+            .map(|r| gbs(kb, r[1]) / gbs(sb, r[0]))
+            .collect(),
     );
     (
-        gbs(stream.len() * 4, ts),
-        gbs(2 * n * 4 * layers, tk),
-        tk.as_secs_f64() * 1e3,
+        gbs(sb, best(&rounds, 0)),
+        gbs(kb, best(&rounds, 1)),
+        ratio,
+        best(&rounds, 1) * 1e3,
         scratch_bytes(&sh, rayon::current_num_threads()).unwrap(),
     )
 }
@@ -141,14 +188,14 @@ fn sgemm_once(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32])
 }
 
 /// Prefill of `len` tokens from position 0, interleaved with two sgemms (1024^3 and the
-/// attention-shaped 2048x128x2048): (best sgemm GFLOP/s, kernel GFLOP/s counting visible
-/// pairs only, ms per call, scratch bytes).
+/// attention-shaped 2048x128x2048): (best sgemm GFLOP/s, best kernel GFLOP/s counting
+/// visible pairs only, median over rounds of their ratio, ms per call, scratch bytes).
 fn prefill(
     len: usize,
     causal: bool,
     reps: usize,
     temp: &CachingAllocator,
-) -> (f64, f64, f64, usize) {
+) -> (f64, f64, f64, f64, usize) {
     let sh = Shape {
         batch: 1,
         q_len: len,
@@ -168,7 +215,7 @@ fn prefill(
     let (a, b) = (fill(2048 * 1024, 5), fill(1024 * 2048, 6));
     let mut c = vec![0f32; 2048 * 2048];
     let mut c2 = vec![0f32; 1024 * 1024];
-    let [t1, t2, tk] = best_interleaved(
+    let rounds = interleaved(
         reps,
         &mut [
             &mut || sgemm_once(1024, 1024, 1024, &a, &b, &mut c2),
@@ -181,18 +228,29 @@ fn prefill(
             },
         ],
     );
-    let g1 = 2.0 * 1024f64.powi(3) / t1.as_secs_f64() / 1e9;
-    let g2 = 2.0 * 2048.0 * 128.0 * 2048.0 / t2.as_secs_f64() / 1e9;
+    let sgemm_gflops = |r: &[f64; 3]| {
+        let g1 = 2.0 * 1024f64.powi(3) / r[0] / 1e9;
+        let g2 = 2.0 * 2048.0 * 128.0 * 2048.0 / r[1] / 1e9;
+        g1.max(g2)
+    };
     let pairs = if causal {
         len * (len + 1) / 2
     } else {
         len * len
     };
     let flops = (HEADS * pairs * 4 * HEAD_DIM) as f64;
+    let ratio = median(
+        rounds
+            .iter()
+            .map(|r| flops / r[2] / 1e9 / sgemm_gflops(r))
+            .collect(),
+    );
+    let sgemm_best = rounds.iter().map(sgemm_gflops).fold(0.0, f64::max);
     (
-        g1.max(g2),
-        flops / tk.as_secs_f64() / 1e9,
-        tk.as_secs_f64() * 1e3,
+        sgemm_best,
+        flops / best(&rounds, 2) / 1e9,
+        ratio,
+        best(&rounds, 2) * 1e3,
         scratch_bytes(&sh, rayon::current_num_threads()).unwrap(),
     )
 }
@@ -204,11 +262,12 @@ fn main() {
         // Read by matrixmultiply on its first threaded call (below), before it starts threads.
         std::env::set_var("MATMUL_NUM_THREADS", threads.to_string());
     }
-    let reps = if quick { 3 } else { 7 };
+    let reps = if quick { 3 } else { 9 };
     let temp = CachingAllocator::new(64 << 20);
     println!(
         "sdpa speed: {threads} threads, SIMD kernels: {}, heads {HEADS} (= kv heads), \
-         head_dim {HEAD_DIM}, best of {reps}, baseline and kernel timed in turns",
+         head_dim {HEAD_DIM}; {reps} rounds timing baseline and kernel in turns: best \
+         figures, and the median over rounds of the same-round ratio",
         sdpa::simd_enabled()
     );
 
@@ -218,7 +277,7 @@ fn main() {
         "\ndecode (q_len 1, layers cycled so K/V come from DRAM) vs a streaming read of {} MiB:",
         span >> 20
     );
-    println!("  kv_len  layers  ms/token  stream GB/s  K/V GB/s  ratio  scratch bytes");
+    println!("  kv_len  layers  ms/token  stream GB/s  K/V GB/s  ratio(median)  scratch bytes");
     let kvs: &[usize] = if quick {
         &[256, 1024, 4096]
     } else {
@@ -227,10 +286,10 @@ fn main() {
     for &kv in kvs {
         let per_layer = 2 * kv * HEADS * HEAD_DIM * 4;
         let layers = span.div_ceil(per_layer).clamp(1, 64);
-        let (sg, kg, ms, scratch) = decode(kv, layers, reps, &stream, &temp);
+        let (sg, kg, ratio, ms, scratch) = decode(kv, layers, reps, &stream, &temp);
         println!(
-            "  {kv:>6}  {layers:>6}  {ms:>8.3}  {sg:>11.1}  {kg:>8.1}  {:>4.0}%  {scratch:>13}",
-            100.0 * kg / sg
+            "  {kv:>6}  {layers:>6}  {ms:>8.3}  {sg:>11.1}  {kg:>8.1}  {:>12.0}%  {scratch:>13}",
+            100.0 * ratio
         );
     }
     drop(stream);
@@ -239,7 +298,7 @@ fn main() {
         "\nprefill (batch 1, start_pos 0; FLOPs = 4 * head_dim per visible (query, key) pair) vs \
          matrixmultiply sgemm on {threads} threads (best of 1024^3 and 2048x128x2048):"
     );
-    println!("  tokens  causal  ms/call  sgemm GFLOP/s  GFLOP/s  ratio  scratch bytes");
+    println!("  tokens  causal  ms/call  sgemm GFLOP/s  GFLOP/s  ratio(median)  scratch bytes");
     let lens: &[usize] = if quick {
         &[128, 512]
     } else {
@@ -247,10 +306,10 @@ fn main() {
     };
     for &len in lens {
         for causal in [true, false] {
-            let (sg, kg, ms, scratch) = prefill(len, causal, reps.min(5), &temp);
+            let (sg, kg, ratio, ms, scratch) = prefill(len, causal, reps, &temp);
             println!(
-                "  {len:>6}  {causal:>6}  {ms:>7.2}  {sg:>13.1}  {kg:>7.1}  {:>4.0}%  {scratch:>13}",
-                100.0 * kg / sg
+                "  {len:>6}  {causal:>6}  {ms:>7.2}  {sg:>13.1}  {kg:>7.1}  {:>12.0}%  {scratch:>13}",
+                100.0 * ratio
             );
         }
     }
