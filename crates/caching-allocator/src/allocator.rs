@@ -232,6 +232,9 @@ impl CachingAllocator {
             stats.cached_blocks += state.idle.blocks();
         }
         let shared = lock(&self.shared);
+        stats.hits += shared.retired_hits;
+        stats.misses += shared.retired_misses;
+        peak_live += shared.retired_peak_live;
         stats.cached_bytes += shared.idle.bytes();
         stats.cached_blocks += shared.idle.blocks();
         stats.reserved_bytes = shared.reserved;
@@ -396,7 +399,11 @@ impl CachingAllocator {
             // SAFETY: `layout` has a non-zero size (every class is at least 64 bytes).
             let ptr = unsafe { self.system.alloc(layout) };
             if let Some(ptr) = NonNull::new(ptr) {
-                lock(&self.shared).system_allocs += 1;
+                let mut shared = lock(&self.shared);
+                shared.system_allocs += 1;
+                // The peak counts bytes really taken: a refused request must not raise it.
+                shared.peak_reserved = shared.peak_reserved.max(shared.reserved);
+                drop(shared);
                 // SAFETY: `ptr` came from the system allocator for exactly this layout.
                 return Ok(unsafe { Block::new(ptr, class, align) });
             }
@@ -457,7 +464,6 @@ impl CachingAllocator {
             }
         }
         shared.reserved += size;
-        shared.peak_reserved = shared.peak_reserved.max(shared.reserved);
         Ok(())
     }
 
@@ -641,6 +647,10 @@ impl CachingAllocator {
                 return true;
             }
             Self::move_to_shared(&mut state, shared);
+            // Keep the forgotten cache's counters: stats must not go backwards.
+            shared.retired_hits += state.counters.hits;
+            shared.retired_misses += state.counters.misses;
+            shared.retired_peak_live += state.counters.peak_live_bytes;
             false
         });
     }

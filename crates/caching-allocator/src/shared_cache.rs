@@ -18,6 +18,10 @@ pub(crate) struct SharedCache {
     pub(crate) evictions: u64,
     pub(crate) oom_retries: u64,
     pub(crate) corrupted_blocks: u64,
+    /// Counters of thread caches forgotten after their thread exited.
+    pub(crate) retired_hits: u64,
+    pub(crate) retired_misses: u64,
+    pub(crate) retired_peak_live: usize,
 }
 
 impl SharedCache {
@@ -32,6 +36,9 @@ impl SharedCache {
             evictions: 0,
             oom_retries: 0,
             corrupted_blocks: 0,
+            retired_hits: 0,
+            retired_misses: 0,
+            retired_peak_live: 0,
         }
     }
 
