@@ -21,6 +21,20 @@ use caching_allocator::{CachingAllocator, Config, Stats};
 use loom::sync::Arc;
 use loom::thread;
 
+/// Runs `f` under loom and reports how many interleavings it explored. One interleaving would
+/// mean loom sees no synchronisation in the crate (its primitives are not loom's): a failure.
+fn model<F: Fn() + Sync + Send + 'static>(name: &str, f: F) {
+    let runs = StdArc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    loom::model(move || {
+        counter.fetch_add(1, SeqCst);
+        f();
+    });
+    let runs = runs.load(SeqCst);
+    eprintln!("loom model {name}: {runs} interleavings");
+    assert!(runs > 1, "loom explored a single interleaving of {name}");
+}
+
 /// Counts what the allocator takes from and gives back to the system. Plain `std` atomics:
 /// the counts are checked only after every model thread has been joined.
 #[derive(Default)]
@@ -109,7 +123,7 @@ fn tagged(addr: usize, len: usize, tag: u8) -> bool {
 /// thread resets through `reset_unchecked`, reaching the blocks the exited threads left live.
 #[test]
 fn two_threads_same_class_then_reset_from_a_third() {
-    loom::model(|| {
+    model("two_threads_same_class_then_reset_from_a_third", || {
         let cap = 1 << 20;
         let (alloc, counting) = allocator(cap);
         let workers: Vec<_> = (1..=2u8)
@@ -164,57 +178,60 @@ fn two_threads_same_class_then_reset_from_a_third() {
 /// allocation of the same class, while the release and the allocation race.
 #[test]
 fn release_on_one_thread_refills_allocation_on_another() {
-    loom::model(|| {
-        let cap = 1 << 20;
-        let (alloc, counting) = allocator(cap);
-        let p = alloc.allocate(3000, 64).unwrap().as_ptr() as usize;
-        let releaser = {
-            let alloc = alloc.clone();
-            thread::spawn(move || {
-                tag(p, 3000, 1);
-                // SAFETY: `p` was handed to this thread; nothing uses it after.
-                unsafe { alloc.release(core::ptr::NonNull::new(p as *mut u8).unwrap()) }
-            })
-        };
-        let taker = {
-            let alloc = alloc.clone();
-            thread::spawn(move || {
-                let q = alloc.allocate(3000, 64).unwrap().as_ptr() as usize;
-                tag(q, 3000, 2);
-                q
-            })
-        };
-        releaser.join().unwrap().unwrap();
-        let q = taker.join().unwrap();
-        assert!(tagged(q, 3000, 2));
-        let stats = alloc.stats();
-        // Either the taker found `p` (released first: no new system block) or took a new one.
-        if stats.system_allocs == 1 {
-            assert_eq!(q, p, "one system block but the taker holds another");
-            assert_eq!((stats.hits, stats.misses), (1, 1));
-        } else {
-            assert_eq!(stats.system_allocs, 2);
-            assert_ne!(q, p, "the block was handed out while still live");
-            assert_eq!(stats.cached_blocks, 1);
-        }
-        assert_eq!(stats.live_blocks, 1);
-        check_books(&stats, &counting, cap);
+    model(
+        "release_on_one_thread_refills_allocation_on_another",
+        || {
+            let cap = 1 << 20;
+            let (alloc, counting) = allocator(cap);
+            let p = alloc.allocate(3000, 64).unwrap().as_ptr() as usize;
+            let releaser = {
+                let alloc = alloc.clone();
+                thread::spawn(move || {
+                    tag(p, 3000, 1);
+                    // SAFETY: `p` was handed to this thread; nothing uses it after.
+                    unsafe { alloc.release(core::ptr::NonNull::new(p as *mut u8).unwrap()) }
+                })
+            };
+            let taker = {
+                let alloc = alloc.clone();
+                thread::spawn(move || {
+                    let q = alloc.allocate(3000, 64).unwrap().as_ptr() as usize;
+                    tag(q, 3000, 2);
+                    q
+                })
+            };
+            releaser.join().unwrap().unwrap();
+            let q = taker.join().unwrap();
+            assert!(tagged(q, 3000, 2));
+            let stats = alloc.stats();
+            // Either the taker found `p` (released first: no new system block) or took a new one.
+            if stats.system_allocs == 1 {
+                assert_eq!(q, p, "one system block but the taker holds another");
+                assert_eq!((stats.hits, stats.misses), (1, 1));
+            } else {
+                assert_eq!(stats.system_allocs, 2);
+                assert_ne!(q, p, "the block was handed out while still live");
+                assert_eq!(stats.cached_blocks, 1);
+            }
+            assert_eq!(stats.live_blocks, 1);
+            check_books(&stats, &counting, cap);
 
-        // The main thread now finds `p` or `q`'s twin through the other threads' caches.
-        let r = alloc.allocate(3000, 64).unwrap();
-        assert_ne!(r.as_ptr() as usize, q);
-        assert_eq!(alloc.stats().system_allocs, 2);
-        // SAFETY: `r` came from `allocate` and is not used after.
-        unsafe { alloc.release(r) }.unwrap();
-        check_books(&alloc.stats(), &counting, cap);
-        drop_and_check(alloc, &counting);
-    });
+            // The main thread now finds `p` or `q`'s twin through the other threads' caches.
+            let r = alloc.allocate(3000, 64).unwrap();
+            assert_ne!(r.as_ptr() as usize, q);
+            assert_eq!(alloc.stats().system_allocs, 2);
+            // SAFETY: `r` came from `allocate` and is not used after.
+            unsafe { alloc.release(r) }.unwrap();
+            check_books(&alloc.stats(), &counting, cap);
+            drop_and_check(alloc, &counting);
+        },
+    );
 }
 
 /// With a cap of one block, releases that must evict race with an allocation of the class.
 #[test]
 fn eviction_races_with_allocation() {
-    loom::model(|| {
+    model("eviction_races_with_allocation", || {
         let cap = 64;
         let (alloc, counting) = allocator(cap);
         let p1 = alloc.allocate(64, 64).unwrap().as_ptr() as usize;
@@ -258,7 +275,7 @@ fn eviction_races_with_allocation() {
 /// nothing is freed twice, and what stays cached is within the cap.
 #[test]
 fn trim_races_with_release_and_allocation() {
-    loom::model(|| {
+    model("trim_races_with_release_and_allocation", || {
         let cap = 1 << 20;
         let (alloc, counting) = allocator(cap);
         let p = alloc.allocate(64, 64).unwrap().as_ptr() as usize;

@@ -1,0 +1,954 @@
+//! One operation type and a model of the allocator, shared by the corpus replay test
+//! (`tests/fuzz_ops.rs`, also run under Miri) and the `cargo fuzz` target (`fuzz/`).
+//!
+//! An [`Input`] is a configuration and a list of [`Op`]s, built from raw bytes with
+//! `arbitrary`. [`run`] applies the ops to a real allocator (backed by a counting system
+//! allocator) and to a model, and checks after every op:
+//!
+//! - live blocks never overlap, each is aligned as asked (and to 64 bytes at least);
+//! - every live block still holds the tag written over its whole requested size;
+//! - stats agree with the model: live blocks/bytes/requested bytes, hits + misses, corrupted
+//!   blocks; and with the system: reserved = live + cached = what the counting allocator holds,
+//!   `system_allocs - system_frees` = live + cached blocks, misses = system allocs;
+//! - `cached_bytes <= max_cached_bytes`, `reserved_bytes <= limit_bytes`, peaks never drop;
+//! - a failed call changes nothing (stats equal before and after), except the evictions a
+//!   `LimitExceeded` makes first;
+//! - dropping the allocator gives back exactly the bytes it took.
+//!
+//! Any violation panics with the op that broke it.
+#![allow(dead_code)] // each includer uses a part
+
+use core::alloc::{GlobalAlloc, Layout};
+use core::ptr::NonNull;
+use std::alloc::System;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+
+use arbitrary::{Arbitrary, Unstructured};
+use caching_allocator::{AllocError, CachingAllocator, Config, Scope, SizeClass, Stats};
+
+/// Bytes of canary debug checks add behind every requested size (`src/debug.rs`).
+pub const CANARY_LEN: usize = 16;
+/// Most ops one input runs.
+pub const MAX_OPS: usize = 400;
+/// Most blocks the model keeps live at once; past it, allocations are skipped.
+const MAX_LIVE: usize = 200;
+
+/// The allocator's configuration, drawn from the input's first bytes.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+pub struct FuzzConfig {
+    /// `max_cached_bytes = cap_units * 256`: 0 to about 64 KiB, so eviction is common.
+    pub cap_units: u8,
+    /// `limit_bytes = units * 4 KiB` when present.
+    pub limit_units: Option<u8>,
+    /// Poison and canaries.
+    pub debug: bool,
+}
+
+/// A requested size.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+pub enum Size {
+    /// 0 ..= 255 bytes (zero included).
+    Tiny(u8),
+    /// 0 ..= 8191 bytes.
+    Small(u16),
+    /// Multiples of 4 KiB up to 256 KiB.
+    Large(u8),
+}
+
+impl Size {
+    /// The size in bytes.
+    pub fn bytes(self) -> usize {
+        match self {
+            Size::Tiny(n) => n as usize,
+            Size::Small(n) => (n % 8192) as usize,
+            Size::Large(n) => (n as usize % 64 + 1) * 4096,
+        }
+    }
+}
+
+/// What a scope allocates through.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+pub enum ScopeKind {
+    /// `alloc_slice_fill::<u8>`.
+    FillU8,
+    /// `alloc_slice_fill::<u32>`.
+    FillU32,
+    /// `alloc_slice_copy::<u16>`.
+    CopyU16,
+    /// `alloc_slice_zeroed::<u64>`.
+    ZeroedU64,
+    /// `alloc_uninit::<[u8; 3]>`.
+    Uninit3,
+    /// `alloc_uninit::<Aligned256>`: alignment above 64.
+    Uninit256,
+}
+
+/// 256-byte aligned element for scope allocations with a large alignment.
+#[derive(Clone, Copy)]
+#[repr(C, align(256))]
+pub struct Aligned256([u8; 256]);
+
+/// One call on the allocator.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+pub enum Op {
+    /// `allocate(size, 1 << (align_log2 % 17))`.
+    Alloc {
+        /// The size.
+        size: Size,
+        /// log2 of the alignment, modulo 17 (up to 64 KiB).
+        align_log2: u8,
+    },
+    /// `release` of the live raw block `index % live`.
+    Release {
+        /// Which block.
+        index: u16,
+    },
+    /// `release` of an address that is not live: inside a live block, or released before.
+    ReleaseUnknown {
+        /// Which block to point into (or which stale address).
+        index: u16,
+        /// Offset in 8-byte steps (never a block start).
+        offset: u8,
+    },
+    /// `release` of a block a scope owns: `UnknownPointer`.
+    ReleaseScoped {
+        /// Which scoped block.
+        index: u16,
+    },
+    /// `allocate` with an alignment that is not a power of two, zero, or too large.
+    BadAlign {
+        /// Picks the alignment.
+        pick: u8,
+    },
+    /// `allocate` of a size that overflows.
+    Oversize {
+        /// Subtracted from `usize::MAX`.
+        less: u16,
+    },
+    /// Opens a scope.
+    ScopeOpen,
+    /// Allocates from open scope `scope % open`.
+    ScopeAlloc {
+        /// Which scope.
+        scope: u8,
+        /// Element count, modulo 3000.
+        len: u16,
+        /// Through which method.
+        kind: ScopeKind,
+    },
+    /// Drops open scope `scope % open` (any order).
+    ScopeClose {
+        /// Which scope.
+        scope: u8,
+    },
+    /// `trim(keep * 64)`.
+    Trim {
+        /// Bytes to keep, in 64-byte units.
+        keep: u16,
+    },
+    /// `free_cached()`.
+    FreeCached,
+    /// `reset()` (`&mut`) or `reset_unchecked()`, after every scope is closed.
+    Reset {
+        /// Through `reset_unchecked`.
+        unchecked: bool,
+    },
+    /// `allocate` on another thread (which then exits, orphaning its cache).
+    ForeignAlloc {
+        /// The size.
+        size: Size,
+    },
+    /// `release` of a live raw block on another thread.
+    ForeignRelease {
+        /// Which block.
+        index: u16,
+    },
+    /// An `allocator_api2` `Vec` of `len % 2000` `u32`s, filled, grown once, checked, dropped.
+    Vec {
+        /// Element count.
+        len: u16,
+    },
+    /// With debug checks on: write one byte past a live raw block's requested end, then
+    /// release it: `Corrupted`, and the block goes back to the system.
+    Overrun {
+        /// Which block.
+        index: u16,
+    },
+}
+
+/// A whole fuzz input.
+#[derive(Debug, Clone)]
+pub struct Input {
+    /// The allocator's configuration.
+    pub config: FuzzConfig,
+    /// The calls, at most [`MAX_OPS`].
+    pub ops: Vec<Op>,
+}
+
+impl Input {
+    /// Decodes raw bytes (as the fuzzer gives them) into an input; `None` if too short.
+    pub fn from_bytes(data: &[u8]) -> Option<Input> {
+        let mut u = Unstructured::new(data);
+        let config = FuzzConfig::arbitrary(&mut u).ok()?;
+        let mut ops = Vec::new();
+        while !u.is_empty() && ops.len() < MAX_OPS {
+            match Op::arbitrary(&mut u) {
+                Ok(op) => ops.push(op),
+                Err(_) => break,
+            }
+        }
+        Some(Input { config, ops })
+    }
+}
+
+/// A system allocator that counts what the allocator holds.
+#[derive(Default)]
+pub struct Counting {
+    /// Bytes handed out and not given back.
+    pub bytes: AtomicUsize,
+    /// Blocks handed out and not given back.
+    pub blocks: AtomicUsize,
+}
+
+// SAFETY: forwards to `System` unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract is `System::alloc`'s.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            self.bytes.fetch_add(layout.size(), SeqCst);
+            self.blocks.fetch_add(1, SeqCst);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        self.bytes.fetch_sub(layout.size(), SeqCst);
+        self.blocks.fetch_sub(1, SeqCst);
+        // SAFETY: the caller's contract is `System::dealloc`'s.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+/// Who owns a live block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    /// Handed out by `allocate`: released by `release`.
+    Raw,
+    /// Handed out by the scope with this id.
+    Scope(u64),
+}
+
+/// A live block as the model knows it.
+#[derive(Debug, Clone, Copy)]
+struct LiveBlock {
+    addr: usize,
+    requested: usize,
+    class: usize,
+    tag: u8,
+    owner: Owner,
+}
+
+/// What the allocator should hold.
+struct Model {
+    cap: usize,
+    limit: Option<usize>,
+    debug: bool,
+    /// Live blocks of non-zero size, by address.
+    live: BTreeMap<usize, LiveBlock>,
+    /// Addresses released before (for `ReleaseUnknown`).
+    stale: Vec<usize>,
+    /// Successful non-zero allocations: `hits + misses`.
+    served: u64,
+    corrupted: u64,
+    next_tag: u8,
+    next_scope: u64,
+    peak_live: usize,
+    peak_reserved: usize,
+    /// The op being applied, for messages.
+    step: usize,
+}
+
+/// Writes `tag` over `len` bytes at `addr`.
+fn write_tag(addr: usize, len: usize, tag: u8) {
+    // SAFETY: callers pass a live block the model owns, at least `len` bytes long, that no
+    // reference covers.
+    unsafe { core::ptr::write_bytes(addr as *mut u8, tag, len) };
+}
+
+/// The first byte of `len` at `addr` that is not `tag`.
+fn first_mismatch(addr: usize, len: usize, tag: u8) -> Option<usize> {
+    // SAFETY: callers pass a live block the model owns whose `len` bytes were written.
+    let bytes = unsafe { core::slice::from_raw_parts(addr as *const u8, len) };
+    bytes.iter().position(|&b| b != tag)
+}
+
+impl Model {
+    fn class_of(&self, size: usize) -> usize {
+        let padded = if self.debug { size + CANARY_LEN } else { size };
+        SizeClass::for_size(padded).expect("in-range size").size()
+    }
+
+    fn live_bytes(&self) -> usize {
+        self.live.values().map(|b| b.class).sum()
+    }
+
+    /// Records a new live block, checking alignment and overlap, and tags it.
+    fn add(&mut self, addr: usize, requested: usize, align: usize, owner: Owner) {
+        let step = self.step;
+        assert_eq!(
+            addr % align.max(64),
+            0,
+            "op {step}: {addr:#x} not aligned to {align}"
+        );
+        let class = self.class_of(requested);
+        let end = addr + class;
+        if let Some((_, prev)) = self.live.range(..=addr).next_back() {
+            assert!(
+                prev.addr + prev.class <= addr,
+                "op {step}: new block {addr:#x}..{end:#x} overlaps live {prev:?}"
+            );
+        }
+        if let Some((_, next)) = self.live.range(addr..).next() {
+            assert!(
+                end <= next.addr,
+                "op {step}: new block {addr:#x}..{end:#x} overlaps live {next:?}"
+            );
+        }
+        if self.debug && owner == Owner::Raw {
+            assert_eq!(
+                first_mismatch(addr, requested, 0xFF),
+                None,
+                "op {step}: debug checks on but the block is not poisoned"
+            );
+        }
+        self.next_tag = self.next_tag.wrapping_add(1).max(1);
+        let tag = self.next_tag;
+        write_tag(addr, requested, tag);
+        self.live.insert(
+            addr,
+            LiveBlock {
+                addr,
+                requested,
+                class,
+                tag,
+                owner,
+            },
+        );
+        self.served += 1;
+    }
+
+    /// Removes a live block after checking its tag.
+    fn remove(&mut self, addr: usize) -> LiveBlock {
+        let block = self.live.remove(&addr).expect("model block");
+        self.check_tag(&block);
+        self.stale.push(addr);
+        if self.stale.len() > 64 {
+            self.stale.remove(0);
+        }
+        block
+    }
+
+    fn check_tag(&self, b: &LiveBlock) {
+        self.check_tag_range(b, 0, b.requested);
+    }
+
+    /// Checks a block's tag quickly: all of it up to 4 KiB, else its first and last 512 bytes
+    /// and one byte per 512 in between (a block handed to a second holder is overwritten
+    /// whole by that holder's tag).
+    fn check_tag_sampled(&self, b: &LiveBlock) {
+        if b.requested <= 4096 {
+            return self.check_tag(b);
+        }
+        self.check_tag_range(b, 0, 512);
+        self.check_tag_range(b, b.requested - 512, 512);
+        for at in (512..b.requested - 512).step_by(512) {
+            self.check_tag_range(b, at, 1);
+        }
+    }
+
+    fn check_tag_range(&self, b: &LiveBlock, from: usize, len: usize) {
+        if let Some(i) = first_mismatch(b.addr + from, len, b.tag) {
+            let i = i + from;
+            panic!(
+                "op {}: byte {i} of live block {b:?} was overwritten: held by two holders?",
+                self.step
+            );
+        }
+    }
+
+    fn nth(&self, index: u16, owner: impl Fn(Owner) -> bool) -> Option<LiveBlock> {
+        let blocks: Vec<&LiveBlock> = self.live.values().filter(|b| owner(b.owner)).collect();
+        if blocks.is_empty() {
+            return None;
+        }
+        Some(*blocks[index as usize % blocks.len()])
+    }
+
+    /// Every invariant, after an op.
+    fn check(&mut self, stats: &Stats, counting: &Counting) {
+        let step = self.step;
+        for b in self.live.values() {
+            self.check_tag_sampled(b);
+        }
+        let live_bytes = self.live_bytes();
+        let requested: usize = self.live.values().map(|b| b.requested).sum();
+        assert_eq!(stats.live_blocks, self.live.len(), "op {step}: {stats:?}");
+        assert_eq!(stats.live_bytes, live_bytes, "op {step}: {stats:?}");
+        assert_eq!(stats.requested_bytes, requested, "op {step}: {stats:?}");
+        assert_eq!(
+            stats.hits + stats.misses,
+            self.served,
+            "op {step}: {stats:?}"
+        );
+        assert_eq!(stats.misses, stats.system_allocs, "op {step}: {stats:?}");
+        assert_eq!(
+            stats.corrupted_blocks, self.corrupted,
+            "op {step}: {stats:?}"
+        );
+        assert_eq!(
+            stats.system_frees,
+            stats.evictions + stats.corrupted_blocks,
+            "op {step}: {stats:?}"
+        );
+        assert_eq!(
+            stats.reserved_bytes,
+            stats.live_bytes + stats.cached_bytes,
+            "op {step}: {stats:?}"
+        );
+        assert_eq!(
+            counting.bytes.load(SeqCst),
+            stats.reserved_bytes,
+            "op {step}: the system holds other bytes than the stats say: {stats:?}"
+        );
+        assert_eq!(
+            counting.blocks.load(SeqCst) as u64,
+            stats.system_allocs - stats.system_frees,
+            "op {step}: {stats:?}"
+        );
+        assert_eq!(
+            (stats.live_blocks + stats.cached_blocks) as u64,
+            stats.system_allocs - stats.system_frees,
+            "op {step}: {stats:?}"
+        );
+        assert!(
+            stats.cached_bytes <= self.cap,
+            "op {step}: cached {} over the cap {}: {stats:?}",
+            stats.cached_bytes,
+            self.cap
+        );
+        if let Some(limit) = self.limit {
+            assert!(
+                stats.reserved_bytes <= limit,
+                "op {step}: over limit: {stats:?}"
+            );
+        }
+        assert!(
+            stats.peak_live_bytes >= stats.live_bytes,
+            "op {step}: {stats:?}"
+        );
+        assert!(
+            stats.peak_live_bytes >= self.peak_live,
+            "op {step}: peak dropped"
+        );
+        assert!(
+            stats.peak_reserved_bytes >= stats.reserved_bytes,
+            "op {step}"
+        );
+        assert!(
+            stats.peak_reserved_bytes >= self.peak_reserved,
+            "op {step}: peak dropped"
+        );
+        self.peak_live = stats.peak_live_bytes;
+        self.peak_reserved = stats.peak_reserved_bytes;
+    }
+
+    /// The outcome of an allocation of `size` (`Ok` recorded by the caller) is consistent:
+    /// errors are `LimitExceeded` only when the limit really leaves no room, and change
+    /// nothing live.
+    fn check_alloc_error(&self, e: &AllocError, size: usize, before: &Stats, after: &Stats) {
+        let step = self.step;
+        match *e {
+            AllocError::LimitExceeded {
+                size: s,
+                class_size,
+                limit,
+                reserved,
+            } => {
+                assert_eq!(s, size, "op {step}");
+                assert_eq!(class_size, self.class_of(size), "op {step}");
+                assert_eq!(Some(limit), self.limit, "op {step}: no limit configured");
+                assert!(
+                    self.live_bytes() + class_size > limit,
+                    "op {step}: LimitExceeded with room: live {} + {class_size} <= {limit}",
+                    self.live_bytes()
+                );
+                assert!(reserved + class_size > limit, "op {step}");
+                // Idle blocks may have been evicted first; nothing live changed.
+                let mut expect = *before;
+                expect.cached_bytes = after.cached_bytes;
+                expect.cached_blocks = after.cached_blocks;
+                expect.reserved_bytes = after.reserved_bytes;
+                expect.system_frees = after.system_frees;
+                expect.evictions = after.evictions;
+                assert_eq!(
+                    *after, expect,
+                    "op {step}: LimitExceeded changed live state"
+                );
+            }
+            ref other => panic!("op {step}: allocate({size}) failed unexpectedly: {other}"),
+        }
+    }
+}
+
+/// An address that is not a live block start: inside a live block, or a stale one.
+fn unknown_addr(model: &Model, index: u16, offset: u8) -> Option<usize> {
+    if index % 2 == 0 {
+        let b = model.nth(index / 2, |_| true)?;
+        // Inside the block, 8..=2040 bytes in, not 64-aligned: never a block start.
+        let off = 8 + (offset as usize % 255) * 8;
+        let off = if off % 64 == 0 { off + 8 } else { off };
+        Some(b.addr + off.min(b.class - 8))
+    } else {
+        let stale = *model.stale.get(index as usize % model.stale.len().max(1))?;
+        (!model.live.contains_key(&stale)).then_some(stale)
+    }
+}
+
+/// Applies every op of `input` to a fresh allocator and the model; panics on a violation.
+pub fn run(input: &Input) {
+    let cfg = input.config;
+    let counting = Arc::new(Counting::default());
+    let cap = cfg.cap_units as usize * 256;
+    let limit = cfg.limit_units.map(|u| u as usize * 4096);
+    let mut config = Config::default()
+        .max_cached_bytes(cap)
+        .debug_checks(cfg.debug)
+        .system_allocator(counting.clone());
+    if let Some(limit) = limit {
+        config = config.limit_bytes(limit);
+    }
+    let mut alloc = CachingAllocator::with_config(config);
+    let mut model = Model {
+        cap,
+        limit,
+        debug: cfg.debug,
+        live: BTreeMap::new(),
+        stale: Vec::new(),
+        served: 0,
+        corrupted: 0,
+        next_tag: 0,
+        next_scope: 0,
+        peak_live: 0,
+        peak_reserved: 0,
+        step: 0,
+    };
+    let ops = &input.ops[..input.ops.len().min(MAX_OPS)];
+    let mut i = 0;
+    while i < ops.len() {
+        // Ops up to the next reset share the allocator with the scopes they open.
+        {
+            let mut scopes: Vec<(u64, Scope<'_>)> = Vec::new();
+            while i < ops.len() && !matches!(ops[i], Op::Reset { .. }) {
+                model.step = i;
+                apply(&alloc, &mut model, &mut scopes, ops[i]);
+                model.check(&alloc.stats(), &counting);
+                i += 1;
+            }
+            close_all(&mut model, &mut scopes);
+        }
+        model.check(&alloc.stats(), &counting);
+        if let Some(Op::Reset { unchecked }) = ops.get(i) {
+            model.step = i;
+            for b in model.live.values() {
+                model.check_tag(b);
+            }
+            let before = alloc.stats();
+            if *unchecked {
+                // SAFETY: no scope is alive (all closed above) and the model forgets every
+                // block handed out before, so none is used or released after.
+                unsafe { alloc.reset_unchecked() };
+            } else {
+                alloc.reset();
+            }
+            // The blocks are the cache's now (some may even be freed): forget them unread.
+            model.live.clear();
+            let stats = alloc.stats();
+            assert_eq!(stats.live_blocks, 0, "op {i}: {stats:?}");
+            assert_eq!(
+                stats.system_allocs, before.system_allocs,
+                "op {i}: reset allocated"
+            );
+            model.check(&stats, &counting);
+            i += 1;
+        }
+    }
+    alloc.free_cached();
+    let stats = alloc.stats();
+    assert_eq!(
+        (stats.cached_bytes, stats.cached_blocks),
+        (0, 0),
+        "{stats:?}"
+    );
+    model.check(&stats, &counting);
+    drop(alloc);
+    assert_eq!(
+        counting.bytes.load(SeqCst),
+        0,
+        "bytes not given back at drop"
+    );
+    assert_eq!(
+        counting.blocks.load(SeqCst),
+        0,
+        "blocks not given back at drop"
+    );
+}
+
+fn close_all(model: &mut Model, scopes: &mut Vec<(u64, Scope<'_>)>) {
+    while let Some((id, scope)) = scopes.pop() {
+        close(model, id, scope);
+    }
+}
+
+fn close(model: &mut Model, id: u64, scope: Scope<'_>) {
+    let addrs: Vec<usize> = model
+        .live
+        .values()
+        .filter(|b| b.owner == Owner::Scope(id))
+        .map(|b| b.addr)
+        .collect();
+    for addr in addrs {
+        model.remove(addr);
+    }
+    drop(scope);
+}
+
+/// Applies one op (not `Reset`).
+fn apply<'a>(
+    alloc: &'a CachingAllocator,
+    model: &mut Model,
+    scopes: &mut Vec<(u64, Scope<'a>)>,
+    op: Op,
+) {
+    let step = model.step;
+    match op {
+        Op::Alloc { size, align_log2 } => {
+            if model.live.len() >= MAX_LIVE {
+                return;
+            }
+            let size = size.bytes();
+            let align = 1usize << (align_log2 % 17);
+            let before = alloc.stats();
+            match alloc.allocate(size, align) {
+                Ok(p) if size == 0 => {
+                    assert_eq!(p.as_ptr() as usize % align, 0, "op {step}");
+                    assert_eq!(
+                        alloc.stats(),
+                        before,
+                        "op {step}: zero-size touched the books"
+                    );
+                    // SAFETY: a zero-size pointer from `allocate`; releasing it is always Ok.
+                    assert_eq!(unsafe { alloc.release(p) }, Ok(()), "op {step}");
+                }
+                Ok(p) => model.add(p.as_ptr() as usize, size, align, Owner::Raw),
+                Err(e) => model.check_alloc_error(&e, size, &before, &alloc.stats()),
+            }
+        }
+        Op::Release { index } => {
+            let Some(b) = model.nth(index, |o| o == Owner::Raw) else {
+                return;
+            };
+            model.remove(b.addr);
+            // SAFETY: a live raw block the model releases once and forgets.
+            let r = unsafe { alloc.release(NonNull::new(b.addr as *mut u8).unwrap()) };
+            assert_eq!(r, Ok(()), "op {step}: release of live {b:?}");
+        }
+        Op::ReleaseUnknown { index, offset } => {
+            let Some(addr) = unknown_addr(model, index, offset) else {
+                return;
+            };
+            let before = alloc.stats();
+            // SAFETY: `addr` is not live: `release` must refuse it without touching memory.
+            let r = unsafe { alloc.release(NonNull::new(addr as *mut u8).unwrap()) };
+            assert_eq!(r, Err(AllocError::UnknownPointer { addr }), "op {step}");
+            assert_eq!(
+                alloc.stats(),
+                before,
+                "op {step}: a refused release changed stats"
+            );
+        }
+        Op::ReleaseScoped { index } => {
+            let Some(b) = model.nth(index, |o| o != Owner::Raw) else {
+                return;
+            };
+            let before = alloc.stats();
+            // SAFETY: the block belongs to a scope: `release` must refuse it.
+            let r = unsafe { alloc.release(NonNull::new(b.addr as *mut u8).unwrap()) };
+            assert_eq!(
+                r,
+                Err(AllocError::UnknownPointer { addr: b.addr }),
+                "op {step}"
+            );
+            assert_eq!(alloc.stats(), before, "op {step}");
+        }
+        Op::BadAlign { pick } => {
+            let align = match pick % 8 {
+                0 => 0,
+                1 => 3,
+                2 => 5,
+                3 => 6,
+                4 => 12,
+                5 => 34,
+                6 => caching_allocator::MAX_ALIGN * 2,
+                _ => usize::MAX,
+            };
+            let before = alloc.stats();
+            let r = alloc.allocate(64, align);
+            assert_eq!(r, Err(AllocError::InvalidAlignment { align }), "op {step}");
+            assert_eq!(alloc.stats(), before, "op {step}");
+        }
+        Op::Oversize { less } => {
+            let size = usize::MAX - less as usize;
+            let before = alloc.stats();
+            let r = alloc.allocate(size, 64);
+            assert_eq!(
+                r,
+                Err(AllocError::SizeOverflow { size, align: 64 }),
+                "op {step}"
+            );
+            assert_eq!(alloc.stats(), before, "op {step}");
+        }
+        Op::ScopeOpen => {
+            if scopes.len() < 8 {
+                model.next_scope += 1;
+                scopes.push((model.next_scope, alloc.scope()));
+            }
+        }
+        Op::ScopeAlloc { scope, len, kind } => {
+            if scopes.is_empty() || model.live.len() >= MAX_LIVE {
+                return;
+            }
+            let (id, scope) = &scopes[scope as usize % scopes.len()];
+            scope_alloc(model, *id, scope, len as usize % 3000, kind);
+        }
+        Op::ScopeClose { scope } => {
+            if scopes.is_empty() {
+                return;
+            }
+            let (id, scope) = scopes.remove(scope as usize % scopes.len());
+            close(model, id, scope);
+        }
+        Op::Trim { keep } => {
+            let keep = keep as usize * 64;
+            alloc.trim(keep);
+            let stats = alloc.stats();
+            assert!(
+                stats.cached_bytes <= keep,
+                "op {step}: trim({keep}) left {stats:?}"
+            );
+        }
+        Op::FreeCached => {
+            alloc.free_cached();
+            let stats = alloc.stats();
+            assert_eq!(
+                (stats.cached_bytes, stats.cached_blocks),
+                (0, 0),
+                "op {step}"
+            );
+        }
+        Op::Reset { .. } => unreachable!("handled by `run`"),
+        Op::ForeignAlloc { size } => {
+            if model.live.len() >= MAX_LIVE {
+                return;
+            }
+            let size = size.bytes();
+            let before = alloc.stats();
+            let r = std::thread::scope(|s| {
+                s.spawn(|| alloc.allocate(size, 64).map(|p| p.as_ptr() as usize))
+                    .join()
+                    .unwrap()
+            });
+            match r {
+                Ok(addr) if size == 0 => assert_ne!(addr, 0, "op {step}"),
+                Ok(addr) => model.add(addr, size, 64, Owner::Raw),
+                Err(e) => model.check_alloc_error(&e, size, &before, &alloc.stats()),
+            }
+        }
+        Op::ForeignRelease { index } => {
+            let Some(b) = model.nth(index, |o| o == Owner::Raw) else {
+                return;
+            };
+            model.remove(b.addr);
+            let r = std::thread::scope(|s| {
+                s.spawn(|| {
+                    // SAFETY: a live raw block the model releases once and forgets.
+                    unsafe { alloc.release(NonNull::new(b.addr as *mut u8).unwrap()) }
+                })
+                .join()
+                .unwrap()
+            });
+            assert_eq!(r, Ok(()), "op {step}: foreign release of {b:?}");
+        }
+        Op::Vec { len } => {
+            if model.live.len() >= MAX_LIVE {
+                return;
+            }
+            vec_op(alloc, model, len as usize % 2000);
+        }
+        Op::Overrun { index } => {
+            if !model.debug {
+                return;
+            }
+            let Some(b) = model.nth(index, |o| o == Owner::Raw) else {
+                return;
+            };
+            model.remove(b.addr);
+            // SAFETY: the canary lies inside the block (its class was chosen for
+            // `requested + CANARY_LEN`), and the block is ours.
+            unsafe { *((b.addr + b.requested) as *mut u8) ^= 0x55 };
+            // SAFETY: a live raw block the model releases once and forgets.
+            let r = unsafe { alloc.release(NonNull::new(b.addr as *mut u8).unwrap()) };
+            assert_eq!(
+                r,
+                Err(AllocError::Corrupted {
+                    addr: b.addr,
+                    requested: b.requested,
+                    class_size: b.class
+                }),
+                "op {step}"
+            );
+            model.corrupted += 1;
+        }
+    }
+}
+
+/// Allocates `len` elements of `kind` from `scope`, checks the initial contents, and records
+/// the block.
+fn scope_alloc(model: &mut Model, id: u64, scope: &Scope<'_>, len: usize, kind: ScopeKind) {
+    let step = model.step;
+    let before = scope.allocator().stats();
+    let len = if matches!(kind, ScopeKind::Uninit256) {
+        len % 40
+    } else {
+        len
+    };
+    let (r, elem, align): (Result<usize, AllocError>, usize, usize) = match kind {
+        ScopeKind::FillU8 => (
+            scope.alloc_slice_fill(len, 0xA5u8).map(|s| {
+                assert!(s.iter().all(|&x| x == 0xA5), "op {step}: fill");
+                s.as_mut_ptr() as usize
+            }),
+            1,
+            1,
+        ),
+        ScopeKind::FillU32 => (
+            scope.alloc_slice_fill(len, 0xDEAD_BEEFu32).map(|s| {
+                assert!(s.iter().all(|&x| x == 0xDEAD_BEEF), "op {step}: fill");
+                s.as_mut_ptr() as usize
+            }),
+            4,
+            4,
+        ),
+        ScopeKind::CopyU16 => {
+            let src: Vec<u16> = (0..len as u16).collect();
+            (
+                scope.alloc_slice_copy(&src).map(|s| {
+                    assert_eq!(&*s, &src[..], "op {step}: copy");
+                    s.as_mut_ptr() as usize
+                }),
+                2,
+                2,
+            )
+        }
+        ScopeKind::ZeroedU64 => (
+            scope.alloc_slice_zeroed::<u64>(len).map(|s| {
+                assert!(s.iter().all(|&x| x == 0), "op {step}: zeroed");
+                s.as_mut_ptr() as usize
+            }),
+            8,
+            8,
+        ),
+        ScopeKind::Uninit3 => (
+            scope
+                .alloc_uninit::<[u8; 3]>(len)
+                .map(|s| s.as_mut_ptr() as usize),
+            3,
+            1,
+        ),
+        ScopeKind::Uninit256 => (
+            scope
+                .alloc_uninit::<Aligned256>(len)
+                .map(|s| s.as_mut_ptr() as usize),
+            256,
+            256,
+        ),
+    };
+    let bytes = len * elem;
+    match r {
+        Ok(addr) if bytes == 0 => {
+            assert_eq!(addr % align, 0, "op {step}");
+            assert_eq!(scope.allocator().stats(), before, "op {step}");
+        }
+        Ok(addr) => model.add(addr, bytes, align, Owner::Scope(id)),
+        Err(e) => model.check_alloc_error(&e, bytes, &before, &scope.allocator().stats()),
+    }
+}
+
+/// An `allocator_api2` vector: one allocation of `len` `u32`s, grown once, checked, dropped.
+fn vec_op(alloc: &CachingAllocator, model: &mut Model, len: usize) {
+    let step = model.step;
+    let before = alloc.stats();
+    let mut v = allocator_api2::vec::Vec::<u32, _>::new_in(alloc);
+    if v.try_reserve_exact(len).is_err() {
+        // Only the limit may refuse; the allocation error is opaque through the trait.
+        assert!(
+            model.limit.is_some(),
+            "op {step}: Vec allocation failed without a limit"
+        );
+        assert_eq!(alloc.stats().live_blocks, before.live_blocks, "op {step}");
+        return;
+    };
+    v.extend((0..len as u32).map(|x| x.wrapping_mul(2_654_435_761)));
+    let grown = v.try_reserve_exact(len + 1).is_ok();
+    if grown {
+        v.push(7);
+    } else {
+        assert!(
+            model.limit.is_some(),
+            "op {step}: Vec growth failed without a limit"
+        );
+    }
+    let served = u64::from(len > 0) + u64::from(grown);
+    assert_eq!(
+        alloc.stats().hits + alloc.stats().misses - before.hits - before.misses,
+        served,
+        "op {step}: Vec took another number of blocks than it allocated"
+    );
+    for (i, x) in v.iter().take(len).enumerate() {
+        assert_eq!(
+            *x,
+            (i as u32).wrapping_mul(2_654_435_761),
+            "op {step}: Vec content"
+        );
+    }
+    for b in model.live.values() {
+        model.check_tag_sampled(b);
+    }
+    drop(v);
+    model.served += served;
+    let stats = alloc.stats();
+    assert_eq!(
+        stats.live_blocks,
+        model.live.len(),
+        "op {step}: Vec leaked a block"
+    );
+}
+
+/// Decodes and runs raw fuzzer bytes.
+pub fn run_bytes(data: &[u8]) {
+    if let Some(input) = Input::from_bytes(data) {
+        run(&input);
+    }
+}

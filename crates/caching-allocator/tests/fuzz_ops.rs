@@ -1,0 +1,92 @@
+//! Replays fuzz inputs through the op model of `common/ops.rs` on stable `cargo test`: a
+//! deterministic set of seeded random inputs, and the committed corpus of inputs the `cargo
+//! fuzz` target (`fuzz/`) found interesting (`fuzz/corpus/ops/`). Also runs under Miri
+//! (`cargo +nightly miri test -p caching-allocator --test fuzz_ops`) with fewer inputs: the
+//! seeded ones and the few corpus files embedded below (Miri's isolation forbids reading
+//! directories).
+
+#[path = "common/ops.rs"]
+mod ops;
+
+/// A small deterministic generator (xorshift64*), so the seeded inputs never change.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn bytes(&mut self, len: usize) -> Vec<u8> {
+        (0..len).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// Runs an input; if it fails, prints it (ops numbered as in the failure message) first.
+fn run_verbose(input: &ops::Input) {
+    if let Err(panic) = std::panic::catch_unwind(|| ops::run(input)) {
+        eprintln!("failing input: {:?}", input.config);
+        for (i, op) in input.ops.iter().enumerate() {
+            eprintln!("  op {i}: {op:?}");
+        }
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// How many seeded inputs, and how long each is in bytes.
+const SEEDED: (usize, usize) = if cfg!(miri) { (6, 160) } else { (300, 1500) };
+
+#[test]
+fn seeded_random_inputs() {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut ops = 0;
+    for _ in 0..SEEDED.0 {
+        let len = 16 + rng.next() as usize % SEEDED.1;
+        let data = rng.bytes(len);
+        let input = ops::Input::from_bytes(&data).expect("long enough");
+        ops += input.ops.len();
+        run_verbose(&input);
+    }
+    // The generator must actually produce work, or this test checks nothing.
+    assert!(
+        ops > SEEDED.0 * 4,
+        "seeded inputs decoded to only {ops} ops"
+    );
+}
+
+/// Corpus files small enough for Miri, embedded so Miri needs no file system access.
+const EMBEDDED: &[&[u8]] = &[];
+
+#[test]
+fn embedded_corpus() {
+    for data in EMBEDDED {
+        if let Some(input) = ops::Input::from_bytes(data) {
+            run_verbose(&input);
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri's isolation forbids reading the corpus directory")]
+fn committed_corpus() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/ops");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("corpus {}: {e}", dir.display()))
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(
+        !files.is_empty(),
+        "the corpus at {} is empty",
+        dir.display()
+    );
+    for path in files {
+        let data = std::fs::read(&path).unwrap();
+        eprintln!("replaying {}", path.display());
+        if let Some(input) = ops::Input::from_bytes(&data) {
+            run_verbose(&input);
+        }
+    }
+}
