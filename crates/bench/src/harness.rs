@@ -49,8 +49,8 @@ impl RunConfig {
     pub fn quick() -> Self {
         RunConfig {
             warmup_rounds: 1,
-            rounds: 7,
-            round_target: Duration::from_millis(25),
+            rounds: 11,
+            round_target: Duration::from_millis(40),
             calibration_calls: 2,
             max_round_calls: 1_000_000,
         }

@@ -61,6 +61,8 @@ pub fn write_svg(report: &Report, path: &Path) -> Result<(), Box<dyn Error>> {
         if data.is_empty() {
             continue;
         }
+        // The y axis counts upwards: reverse so the first source is at the top, as in the table.
+        let data: Vec<_> = data.into_iter().rev().collect();
         let lo = data.iter().map(|d| d.2).fold(f64::INFINITY, f64::min) / 2.0;
         let hi = data.iter().map(|d| d.3).fold(0.0, f64::max) * 2.0;
         let n = data.len();
