@@ -28,8 +28,8 @@ pub(crate) struct Kernels {
     pub axpy4: unsafe fn(&mut [f32], [f32; 4], [&[f32]; 4]),
     /// Packs a K tile into panels: see [`scalar::pack_k`].
     pub pack_k: unsafe fn(&[f32], usize, usize, usize, usize, &mut [f32]),
-    /// Prefetches the rows of a KV tile towards L2: see [`scalar::prefetch_rows`].
-    pub prefetch_rows: unsafe fn(&[f32], usize, usize, usize),
+    /// Prefetches rows of a strided tensor towards L2: see [`scalar::prefetch_rows`].
+    pub prefetch_rows: unsafe fn(*const f32, usize, usize, usize, usize, usize),
     /// Whether these are the AVX2+FMA kernels.
     pub simd: bool,
 }
@@ -213,11 +213,21 @@ pub(crate) mod scalar {
         }
     }
 
-    /// Hints that rows `j < n` (`rows[j * stride..][..d]`) will be read soon. No effect here.
+    /// Hints that rows `j < n` (floats `start + j * stride..][..d]` of the `len` floats at
+    /// `base`) will be accessed soon. Rows past `len` are ignored. No effect in this version.
     ///
     /// # Safety
-    /// None (safe to call).
-    pub(crate) unsafe fn prefetch_rows(_rows: &[f32], _stride: usize, _n: usize, _d: usize) {}
+    /// None: the memory is never accessed (the AVX2 version issues prefetch hints only, for
+    /// addresses it checks are inside `base..base + len`).
+    pub(crate) unsafe fn prefetch_rows(
+        _base: *const f32,
+        _len: usize,
+        _start: usize,
+        _stride: usize,
+        _n: usize,
+        _d: usize,
+    ) {
+    }
 
     /// `acc += sum_u p[u] * v[u]`; panics if a length differs from `acc`'s.
     ///
@@ -565,19 +575,28 @@ mod avx2 {
     /// the rows into L2.
     ///
     /// # Safety
-    /// The CPU supports AVX2 and FMA.
+    /// The CPU supports AVX2 and FMA. `base..base + len` must be one allocation (so the
+    /// offsets computed inside stay in it).
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn prefetch_rows(rows: &[f32], stride: usize, n: usize, d: usize) {
+    pub(super) unsafe fn prefetch_rows(
+        base: *const f32,
+        len: usize,
+        start: usize,
+        stride: usize,
+        n: usize,
+        d: usize,
+    ) {
         for j in 0..n {
-            let start = j * stride;
-            if start + d > rows.len() {
+            let row = start + j * stride;
+            if row + d > len {
                 break;
             }
             let mut x = 0;
             while x < d {
-                // SAFETY: `start + x < rows.len()`: in bounds; a prefetch never faults nor
-                // changes memory anyway.
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(rows.as_ptr().add(start + x).cast::<i8>()) };
+                // SAFETY: `row + x < len`: the address is inside the allocation (caller), so
+                // `add` is in bounds; a prefetch never faults nor accesses memory
+                // architecturally, so it races with nothing.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(base.add(row + x).cast::<i8>()) };
                 x += 16;
             }
         }

@@ -174,6 +174,11 @@ impl SharedOut {
         }
     }
 
+    /// The output's start and length, for prefetch hints (never dereferenced through this).
+    pub(crate) fn as_raw(&self) -> (*const f32, usize) {
+        (self.ptr, self.len)
+    }
+
     /// `out[start..start + len]`.
     ///
     /// # Safety

@@ -80,11 +80,13 @@ fn block(
     let q_row = |i: usize| &a.q[q_off(i)..q_off(i) + d];
     // The query rows and the first K/V tile are strided in memory, which the hardware
     // prefetcher follows poorly: request them all up front so their misses overlap.
-    // SAFETY: slice-based kernel (a hint only); kernel set from `detect`.
+    // SAFETY: hints only, for addresses checked to lie inside `q`, `k` or `v`; kernel set
+    // from `detect`.
+    let (q, k, v) = (a.q.as_ptr(), a.k.as_ptr(), a.v.as_ptr());
     unsafe {
-        (kern.prefetch_rows)(&a.q[q_off(i0)..], sh.heads * d, rows, d);
-        (kern.prefetch_rows)(&a.k[kv_row(0)..], stride, bk.min(kv_hi), d);
-        (kern.prefetch_rows)(&a.v[kv_row(0)..], stride, bk.min(kv_hi), d);
+        (kern.prefetch_rows)(q, a.q.len(), q_off(i0), sh.heads * d, rows, d);
+        (kern.prefetch_rows)(k, a.k.len(), kv_row(0), stride, bk.min(kv_hi), d);
+        (kern.prefetch_rows)(v, a.v.len(), kv_row(0), stride, bk.min(kv_hi), d);
     }
 
     // Pack the query block: strip-major, `[strip][x][MR]`, pad rows zero.
@@ -119,11 +121,16 @@ fn block(
         unsafe { (kern.pack_k)(k_tile, stride, nk, nkp, d, kp) };
         // Start fetching the next tile's K and V rows while this one is computed.
         let next = (kv_hi - t0 - nk).min(bk);
-        if next > 0 {
-            // SAFETY: slice-based kernel (a hint only); kernel set from `detect`.
-            unsafe {
-                (kern.prefetch_rows)(&a.k[kv_row(t0 + nk)..], stride, next, d);
-                (kern.prefetch_rows)(&a.v[kv_row(t0 + nk)..], stride, next, d);
+        // SAFETY: hints only, for addresses checked to lie inside `k`, `v` or `out`; kernel
+        // set from `detect`.
+        unsafe {
+            if next > 0 {
+                (kern.prefetch_rows)(k, a.k.len(), kv_row(t0 + nk), stride, next, d);
+                (kern.prefetch_rows)(v, a.v.len(), kv_row(t0 + nk), stride, next, d);
+            } else {
+                // Last tile: fetch the output rows this item writes at the end.
+                let (o_ptr, o_len) = out.as_raw();
+                (kern.prefetch_rows)(o_ptr, o_len, q_off(i0), sh.heads * d, rows, d);
             }
         }
         // Pack V: `[t][dp]`, pad lanes zero (their O columns are never output; zero keeps
