@@ -80,9 +80,9 @@ fn block(
     let q_row = |i: usize| &a.q[q_off(i)..q_off(i) + d];
     // The query rows and the first K/V tile are strided in memory, which the hardware
     // prefetcher follows poorly: request them all up front so their misses overlap.
-    // SAFETY: hints only, for addresses checked to lie inside `q`, `k` or `v`; kernel set
-    // from `detect`.
     let (q, k, v) = (a.q.as_ptr(), a.k.as_ptr(), a.v.as_ptr());
+    // SAFETY: hints only, for addresses checked to lie inside `q`, `k` or `v` (each pointer
+    // is passed with its slice's length); kernel set from `detect`.
     unsafe {
         (kern.prefetch_rows)(q, a.q.len(), q_off(i0), sh.heads * d, rows, d);
         (kern.prefetch_rows)(k, a.k.len(), kv_row(0), stride, bk.min(kv_hi), d);
