@@ -72,7 +72,13 @@ fn size_overflow_changes_nothing() {
         let scope = alloc.scope();
         let len = usize::MAX / 4;
         let e = scope.alloc_uninit::<u64>(len).unwrap_err();
-        assert_eq!(e, AllocError::SizeOverflow { size: len, align: 8 });
+        assert_eq!(
+            e,
+            AllocError::SizeOverflow {
+                size: len,
+                align: 8
+            }
+        );
         let e = scope.alloc_slice_fill(usize::MAX / 2, 0u32).unwrap_err();
         assert!(matches!(e, AllocError::SizeOverflow { .. }));
         drop(scope);
@@ -100,14 +106,21 @@ fn limit_exceeded_changes_nothing_live() {
         }
     );
     explains(&e, &["limit_bytes", &limit.to_string()]);
-    assert_eq!(alloc.stats(), before, "nothing idle to evict: nothing may change");
+    assert_eq!(
+        alloc.stats(),
+        before,
+        "nothing idle to evict: nothing may change"
+    );
 
     // With idle blocks, they are evicted first; only if that is not enough is the request
     // refused. The live blocks are never touched.
     // SAFETY: released once, not used after.
     unsafe { alloc.release(b) }.unwrap();
     let e = alloc.allocate(16 << 10, 64).unwrap_err();
-    assert!(matches!(e, AllocError::LimitExceeded { reserved: 8192, .. }), "{e:?}");
+    assert!(
+        matches!(e, AllocError::LimitExceeded { reserved: 8192, .. }),
+        "{e:?}"
+    );
     let after = alloc.stats();
     assert_eq!((after.live_blocks, after.live_bytes), (1, 8192));
     assert_eq!((after.cached_blocks, after.evictions), (0, 1));
@@ -150,9 +163,19 @@ fn out_of_memory_with_nothing_cached_changes_nothing() {
     let live = alloc.allocate(3000, 64).unwrap();
     let before = alloc.stats();
     let e = alloc.allocate(1000, 128).unwrap_err();
-    assert_eq!(e, AllocError::OutOfMemory { size: 1000, align: 128 });
+    assert_eq!(
+        e,
+        AllocError::OutOfMemory {
+            size: 1000,
+            align: 128
+        }
+    );
     explains(&e, &["1000", "out of memory"]);
-    assert_eq!(alloc.stats(), before, "nothing to give back: nothing may change");
+    assert_eq!(
+        alloc.stats(),
+        before,
+        "nothing to give back: nothing may change"
+    );
     // SAFETY: released once, not used after.
     unsafe { alloc.release(live) }.unwrap();
     // The released block still serves its class without the system.
@@ -177,13 +200,22 @@ fn out_of_memory_after_the_retry_gives_the_idle_cache_back() {
     let before = alloc.stats();
     assert_eq!(before.cached_blocks, 1);
     let e = alloc.allocate(50_000, 64).unwrap_err();
-    assert_eq!(e, AllocError::OutOfMemory { size: 50_000, align: 64 });
+    assert_eq!(
+        e,
+        AllocError::OutOfMemory {
+            size: 50_000,
+            align: 64
+        }
+    );
     let after = alloc.stats();
     // The documented exception: the idle cache went back to the system before the retry.
     assert_eq!(after.oom_retries, 1);
     assert_eq!((after.cached_blocks, after.cached_bytes), (0, 0));
     assert_eq!(after.evictions, before.evictions + 1);
-    assert_eq!((after.live_blocks, after.live_bytes), (before.live_blocks, before.live_bytes));
+    assert_eq!(
+        (after.live_blocks, after.live_bytes),
+        (before.live_blocks, before.live_bytes)
+    );
     assert_eq!(after.system_allocs, before.system_allocs);
     // SAFETY: released once, not used after.
     unsafe { alloc.release(live) }.unwrap();
@@ -224,7 +256,12 @@ fn unknown_pointers_change_nothing_and_are_not_read() {
     let before = alloc.stats();
     // SAFETY: `p` is no longer live: refused.
     let r = unsafe { alloc.release(p) };
-    assert_eq!(r, Err(AllocError::UnknownPointer { addr: p.as_ptr() as usize }));
+    assert_eq!(
+        r,
+        Err(AllocError::UnknownPointer {
+            addr: p.as_ptr() as usize
+        })
+    );
     assert_eq!(alloc.stats(), before);
 
     // Taken back by a reset.
@@ -233,7 +270,12 @@ fn unknown_pointers_change_nothing_and_are_not_read() {
     let before = alloc.stats();
     // SAFETY: `live` was returned by the reset: refused.
     let r = unsafe { alloc.release(live) };
-    assert_eq!(r, Err(AllocError::UnknownPointer { addr: live.as_ptr() as usize }));
+    assert_eq!(
+        r,
+        Err(AllocError::UnknownPointer {
+            addr: live.as_ptr() as usize
+        })
+    );
     assert_eq!(alloc.stats(), before);
     // The other allocator still owns its block.
     // SAFETY: released once, not used after.
@@ -283,7 +325,10 @@ fn corrupted_block_goes_back_to_the_system_and_is_never_reused() {
     assert_eq!(after.corrupted_blocks, 1);
     assert_eq!(after.system_frees, before.system_frees + 1);
     assert_eq!(after.live_blocks, before.live_blocks - 1);
-    assert_eq!(after.cached_blocks, before.cached_blocks, "an overrun block is never cached");
+    assert_eq!(
+        after.cached_blocks, before.cached_blocks,
+        "an overrun block is never cached"
+    );
     // Gone from the books: a second release is an unknown pointer.
     // SAFETY: `p` is not live any more: refused.
     let r = unsafe { alloc.release(p) };
@@ -302,10 +347,7 @@ fn reset_returns_every_other_block_then_names_the_overrun() {
     let _ = good;
     let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| alloc.reset()))
         .expect_err("reset must panic on an overrun block");
-    let msg = panic
-        .downcast_ref::<String>()
-        .cloned()
-        .unwrap_or_default();
+    let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(msg.contains("100 bytes requested (class 128)"), "{msg}");
     let stats = alloc.stats();
     assert_eq!(stats.live_blocks, 0, "every other block was returned first");
