@@ -192,3 +192,39 @@ fn caching_allocator_debug_checks() {
     assert_eq!(stats.corrupted_blocks, 0, "{stats:?}");
     assert!(stats.hits > 0, "{stats:?}");
 }
+
+/// The scratch sizes quoted in the README (32 heads, head_dim 128).
+#[test]
+fn scratch_sizes_quoted_in_readme() {
+    let dec = |kv: usize| Shape {
+        batch: 1,
+        q_len: 1,
+        heads: 32,
+        kv_heads: 32,
+        head_dim: 128,
+        kv_capacity: kv,
+        start_pos: kv - 1,
+    };
+    let pre = |len: usize| Shape {
+        batch: 1,
+        q_len: len,
+        heads: 32,
+        kv_heads: 32,
+        head_dim: 128,
+        kv_capacity: len,
+        start_pos: 0,
+    };
+    let sizes = [
+        scratch_bytes(&dec(64), 2).unwrap(),
+        scratch_bytes(&dec(256), 2).unwrap(),
+        scratch_bytes(&dec(4096), 2).unwrap(),
+        scratch_bytes(&pre(128), 2).unwrap(),
+        scratch_bytes(&pre(2048), 2).unwrap(),
+        scratch_bytes(&dec(1024), 8).unwrap(),
+        scratch_bytes(&pre(2048), 8).unwrap(),
+    ];
+    assert_eq!(
+        sizes,
+        [41_536, 141_376, 141_376, 471_360, 625_728, 565_312, 2_502_720]
+    );
+}
