@@ -109,7 +109,7 @@ pub fn plan(bench: Bench, opts: &Options) -> Vec<Job> {
 }
 
 /// Runs every job on every source (interleaved within a job, see
-/// [`measure_all`](crate::harness::measure_all)), advancing `progress`.
+/// [`measure_all`]), advancing `progress`.
 pub fn run(
     jobs: &[Job],
     sources: &[&SourceKind],
