@@ -194,7 +194,7 @@ fn worker(
     let mut iteration = 0u64;
     loop {
         iteration += 1;
-        if iteration % 32 == 0 && (Instant::now() >= deadline || stop.load(Ordering::Relaxed)) {
+        if iteration & 31 == 0 && (Instant::now() >= deadline || stop.load(Ordering::Relaxed)) {
             break;
         }
         match rng.below(1000) {
@@ -231,7 +231,7 @@ fn worker(
                 ops += 1;
                 match alloc.allocate(len, align) {
                     Ok(ptr) => {
-                        if ptr.as_ptr() as usize % align != 0 {
+                        if ptr.as_ptr() as usize & (align - 1) != 0 {
                             violations.report(format!("{ptr:p} not aligned to {align}"));
                         }
                         let tag = next_tag();
