@@ -76,6 +76,8 @@ impl CachingAllocator {
 
     /// An allocator configured by `config`.
     pub fn with_config(config: Config) -> Self {
+        // Under loom thread caches use a plain lock (see `thread_cache::CacheLock`).
+        #[cfg(not(loom))]
         crate::biased_lock::init();
         let fallback = Arc::new(ThreadCache::new(false));
         CachingAllocator {
