@@ -310,8 +310,8 @@ fn trim_races_with_release_and_allocation() {
 /// Two threads each hold a scope on the shared allocator while a third steals from the idle
 /// blocks an exited thread left behind; scopes return their blocks to their own thread's cache.
 #[test]
-fn scopes_on_two_threads_and_stealing_from_an_exited_thread() {
-    model("scopes_on_two_threads_and_stealing_from_an_exited_thread", || {
+fn scopes_and_stealing() {
+    model("scopes_and_stealing", || {
         let cap = 1 << 20;
         let (alloc, counting) = allocator(cap);
         // A thread leaves an idle block of the class in its cache and exits.
@@ -331,7 +331,10 @@ fn scopes_on_two_threads_and_stealing_from_an_exited_thread() {
                 thread::spawn(move || {
                     let scope = alloc.scope();
                     let xs = scope.alloc_slice_fill(200, t).unwrap();
-                    assert!(xs.iter().all(|&x| x == t), "a scope's slice was overwritten");
+                    assert!(
+                        xs.iter().all(|&x| x == t),
+                        "a scope's slice was overwritten"
+                    );
                     xs.as_ptr() as usize
                 })
             })
