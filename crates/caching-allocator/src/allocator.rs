@@ -119,7 +119,7 @@ impl CachingAllocator {
         // SAFETY: `thread_cache` gives this thread's own cache.
         let block = unsafe {
             self.take(self.thread_cache(), &req, |state, live| {
-                state.live.insert(live.block.addr(), live);
+                state.live.insert(live);
             })
         }?;
         Ok(block.ptr)
@@ -144,7 +144,7 @@ impl CachingAllocator {
         let addr = ptr.as_ptr().addr();
         // SAFETY: `thread_cache` gives this thread's own cache, and we hold no guard of it.
         let mut state = unsafe { here.lock_local() };
-        if let Some(live) = state.live.remove(&addr) {
+        if let Some(live) = state.live.remove(addr) {
             state.counters.remove_live(&live);
             return self.retire(&mut state, live);
         }
@@ -570,7 +570,7 @@ impl CachingAllocator {
                 continue;
             }
             let mut state = cache.lock();
-            if let Some(live) = state.live.remove(&addr) {
+            if let Some(live) = state.live.remove(addr) {
                 state.counters.remove_live(&live);
                 drop(state);
                 // SAFETY: `here` is this thread's own cache (from `release`), not locked now.
@@ -614,9 +614,10 @@ impl CachingAllocator {
         for cache in lock(&self.registry).iter() {
             let mut state = cache.lock_exclusive();
             let state = &mut *state;
-            let mut returning: Vec<Live> = state.live.drain().map(|(_, live)| live).collect();
+            let mut returning = core::mem::take(&mut state.returning);
+            state.live.drain_into(&mut returning);
             returning.extend(state.scoped.drain(..).map(|s| s.live));
-            for live in returning {
+            for live in returning.drain(..) {
                 state.counters.remove_live(&live);
                 if let Err(AllocError::Corrupted {
                     requested,
@@ -630,11 +631,15 @@ impl CachingAllocator {
                     });
                 }
             }
-            // Credit nobody uses now goes back to the pool, for threads that need more.
-            let mut shared = lock(&self.shared);
-            let unused = state.credit - state.idle.bytes();
-            state.credit -= unused;
-            shared.credit_total -= unused;
+            state.returning = returning;
+            // Credit nobody uses now goes back to the pool, for threads that need more; one
+            // step of slack stays, so the next kernel's releases need no shared lock.
+            let surplus = (state.credit - state.idle.bytes()).saturating_sub(CREDIT_STEP);
+            if surplus > 0 {
+                let mut shared = lock(&self.shared);
+                state.credit -= surplus;
+                shared.credit_total -= surplus;
+            }
         }
         overruns
     }
@@ -705,7 +710,9 @@ fn collect_blocks(state: &mut CacheState, blocks: &mut Vec<Block>) {
     while let Some(block) = state.idle.pop_lru() {
         blocks.push(block);
     }
-    blocks.extend(state.live.drain().map(|(_, live)| live.block));
+    let mut live = Vec::new();
+    state.live.drain_into(&mut live);
+    blocks.extend(live.into_iter().map(|l| l.block));
     blocks.extend(state.scoped.drain(..).map(|s| s.live.block));
 }
 

@@ -50,6 +50,7 @@ mod block;
 mod config;
 mod debug;
 mod error;
+mod live_table;
 mod scope;
 mod shared_cache;
 mod size_class;

@@ -5,12 +5,11 @@
 //! blocks, releasing a block allocated elsewhere), so in steady state it is never contended.
 
 use core::cell::{Cell, RefCell};
-use core::hash::{BuildHasherDefault, Hasher};
-use std::collections::HashMap;
 
 #[cfg(not(loom))]
 use crate::biased_lock::{BiasedGuard, BiasedLock};
 use crate::block::{Block, IdleLists};
+use crate::live_table::LiveTable;
 use crate::sync::{Arc, AtomicBool, Ordering};
 #[cfg(loom)]
 use crate::sync::{SpinGuard, SpinLock};
@@ -71,7 +70,9 @@ pub(crate) struct CacheState {
     /// release that fits needs no shared lock to respect the global cap.
     pub(crate) credit: usize,
     /// Blocks handed out by `allocate` on this thread, by address.
-    pub(crate) live: HashMap<usize, Live, BuildHasherDefault<AddrHasher>>,
+    pub(crate) live: LiveTable,
+    /// Reused by `reset` to collect blocks without allocating.
+    pub(crate) returning: Vec<Live>,
     /// Blocks handed out to scopes on this thread, newest last.
     pub(crate) scoped: Vec<Scoped>,
     pub(crate) counters: Counters,
@@ -103,7 +104,8 @@ impl ThreadCache {
             state: CacheLock::new(CacheState {
                 idle: IdleLists::new(),
                 credit: 0,
-                live: HashMap::default(),
+                live: LiveTable::new(),
+                returning: Vec::new(),
                 scoped: Vec::new(),
                 counters: Counters::default(),
                 orphaned: false,
@@ -144,30 +146,6 @@ impl ThreadCache {
 
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
-    }
-}
-
-/// Hashes block addresses: they are 64-byte aligned, so drop the low bits and mix the rest with
-/// one folded multiply (as foldhash does) so both the low and the high bits of the hash vary.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    #[inline]
-    fn write_usize(&mut self, n: usize) {
-        let m = u128::from((n as u64) >> 6) * 0x9E37_79B9_7F4A_7C15;
-        self.0 = (m as u64) ^ ((m >> 64) as u64);
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
     }
 }
 
