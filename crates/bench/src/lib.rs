@@ -9,12 +9,14 @@
 //! - [`workload`]: the scratch patterns (`scratch` mixes, SDPA `decode`);
 //! - [`harness`]: timing, page faults, system allocations, peak RSS;
 //! - [`suite`]: which (workload, threads) runs a subcommand makes, and running them;
-//! - [`report`] and [`plot`]: table, targets, JSON and SVG.
+//! - [`report`] and [`plot`]: table, targets, JSON and SVG;
+//! - [`soak`]: random kernel-like traffic on one shared allocator, every block's tag checked.
 
 pub mod harness;
 pub mod os;
 pub mod plot;
 pub mod report;
+pub mod soak;
 pub mod source;
 pub mod suite;
 pub mod workload;

@@ -36,15 +36,24 @@ enum Command {
     Threads,
     /// scratch, decode and threads.
     All,
+    /// Soak test: random kernel-like traffic from `--threads` threads (default: all cores) on
+    /// one shared caching allocator, every block's tag checked; exits non-zero on any violation.
+    Soak {
+        /// How long to run, in seconds.
+        #[arg(long, default_value_t = 10.0, value_name = "S")]
+        seconds: f64,
+    },
 }
 
 impl Command {
-    fn bench(&self) -> Bench {
+    /// The harness benchmark this command runs, if it is one.
+    fn bench(&self) -> Option<Bench> {
         match self {
-            Command::Scratch => Bench::Scratch,
-            Command::Decode => Bench::Decode,
-            Command::Threads => Bench::Threads,
-            Command::All => Bench::All,
+            Command::Scratch => Some(Bench::Scratch),
+            Command::Decode => Some(Bench::Decode),
+            Command::Threads => Some(Bench::Threads),
+            Command::All => Some(Bench::All),
+            Command::Soak { .. } => None,
         }
     }
 }
@@ -64,7 +73,7 @@ struct Common {
     /// Comma-separated sources to run (default: all). `--allocators list` lists them.
     #[arg(long, global = true, value_delimiter = ',', value_name = "LIST")]
     allocators: Option<Vec<String>>,
-    /// Threads for the multi-thread run of `threads` (default: all cores).
+    /// Threads for the multi-thread run of `threads` and for `soak` (default: all cores).
     #[arg(long, global = true, value_name = "N")]
     threads: Option<usize>,
     /// Decode: tokens per round (default 600 quick, 1024 full).
@@ -105,6 +114,75 @@ fn select_sources(names: Option<&[String]>) -> Result<Vec<&'static SourceKind>, 
         .collect()
 }
 
+/// Writes `value` as pretty JSON to `path`; reports the outcome on stderr.
+fn write_json(path: &std::path::Path, value: &serde_json::Value) -> bool {
+    match serde_json::to_string_pretty(value)
+        .map_err(|e| e.to_string())
+        .and_then(|s| std::fs::write(path, s + "\n").map_err(|e| e.to_string()))
+    {
+        Ok(()) => {
+            eprintln!("wrote {}", path.display());
+            true
+        }
+        Err(e) => {
+            eprintln!("allocbench: writing {}: {e}", path.display());
+            false
+        }
+    }
+}
+
+/// `allocbench soak`: prints ops/s, peak bytes and the violations; fails on any violation.
+fn soak(seconds: f64, c: &Common) -> ExitCode {
+    if !(seconds.is_finite() && seconds >= 0.0) {
+        eprintln!("allocbench: --seconds must be a non-negative number, got {seconds}");
+        return ExitCode::from(2);
+    }
+    if c.plot.is_some() || c.allocators.is_some() {
+        eprintln!("allocbench: soak runs the caching allocator only and draws no plot");
+        return ExitCode::from(2);
+    }
+    let machine = Machine::detect();
+    let threads = c.threads.unwrap_or(machine.cores).max(1);
+    println!(
+        "# allocbench soak: {seconds} s on {threads} threads; {} cores, {}, load average {:.2}",
+        machine.cores, machine.cpu, machine.load_avg_1m_at_start
+    );
+    let r = allocbench::soak::run(seconds, threads);
+    println!("{r}");
+    println!(
+        "ops/s: {:.0}; peak live bytes: {}; peak reserved bytes: {}; violations: {}",
+        r.ops_per_sec, r.peak_live_bytes, r.peak_reserved_bytes, r.violations
+    );
+    let mut ok = r.passed();
+    if let Some(path) = &c.json {
+        let json = serde_json::json!({
+            "tool": "allocbench",
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "mode": "soak",
+            "machine": machine,
+            "cores": machine.cores,
+            "threads": r.threads,
+            "elapsed": { "value": r.seconds, "unit": "s" },
+            "ops": { "value": r.ops, "unit": "allocator calls" },
+            "ops_per_second": { "value": r.ops_per_sec, "unit": "ops/s (all threads)" },
+            "peak_live_bytes": { "value": r.peak_live_bytes, "unit": "bytes" },
+            "peak_reserved_bytes": { "value": r.peak_reserved_bytes, "unit": "bytes" },
+            "violations": r.violations,
+            "first_violations": r.first_violations,
+            "passed": r.passed(),
+        });
+        ok &= write_json(path, &json);
+    }
+    if !r.passed() {
+        eprintln!("allocbench soak: {} violations", r.violations);
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let c = &cli.common;
@@ -116,7 +194,11 @@ fn main() -> ExitCode {
     }
     let (bench, quick) = match &cli.command {
         None => (Bench::All, true),
-        Some(cmd) => (cmd.bench(), c.quick),
+        Some(Command::Soak { seconds }) => return soak(*seconds, c),
+        Some(cmd) => match cmd.bench() {
+            Some(b) => (b, c.quick),
+            None => unreachable!("every other command is a harness benchmark"),
+        },
     };
     let sources = match select_sources(c.allocators.as_deref()) {
         Ok(s) => s,
@@ -209,16 +291,7 @@ fn main() -> ExitCode {
 
     let mut ok = true;
     if let Some(path) = &c.json {
-        match serde_json::to_string_pretty(&report.to_json())
-            .map_err(|e| e.to_string())
-            .and_then(|s| std::fs::write(path, s + "\n").map_err(|e| e.to_string()))
-        {
-            Ok(()) => eprintln!("wrote {}", path.display()),
-            Err(e) => {
-                eprintln!("allocbench: writing {}: {e}", path.display());
-                ok = false;
-            }
-        }
+        ok &= write_json(path, &report.to_json());
     }
     if let Some(path) = &c.plot {
         match allocbench::plot::write_svg(&report, path) {
