@@ -125,9 +125,10 @@ fn prefill_sharp_softmax_and_custom_scale() {
 
 #[test]
 fn long_prefill_q_len_1000() {
-    // Small heads so the f64 reference stays affordable in debug builds.
+    // Small heads (and one non-causal case of 400) so the f64 reference stays affordable in
+    // debug builds.
     check(shape(1, 1000, 2, 1, 72, 0), causal(), 1000, 2.0);
-    check(shape(1, 1000, 1, 1, 64, 5), non_causal(), 1001, 1.0);
+    check(shape(1, 400, 1, 1, 64, 5), non_causal(), 1001, 1.0);
 }
 
 #[test]
