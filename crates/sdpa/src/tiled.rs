@@ -18,15 +18,24 @@ pub(crate) fn run(a: &Args<'_>, plan: &Plan, scratch: &Scratch, out: &mut [f32])
     let lay = TiledLayout::new(&sh);
     let out = SharedOut::new(out);
     let items = sh.batch * sh.heads * q_blocks;
-    let run_item = |item: usize| {
+    let block_of = |item: usize| {
         // Later q blocks see more positions (causal): start them first.
         let qb = q_blocks - 1 - item % q_blocks;
         let bh = item / q_blocks;
-        let (b, h) = (bh / sh.heads, bh % sh.heads);
         let i0 = qb * q_block;
-        let rows = q_block.min(sh.q_len - i0);
+        Block {
+            b: bh / sh.heads,
+            h: bh % sh.heads,
+            i0,
+            rows: q_block.min(sh.q_len - i0),
+        }
+    };
+    let run_item = |item: usize| {
         let mut slot = scratch.claim();
-        block(a, &lay, slot.floats(), b, h, i0, rows, &out);
+        // Rayon usually runs a worker's items in index order: the next one's first reads are
+        // prefetched during this one's last tile.
+        let next = (item + 1 < items).then(|| block_of(item + 1));
+        block(a, &lay, slot.floats(), block_of(item), next, &out);
     };
     if items == 1 {
         run_item(0); // not worth a round trip through the pool
@@ -35,18 +44,51 @@ pub(crate) fn run(a: &Args<'_>, plan: &Plan, scratch: &Scratch, out: &mut [f32])
     }
 }
 
-/// Computes `out[b, i0..i0 + rows, h, :]` using the worker slice `ws`.
-#[allow(clippy::too_many_arguments)]
-fn block(
-    a: &Args<'_>,
-    lay: &TiledLayout,
-    ws: &mut [f32],
+/// One work item: query rows `i0..i0 + rows` of head `h` of sequence `b`.
+#[derive(Clone, Copy)]
+struct Block {
     b: usize,
     h: usize,
     i0: usize,
     rows: usize,
+}
+
+/// Prefetches the query rows and the first K/V tile of `blk`: they are strided in memory,
+/// which the hardware prefetcher follows poorly, so requesting them together overlaps the
+/// misses.
+fn prefetch_start(a: &Args<'_>, lay: &TiledLayout, blk: Block) {
+    let sh = &a.shape;
+    let (kern, d) = (&a.kernels, sh.head_dim);
+    let kvh = blk.h / (sh.heads / sh.kv_heads);
+    let q_off = ((blk.b * sh.q_len + blk.i0) * sh.heads + blk.h) * d;
+    let kv_off = (blk.b * sh.kv_capacity * sh.kv_heads + kvh) * d;
+    let kv_rows = if a.causal {
+        sh.start_pos + blk.i0 + blk.rows
+    } else {
+        sh.kv_len()
+    }
+    .min(lay.bk);
+    let stride = sh.kv_heads * d;
+    // SAFETY: hints only, for addresses the kernel checks lie inside `q`, `k` or `v` (each
+    // pointer is passed with its slice's length); kernel set from `detect`.
+    unsafe {
+        (kern.prefetch_rows)(a.q.as_ptr(), a.q.len(), q_off, sh.heads * d, blk.rows, d);
+        (kern.prefetch_rows)(a.k.as_ptr(), a.k.len(), kv_off, stride, kv_rows, d);
+        (kern.prefetch_rows)(a.v.as_ptr(), a.v.len(), kv_off, stride, kv_rows, d);
+    }
+}
+
+/// Computes `out[b, i0..i0 + rows, h, :]` for `blk` using the worker slice `ws`; during its
+/// last KV tile, prefetches the start of `next`.
+fn block(
+    a: &Args<'_>,
+    lay: &TiledLayout,
+    ws: &mut [f32],
+    blk: Block,
+    next_item: Option<Block>,
     out: &SharedOut,
 ) {
+    let Block { b, h, i0, rows } = blk;
     let sh = &a.shape;
     let kern = &a.kernels;
     let d = sh.head_dim;
@@ -78,20 +120,22 @@ fn block(
     let stride = sh.kv_heads * d;
     let q_off = |i: usize| ((b * sh.q_len + i) * sh.heads + h) * d;
     let q_row = |i: usize| &a.q[q_off(i)..q_off(i) + d];
-    // The query rows and the first K/V tile are strided in memory, which the hardware
-    // prefetcher follows poorly: request them all up front so their misses overlap.
-    let (q, k, v) = (a.q.as_ptr(), a.k.as_ptr(), a.v.as_ptr());
-    // SAFETY: hints only, for addresses checked to lie inside `q`, `k` or `v` (each pointer
-    // is passed with its slice's length); kernel set from `detect`.
-    unsafe {
-        (kern.prefetch_rows)(q, a.q.len(), q_off(i0), sh.heads * d, rows, d);
-        (kern.prefetch_rows)(k, a.k.len(), kv_row(0), stride, bk.min(kv_hi), d);
-        (kern.prefetch_rows)(v, a.v.len(), kv_row(0), stride, bk.min(kv_hi), d);
-    }
+    let (k, v) = (a.k.as_ptr(), a.v.as_ptr());
+    prefetch_start(a, lay, blk);
 
     // Pack the query block: strip-major, `[strip][x][MR]`, pad rows zero.
     for st in 0..strips {
         let dst = &mut qp[st * d * MR..(st + 1) * d * MR];
+        if (st + 1) * MR <= rows {
+            // Full strip: write the destination in order, reading the MR rows side by side.
+            let src: [&[f32]; MR] = core::array::from_fn(|r| q_row(i0 + st * MR + r));
+            for (x, out6) in dst.chunks_exact_mut(MR).enumerate() {
+                for (o, row) in out6.iter_mut().zip(&src) {
+                    *o = row[x];
+                }
+            }
+            continue;
+        }
         for r in 0..MR {
             let row = st * MR + r;
             if row < rows {
@@ -131,6 +175,11 @@ fn block(
                 // Last tile: fetch the output rows this item writes at the end.
                 let (o_ptr, o_len) = out.as_raw();
                 (kern.prefetch_rows)(o_ptr, o_len, q_off(i0), sh.heads * d, rows, d);
+            }
+        }
+        if next == 0 {
+            if let Some(n) = next_item {
+                prefetch_start(a, lay, n);
             }
         }
         // Pack V: `[t][dp]`, pad lanes zero (their O columns are never output; zero keeps
