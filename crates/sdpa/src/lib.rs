@@ -223,6 +223,14 @@ pub enum SdpaError {
     },
     /// The temp allocator could not provide the scratch buffer.
     Scratch(AllocError),
+    /// The temp allocator returned a pointer that is not aligned as requested (a broken
+    /// `TempAllocator` implementation); the kernel refuses to use it.
+    MisalignedScratch {
+        /// The address returned.
+        addr: usize,
+        /// The alignment requested ([`SCRATCH_ALIGN`]).
+        align: usize,
+    },
 }
 
 impl fmt::Display for SdpaError {
@@ -261,6 +269,11 @@ impl fmt::Display for SdpaError {
                 write!(f, "sdpa: scale {scale} is not a finite number")
             }
             SdpaError::Scratch(e) => write!(f, "sdpa: scratch allocation failed: {e}"),
+            SdpaError::MisalignedScratch { addr, align } => write!(
+                f,
+                "sdpa: the temp allocator returned scratch at {addr:#x}, not aligned to {align} \
+                 bytes as requested: the allocator is broken"
+            ),
         }
     }
 }
@@ -339,6 +352,12 @@ pub fn attention<A: TempAllocator + ?Sized>(
     }
     let plan = Plan::new(shape, rayon::current_num_threads().max(1));
     let scratch = temp.allocate(plan.total_bytes, SCRATCH_ALIGN)?;
+    if !(scratch.as_ptr() as usize).is_multiple_of(SCRATCH_ALIGN) {
+        return Err(SdpaError::MisalignedScratch {
+            addr: scratch.as_ptr() as usize,
+            align: SCRATCH_ALIGN,
+        });
+    }
     let kernels = kernels::Kernels::detect();
     let args = Args {
         q,
@@ -350,8 +369,8 @@ pub fn attention<A: TempAllocator + ?Sized>(
         c: scale * core::f32::consts::LOG2_E,
         kernels,
     };
-    // SAFETY: `scratch` points to `plan.total_bytes` bytes aligned to SCRATCH_ALIGN, valid
-    // until the owner resets `temp`, which cannot happen before this call returns (the owner
+    // SAFETY: `scratch` points to `plan.total_bytes` bytes (the `TempAllocator` contract),
+    // aligned to SCRATCH_ALIGN (checked above), valid until the owner resets `temp`, which cannot happen before this call returns (the owner
     // calls `reset` after the kernel; `reset` is unsafe and requires that no memory from
     // `allocate` is used afterwards, and we hold `&A` for the whole call).
     let scratch = unsafe { sync::Scratch::new(scratch, &plan) };

@@ -183,3 +183,32 @@ fn scratch_failure_is_reported() {
         assert!(out.iter().all(|&x| x == 7.5));
     }
 }
+
+/// Hands out memory one byte past a 64-byte boundary.
+struct MisalignedAlloc(PoisonAlloc);
+
+impl caching_allocator::TempAllocator for MisalignedAlloc {
+    fn allocate(&self, size: usize, align: usize) -> Result<std::ptr::NonNull<u8>, AllocError> {
+        let p = self.0.allocate(size + align, align)?;
+        // SAFETY: `p + 1` is inside the `size + align` bytes just allocated.
+        Ok(unsafe { p.add(1) })
+    }
+    unsafe fn reset(&self) {
+        // SAFETY: forwarded under the caller's guarantee.
+        unsafe { self.0.reset() }
+    }
+}
+
+#[test]
+fn misaligned_scratch_is_refused() {
+    let sh = good();
+    let (q, k, v) = inputs(&sh, 4, 1.0);
+    let mut out = vec![7.5f32; q.len()];
+    let temp = MisalignedAlloc(PoisonAlloc::default());
+    let e = attention(&q, &k, &v, &mut out, &sh, &Params::default(), &temp).unwrap_err();
+    assert!(
+        matches!(e, SdpaError::MisalignedScratch { align: 64, .. }),
+        "{e:?}"
+    );
+    assert!(out.iter().all(|&x| x == 7.5));
+}
