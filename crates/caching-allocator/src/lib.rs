@@ -78,7 +78,9 @@ pub const MIN_ALIGN: usize = block::MIN_ALIGN;
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
-impl TempAllocator for CachingAllocator {
+// SAFETY: `allocate` hands out distinct live blocks of at least `size` bytes, aligned as asked
+// (at least 64), that stay valid until a reset or release takes them back.
+unsafe impl TempAllocator for CachingAllocator {
     #[inline]
     fn allocate(&self, size: usize, align: usize) -> Result<core::ptr::NonNull<u8>, AllocError> {
         CachingAllocator::allocate(self, size, align)

@@ -145,7 +145,7 @@ mod tests {
             x ^= x << 17;
             // Few distinct addresses, so removes often hit and runs collide.
             let addr = 64 * (1 + (x % 512) as usize);
-            if x % 3 == 0 || model.contains_key(&addr) {
+            if x.is_multiple_of(3) || model.contains_key(&addr) {
                 let got = table.remove(addr).map(|l| l.requested);
                 assert_eq!(got, model.remove(&addr));
             } else {

@@ -66,7 +66,7 @@ fn allocation_errors_map_to_their_codes() {
             assert!(message(e).starts_with("ca_allocate: "));
         }
         let p = ca_allocate(a, 1000, 128);
-        assert!(!p.is_null() && p as usize % 128 == 0);
+        assert!(!p.is_null() && (p as usize).is_multiple_of(128));
         assert_eq!(ca_release(a, p), CaStatus::Ok);
         assert_eq!(ca_release(a, p), CaStatus::UnknownPointer);
         assert_eq!(ca_release(a, null_mut()), CaStatus::NullArgument);
@@ -195,7 +195,7 @@ fn cache_calls_and_stats() {
         assert_eq!((s.cached_bytes, s.reserved_bytes), (0, 0));
         // Zero bytes: non-NULL, aligned, releasing it is fine.
         let z = ca_allocate(a, 0, 256);
-        assert!(!z.is_null() && z as usize % 256 == 0);
+        assert!(!z.is_null() && (z as usize).is_multiple_of(256));
         assert_eq!(ca_release(a, z), CaStatus::Ok);
         assert_eq!(ca_destroy(a), CaStatus::Ok);
     }

@@ -47,7 +47,9 @@ fn bump_alloc(bump: &Bump, size: usize, align: usize) -> Result<NonNull<u8>, All
         .map_err(|_| AllocError::OutOfMemory { size, align })
 }
 
-impl TempAllocator for BumpWorker {
+// SAFETY: bumpalo hands out distinct, aligned regions of `size` bytes that stay valid until
+// the arena is reset, which only `reset` does.
+unsafe impl TempAllocator for BumpWorker {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         check_align(align)?;
         if size == 0 {

@@ -96,7 +96,9 @@ struct ResetWorker {
     alloc: CachingAllocator,
 }
 
-impl TempAllocator for ResetWorker {
+// SAFETY: forwards to `CachingAllocator`, whose blocks are distinct, aligned, `size` bytes
+// long and valid until `reset_unchecked` takes them back.
+unsafe impl TempAllocator for ResetWorker {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         self.alloc.allocate(size, align)
     }
@@ -131,7 +133,9 @@ struct ScopeWorker<'a> {
 /// The block alignment the caching allocator guarantees for every block.
 const CACHING_MIN_ALIGN: usize = 64;
 
-impl TempAllocator for ScopeWorker<'_> {
+// SAFETY: forwards to `CachingAllocator::allocate` (distinct, aligned blocks of `size` bytes)
+// and keeps each block live until `reset` releases it.
+unsafe impl TempAllocator for ScopeWorker<'_> {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         let p = self.alloc.allocate(size, align)?;
         if size != 0 {

@@ -227,7 +227,9 @@ impl Drop for ExactCache {
     }
 }
 
-impl TempAllocator for ExactCache {
+// SAFETY: forwards to `ExactCache::allocate`, whose live blocks are distinct malloc'd regions
+// holding `size` bytes behind an `align`-aligned pointer until `reset`.
+unsafe impl TempAllocator for ExactCache {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         ExactCache::allocate(self, size, align)
     }

@@ -77,7 +77,9 @@ fn ensure(
     Ok(ptr)
 }
 
-impl TempAllocator for StaticWorker {
+// SAFETY: the i-th request since a reset gets the i-th preallocated slot, grown to at least
+// `size` bytes at an `align`-aligned address; slots are distinct and never freed before drop.
+unsafe impl TempAllocator for StaticWorker {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         check_align(align)?;
         if size == 0 {

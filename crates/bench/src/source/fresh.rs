@@ -89,7 +89,9 @@ struct FreshPagesWorker {
     maps: Cell<u64>,
 }
 
-impl TempAllocator for FreshPagesWorker {
+// SAFETY: each block is a fresh private mapping of at least `size` bytes at an `align`-aligned
+// address, unmapped only by `reset`.
+unsafe impl TempAllocator for FreshPagesWorker {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         check_align(align)?;
         if size == 0 {

@@ -60,7 +60,9 @@ impl<A: GlobalAlloc> GlobalAllocWorker<'_, A> {
     }
 }
 
-impl<A: GlobalAlloc> TempAllocator for GlobalAllocWorker<'_, A> {
+// SAFETY: each block is a `GlobalAlloc` allocation with a layout of `size` bytes (at least
+// one) and alignment `align`, freed only by `reset`.
+unsafe impl<A: GlobalAlloc> TempAllocator for GlobalAllocWorker<'_, A> {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         check_align(align)?;
         if size == 0 {

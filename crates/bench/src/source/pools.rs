@@ -82,7 +82,9 @@ fn take(
     Ok((ptr, buf))
 }
 
-impl TempAllocator for ZeropoolWorker<'_> {
+// SAFETY: each block is a pool buffer held by its guard until `reset` drops it, padded so the
+// returned pointer is `align`-aligned with `size` bytes behind it.
+unsafe impl TempAllocator for ZeropoolWorker<'_> {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         check_align(align)?;
         if size == 0 {
@@ -189,7 +191,9 @@ struct OrthotopeWorker {
     live: RefCell<Vec<Block>>,
 }
 
-impl TempAllocator for OrthotopeWorker {
+// SAFETY: each block is an orthotope allocation of at least `size` bytes at an `align`-aligned
+// address, kept until `reset` frees it.
+unsafe impl TempAllocator for OrthotopeWorker {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         check_align(align)?;
         if size == 0 {

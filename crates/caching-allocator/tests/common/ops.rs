@@ -505,11 +505,11 @@ impl Model {
 
 /// An address that is not a live block start: inside a live block, or a stale one.
 fn unknown_addr(model: &Model, index: u16, offset: u8) -> Option<usize> {
-    if index % 2 == 0 {
+    if index.is_multiple_of(2) {
         let b = model.nth(index / 2, |_| true)?;
         // Inside the block, 8..=2040 bytes in, not 64-aligned: never a block start.
         let off = 8 + (offset as usize % 255) * 8;
-        let off = if off % 64 == 0 { off + 8 } else { off };
+        let off = if off.is_multiple_of(64) { off + 8 } else { off };
         Some(b.addr + off.min(b.class - 8))
     } else {
         let stale = *model.stale.get(index as usize % model.stale.len().max(1))?;

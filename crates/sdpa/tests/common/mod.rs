@@ -16,7 +16,9 @@ pub struct PoisonAlloc {
     pub requests: Mutex<Vec<(usize, usize)>>,
 }
 
-impl TempAllocator for PoisonAlloc {
+// SAFETY: each block is a fresh `std::alloc` allocation of `size` (at least 1) bytes aligned to
+// `align`, freed only by `reset`.
+unsafe impl TempAllocator for PoisonAlloc {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         self.requests.lock().unwrap().push((size, align));
         let layout = Layout::from_size_align(size.max(1), align)
@@ -51,7 +53,8 @@ impl Drop for PoisonAlloc {
 /// Refuses every request.
 pub struct FailingAlloc;
 
-impl TempAllocator for FailingAlloc {
+// SAFETY: it hands out nothing.
+unsafe impl TempAllocator for FailingAlloc {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         Err(AllocError::OutOfMemory { size, align })
     }
