@@ -10,12 +10,14 @@
 //! - [`harness`]: timing, page faults, system allocations, peak RSS;
 //! - [`suite`]: which (workload, threads) runs a subcommand makes, and running them;
 //! - [`report`] and [`plot`]: table, targets, JSON and SVG;
+//! - [`sdpa`]: the attention kernel over a model with every source, and its efficiency;
 //! - [`soak`]: random kernel-like traffic on one shared allocator, every block's tag checked.
 
 pub mod harness;
 pub mod os;
 pub mod plot;
 pub mod report;
+pub mod sdpa;
 pub mod soak;
 pub mod source;
 pub mod suite;

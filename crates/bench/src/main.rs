@@ -34,7 +34,7 @@ enum Command {
     Decode,
     /// Medium scratch on 1 and on N threads at once: aggregate calls/s and scaling.
     Threads,
-    /// scratch, decode and threads.
+    /// scratch, decode, threads and sdpa (with sdpa's default model).
     All,
     /// Soak test: random kernel-like traffic from `--threads` threads (default: all cores) on
     /// one shared caching allocator, every block's tag checked; exits non-zero on any violation.
@@ -42,6 +42,16 @@ enum Command {
         /// How long to run, in seconds.
         #[arg(long, default_value_t = 10.0, value_name = "S")]
         seconds: f64,
+    },
+    /// The attention kernel (crate sdpa) over a 32-layer model, decode and prefill, with its
+    /// scratch from every source; and its efficiency against a streaming read and sgemm.
+    Sdpa {
+        /// Decode: tokens 1..=N (the KV cache's capacity). Quick runs sample 16 of them.
+        #[arg(long, default_value_t = 1024, value_name = "N")]
+        tokens: usize,
+        /// Layers of the model: attention calls per decode token and per prefill.
+        #[arg(long, default_value_t = 32, value_name = "L")]
+        layers: usize,
     },
 }
 
@@ -53,7 +63,7 @@ impl Command {
             Command::Decode => Some(Bench::Decode),
             Command::Threads => Some(Bench::Threads),
             Command::All => Some(Bench::All),
-            Command::Soak { .. } => None,
+            Command::Soak { .. } | Command::Sdpa { .. } => None,
         }
     }
 }
@@ -183,9 +193,171 @@ fn soak(seconds: f64, c: &Common) -> ExitCode {
     }
 }
 
+/// Gives matrixmultiply as many threads as rayon's global pool will have (RAYON_NUM_THREADS or
+/// one per core). Call before any thread exists: matrixmultiply reads the environment.
+fn init_sgemm_threads(cores: usize) {
+    let rayon_threads = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(cores);
+    allocbench::sdpa::baseline::set_sgemm_threads(rayon_threads);
+}
+
+/// Runs the sdpa benchmark on `sources`, printing what it runs first.
+fn run_sdpa(
+    cfg: allocbench::sdpa::SdpaConfig,
+    quick: bool,
+    sources: &[&'static SourceKind],
+    source_config: &SourceConfig,
+) -> allocbench::sdpa::SdpaReport {
+    use allocbench::sdpa::{self, SdpaReport};
+    let machine = Machine::detect();
+    let threads = rayon::current_num_threads();
+    let command: Vec<String> = std::env::args().collect();
+    println!("# allocbench sdpa: {}", command.join(" "));
+    println!(
+        "machine: {} cores, {}, Linux {}, load average {:.2} at start; {} run; kernel on {} \
+         rayon threads (SIMD kernels: {}), sgemm on {} threads",
+        machine.cores,
+        machine.cpu,
+        machine.kernel,
+        machine.load_avg_1m_at_start,
+        if quick { "quick" } else { "full" },
+        threads,
+        ::sdpa::simd_enabled(),
+        sdpa::baseline::sgemm_threads()
+            .map(|t| t.to_string())
+            .unwrap_or_else(|| "?".into())
+    );
+    println!(
+        "model: {} layers, {} heads, {} kv heads, head_dim {}; one layer's KV cache ({} \
+         positions, {} MiB for K and V) is shared by every layer",
+        cfg.layers,
+        cfg.heads,
+        cfg.kv_heads,
+        cfg.head_dim,
+        cfg.kv_capacity,
+        (2 * cfg.kv_capacity * cfg.kv_heads * cfg.head_dim * 4) >> 20
+    );
+    for (label, what) in cfg.workloads() {
+        println!("workload {label}: {what}");
+    }
+    println!();
+    let started = Instant::now();
+    let pb = suite::progress_bar(cfg.progress_units());
+    let (rows, decode_eff, prefill_eff, eff_errors) =
+        sdpa::run(&cfg, sources, source_config, &|| pb.inc(1));
+    pb.finish_and_clear();
+    SdpaReport {
+        machine,
+        command: command.join(" "),
+        mode: if quick { "quick" } else { "full" },
+        config: cfg,
+        threads,
+        sgemm_threads: sdpa::baseline::sgemm_threads(),
+        simd: ::sdpa::simd_enabled(),
+        rows,
+        decode_eff,
+        prefill_eff,
+        eff_errors,
+        elapsed_s: started.elapsed().as_secs_f64(),
+        load_avg_end: allocbench::os::load_avg(),
+    }
+}
+
+/// Prints the sdpa tables and targets.
+fn print_sdpa(report: &allocbench::sdpa::SdpaReport) {
+    let threads = report.threads;
+    println!(
+        "Allocator comparison (median: per token over {} layers for decode, per prefill of {} \
+         layer calls; x static / x caching: total time over the same interleaved steps; \
+         faults and system allocations per attention call):",
+        report.config.layers, report.config.layers
+    );
+    println!();
+    println!("{}", report.table());
+    println!();
+    let (dt, pt) = report.efficiency_tables();
+    println!(
+        "Decode efficiency (q_len 1, layer caches cycled so K/V come from DRAM; GB/s of K and V \
+         read) vs a streaming read on {threads} threads:"
+    );
+    println!();
+    println!("{dt}");
+    println!();
+    println!(
+        "Prefill efficiency (causal, start_pos 0; FLOPs = 4 * head_dim per visible pair) vs \
+         matrixmultiply sgemm (best of the shapes {:?}):",
+        report.config.eff_sgemm_shapes
+    );
+    println!();
+    println!("{pt}");
+    for e in &report.eff_errors {
+        println!("efficiency not measured: {e}");
+    }
+    println!();
+    println!("sdpa targets (goals for the kernel and the library, not assertions):");
+    println!();
+    println!("{}", report.targets_table());
+    println!(
+        "\nsdpa finished in {:.1} s; load average {:.2} at the end",
+        report.elapsed_s, report.load_avg_end
+    );
+}
+
+/// `allocbench sdpa`: the kernel over the model with every selected source, efficiency,
+/// targets; JSON and plot on request. Exits 0 whether targets are met or not.
+fn sdpa(tokens: usize, layers: usize, c: &Common) -> ExitCode {
+    let sources = match select_sources(c.allocators.as_deref()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("allocbench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cfg = allocbench::sdpa::SdpaConfig::new(c.quick, tokens, layers);
+    let report = run_sdpa(cfg, c.quick, &sources, &source_config(c));
+    print_sdpa(&report);
+    let mut ok = true;
+    if let Some(path) = &c.json {
+        ok &= write_json(path, &report.to_json());
+    }
+    if let Some(path) = &c.plot {
+        ok &= write_plot(&report.as_report(), path);
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn source_config(c: &Common) -> SourceConfig {
+    SourceConfig {
+        exact_cap: c.exact_cap,
+        caching_cap: c.caching_cap_mib << 20,
+    }
+}
+
+/// Writes the SVG plot of `report` to `path`; reports the outcome on stderr.
+fn write_plot(report: &Report, path: &std::path::Path) -> bool {
+    match allocbench::plot::write_svg(report, path) {
+        Ok(()) => {
+            eprintln!("wrote {}", path.display());
+            true
+        }
+        Err(e) => {
+            eprintln!("allocbench: writing {}: {e}", path.display());
+            false
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let c = &cli.common;
+    init_sgemm_threads(Machine::detect().cores);
     if c.allocators.as_deref() == Some(&["list".to_string()]) {
         for k in SOURCES {
             println!("{:<14} {}", k.name, k.about);
@@ -195,6 +367,7 @@ fn main() -> ExitCode {
     let (bench, quick) = match &cli.command {
         None => (Bench::All, true),
         Some(Command::Soak { seconds }) => return soak(*seconds, c),
+        Some(Command::Sdpa { tokens, layers }) => return sdpa(*tokens, *layers, c),
         Some(cmd) => match cmd.bench() {
             Some(b) => (b, c.quick),
             None => unreachable!("every other command is a harness benchmark"),
@@ -219,10 +392,7 @@ fn main() -> ExitCode {
         opts.decode_layers = n.max(1);
     }
     opts.decode_kernel_threads = c.decode_kernel_threads.max(1);
-    let source_config = SourceConfig {
-        exact_cap: c.exact_cap,
-        caching_cap: c.caching_cap_mib << 20,
-    };
+    let source_config = source_config(c);
     let run = opts.run_config();
     let jobs = suite::plan(bench, &opts);
 
@@ -259,7 +429,7 @@ fn main() -> ExitCode {
         command: command.join(" "),
         mode: if quick { "quick" } else { "full" },
         run,
-        sources: source_config,
+        sources: source_config.clone(),
         workloads: jobs
             .iter()
             .map(|j| (j.label.clone(), j.workload.describe()))
@@ -289,18 +459,34 @@ fn main() -> ExitCode {
         allocbench::os::load_avg()
     );
 
+    // `all` runs the attention kernel too, after the scratch workloads.
+    let sdpa_report = (bench == Bench::All).then(|| {
+        println!();
+        let cfg = allocbench::sdpa::SdpaConfig::new(quick, 1024, 32);
+        let r = run_sdpa(cfg, quick, &sources, &source_config);
+        print_sdpa(&r);
+        r
+    });
+    if sdpa_report.is_some() {
+        println!("\nall finished in {:.1} s", started.elapsed().as_secs_f64());
+    }
+
     let mut ok = true;
     if let Some(path) = &c.json {
-        ok &= write_json(path, &report.to_json());
+        let mut json = report.to_json();
+        if let Some(r) = &sdpa_report {
+            json["sdpa"] = r.to_json();
+        }
+        ok &= write_json(path, &json);
     }
     if let Some(path) = &c.plot {
-        match allocbench::plot::write_svg(&report, path) {
-            Ok(()) => eprintln!("wrote {}", path.display()),
-            Err(e) => {
-                eprintln!("allocbench: writing {}: {e}", path.display());
-                ok = false;
-            }
+        let mut plotted = report.clone();
+        if let Some(r) = &sdpa_report {
+            plotted
+                .measurements
+                .extend(r.rows.iter().map(|row| row.m.clone()));
         }
+        ok &= write_plot(&plotted, path);
     }
     if ok {
         ExitCode::SUCCESS

@@ -181,3 +181,79 @@ fn every_worker_is_a_temp_allocator() {
         );
     }
 }
+
+#[test]
+fn sdpa_runs_on_every_source_with_tiny_shapes() {
+    use allocbench::sdpa::{run, SdpaConfig, SdpaReport};
+    let cfg = SdpaConfig::smoke();
+    let kinds = all();
+    let (rows, decode_eff, prefill_eff, errors) = run(&cfg, &kinds, &small_config(), &|| {});
+    assert!(errors.is_empty(), "{errors:?}");
+    // One row per source for decode and for each prefill length.
+    assert_eq!(rows.len(), SOURCES.len() * (1 + cfg.prefill.len()));
+    for r in &rows {
+        let m = &r.m;
+        assert_eq!(m.error, None, "{} on {}", m.source, m.workload);
+        assert!(m.ns_per_call.median > 0.0, "{} on {}", m.source, m.workload);
+        assert!(m.calls_total > 0, "{} on {}", m.source, m.workload);
+        assert!(r.x_static.is_some_and(|x| x > 0.0), "{}", m.source);
+        if m.source == "static" {
+            assert_eq!(r.x_static, Some(1.0));
+            // Warm-up saw every shape: the floor allocates nothing while measured.
+            assert_eq!(m.sys_allocs_per_call, Some(0.0), "{}", m.workload);
+        }
+        if m.source == "system" || m.source == "fresh-pages" {
+            // The kernel asks for exactly one scratch buffer per call.
+            assert_eq!(
+                m.sys_allocs_per_call,
+                Some(1.0),
+                "{} {}",
+                m.source,
+                m.workload
+            );
+        }
+        if m.source == "fresh-pages" {
+            // Fresh pages fault when the kernel writes its scratch.
+            assert!(m.faults_per_call >= 1.0, "{}", m.workload);
+        }
+    }
+    assert_eq!(decode_eff.len(), cfg.eff_decode_kvs.len());
+    assert!(decode_eff
+        .iter()
+        .all(|e| e.kernel_gbs > 0.0 && e.stream_gbs > 0.0));
+    assert_eq!(prefill_eff.len(), cfg.prefill.len());
+    assert!(prefill_eff
+        .iter()
+        .all(|e| e.kernel_gflops > 0.0 && e.sgemm_gflops > 0.0));
+
+    let report = SdpaReport {
+        machine: allocbench::os::Machine::detect(),
+        command: "test".into(),
+        mode: "quick",
+        config: cfg,
+        threads: 1,
+        sgemm_threads: None,
+        simd: sdpa::simd_enabled(),
+        rows,
+        decode_eff,
+        prefill_eff,
+        eff_errors: errors,
+        elapsed_s: 0.0,
+        load_avg_end: 0.0,
+    };
+    // Every target gets a verdict (no source was left out).
+    let targets = report.targets();
+    assert!(!targets.is_empty());
+    assert!(targets.iter().all(|t| t.met.is_some()), "{targets:?}");
+    let j = report.to_json();
+    assert_eq!(
+        j["measurements"].as_array().map(Vec::len),
+        Some(SOURCES.len() * 3)
+    );
+    let table = report.table().to_string();
+    assert!(table.contains("sdpa-prefill-12"), "{table}");
+    let svg = std::env::temp_dir().join(format!("allocbench-sdpa-{}.svg", std::process::id()));
+    allocbench::plot::write_svg(&report.as_report(), &svg).unwrap();
+    assert!(std::fs::metadata(&svg).unwrap().len() > 0);
+    let _ = std::fs::remove_file(&svg);
+}
