@@ -146,7 +146,9 @@ impl CachingAllocator {
         let mut state = unsafe { here.lock_local() };
         if let Some(live) = state.live.remove(addr) {
             state.counters.remove_live(&live);
-            return self.retire(&mut state, live);
+            let result = self.retire(&mut state, live);
+            here.publish(&state);
+            return result;
         }
         drop(state);
         self.release_elsewhere(here, addr)
@@ -201,6 +203,7 @@ impl CachingAllocator {
             let mut state = cache.lock();
             let mut shared = lock(&self.shared);
             Self::move_to_shared(&mut state, &mut shared);
+            cache.publish(&state);
         }
         drop(registry);
         let mut shared = lock(&self.shared);
@@ -328,7 +331,7 @@ impl CachingAllocator {
             }
             None => {
                 drop(state);
-                let (block, cached) = self.take_slow(class, req)?;
+                let (block, cached) = self.take_slow(cache, class, req)?;
                 // SAFETY: as above; the guard was dropped before the slow path.
                 state = unsafe { cache.lock_local() };
                 if cached {
@@ -345,6 +348,7 @@ impl CachingAllocator {
         };
         state.counters.add_live(&live);
         record(&mut state, live);
+        cache.publish(&state);
         drop(state);
         if self.debug {
             // SAFETY: the block is ours alone and holds `size + CANARY_LEN` bytes (`request`
@@ -357,11 +361,16 @@ impl CachingAllocator {
     /// A miss in this thread's cache: the shared cache, then other threads' idle blocks, then
     /// the system. Returns the block and whether it came from a cache. Holds no cache lock.
     #[cold]
-    fn take_slow(&self, class: SizeClass, req: &Request) -> Result<(Block, bool), AllocError> {
+    fn take_slow(
+        &self,
+        here: &ThreadCache,
+        class: SizeClass,
+        req: &Request,
+    ) -> Result<(Block, bool), AllocError> {
         if let Some(block) = lock(&self.shared).idle.take(class, req.align) {
             return Ok((block, true));
         }
-        if let Some(block) = self.steal(class, req.align) {
+        if let Some(block) = self.steal(here, class, req.align) {
             return Ok((block, true));
         }
         self.system_alloc(class, req).map(|block| (block, false))
@@ -369,12 +378,16 @@ impl CachingAllocator {
 
     /// Looks for an idle block of `class` in other threads' caches; on the way, moves the idle
     /// blocks and credit of exited threads to the shared pool.
-    fn steal(&self, class: SizeClass, align: usize) -> Option<Block> {
+    fn steal(&self, here: &ThreadCache, class: SizeClass, align: usize) -> Option<Block> {
         let registry = lock(&self.registry);
         let mut found = None;
         for cache in registry.iter() {
+            // Our own cache was just searched; empty ones are not worth a heavy barrier.
+            if core::ptr::eq(Arc::as_ptr(cache), here) || !cache.may_have_idle() {
+                continue;
+            }
             let mut state = cache.lock();
-            if state.orphaned && (state.idle.blocks() > 0 || state.credit > 0) {
+            if state.orphaned {
                 let mut shared = lock(&self.shared);
                 Self::move_to_shared(&mut state, &mut shared);
                 if found.is_none() {
@@ -383,6 +396,7 @@ impl CachingAllocator {
             } else if found.is_none() {
                 found = state.idle.take(class, align);
             }
+            cache.publish(&state);
         }
         found
     }
@@ -472,6 +486,9 @@ impl CachingAllocator {
     /// Evicts idle blocks from thread caches, least recently used first in each, until `done`.
     fn evict_thread_caches_until(&self, done: impl Fn(&SharedCache) -> bool) {
         for cache in lock(&self.registry).iter() {
+            if !cache.may_have_idle() {
+                continue;
+            }
             let mut state = cache.lock();
             let mut shared = lock(&self.shared);
             while !done(&shared) {
@@ -480,6 +497,7 @@ impl CachingAllocator {
                 };
                 self.evict(&mut shared, block);
             }
+            cache.publish(&state);
             if done(&shared) {
                 return;
             }
@@ -575,7 +593,9 @@ impl CachingAllocator {
                 drop(state);
                 // SAFETY: `here` is this thread's own cache (from `release`), not locked now.
                 let mut state = unsafe { here.lock_local() };
-                return self.retire(&mut state, live);
+                let result = self.retire(&mut state, live);
+                here.publish(&state);
+                return result;
             }
         }
         if is_dangling(addr) {
@@ -632,6 +652,7 @@ impl CachingAllocator {
                 }
             }
             state.returning = returning;
+            cache.publish(state);
             // Credit nobody uses now goes back to the pool, for threads that need more; one
             // step of slack stays, so the next kernel's releases need no shared lock.
             let surplus = (state.credit - state.idle.bytes()).saturating_sub(CREDIT_STEP);

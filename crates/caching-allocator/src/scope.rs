@@ -187,6 +187,7 @@ impl Drop for Scope<'_> {
                 }
             }
         }
+        self.cache.publish(&state);
         drop(state);
         if !overruns.is_empty() && !std::thread::panicking() {
             let list: Vec<String> = overruns.iter().map(ToString::to_string).collect();

@@ -10,7 +10,7 @@ use core::cell::{Cell, RefCell};
 use crate::biased_lock::{BiasedGuard, BiasedLock};
 use crate::block::{Block, IdleLists};
 use crate::live_table::LiveTable;
-use crate::sync::{Arc, AtomicBool, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicUsize, Ordering};
 #[cfg(loom)]
 use crate::sync::{SpinGuard, SpinLock};
 
@@ -35,6 +35,10 @@ pub(crate) struct ThreadCache {
     owned: bool,
     /// Set when the allocator is dropped, so threads forget their entry.
     closed: AtomicBool,
+    /// How many idle blocks the cache held when last unlocked: lets other threads skip empty
+    /// caches without locking them (a foreign lock costs a heavy barrier). Only a hint: a stale
+    /// value costs a wasted lock or a missed steal, never a wrong result.
+    idle_hint: AtomicUsize,
 }
 
 /// A live block handed out by `allocate` or the `Allocator` trait, and the size asked for.
@@ -111,7 +115,20 @@ impl ThreadCache {
                 orphaned: false,
             }),
             closed: AtomicBool::new(false),
+            idle_hint: AtomicUsize::new(0),
         }
+    }
+
+    /// Records how many idle blocks `state` (this cache's, locked) holds, for `idle_hint`.
+    #[inline]
+    pub(crate) fn publish(&self, state: &CacheState) {
+        self.idle_hint.store(state.idle.blocks(), Ordering::Relaxed);
+    }
+
+    /// Whether the cache may hold idle blocks (see `idle_hint`).
+    #[inline]
+    pub(crate) fn may_have_idle(&self) -> bool {
+        self.idle_hint.load(Ordering::Relaxed) > 0
     }
 
     /// Locks from this cache's own thread: no atomic read-modify-write in the common case.
