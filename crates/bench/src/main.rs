@@ -201,7 +201,7 @@ fn init_sgemm_threads(cores: usize) {
         .and_then(|s| s.parse::<usize>().ok())
         .filter(|&n| n > 0)
         .unwrap_or(cores);
-    allocbench::sdpa::baseline::set_sgemm_threads(rayon_threads);
+    ::sdpa::baseline::set_sgemm_threads(rayon_threads);
 }
 
 /// Runs the sdpa benchmark on `sources`, printing what it runs first.
@@ -226,7 +226,7 @@ fn run_sdpa(
         if quick { "quick" } else { "full" },
         threads,
         ::sdpa::simd_enabled(),
-        sdpa::baseline::sgemm_threads()
+        ::sdpa::baseline::sgemm_threads()
             .map(|t| t.to_string())
             .unwrap_or_else(|| "?".into())
     );
@@ -255,7 +255,7 @@ fn run_sdpa(
         mode: if quick { "quick" } else { "full" },
         config: cfg,
         threads,
-        sgemm_threads: sdpa::baseline::sgemm_threads(),
+        sgemm_threads: ::sdpa::baseline::sgemm_threads(),
         simd: ::sdpa::simd_enabled(),
         rows,
         decode_eff,

@@ -8,125 +8,17 @@
 //! the streaming read; matrixmultiply's pool is set to the same count (`MATMUL_NUM_THREADS`).
 
 use std::hint::black_box;
-use std::time::Instant;
 
 use caching_allocator::{CachingAllocator, TempAllocator};
-use rayon::prelude::*;
+use sdpa::baseline::{
+    best, fill, gbs, interleaved, median, prefill_flops, set_sgemm_threads, sgemm, stream_read,
+};
 use sdpa::{attention, scratch_bytes, Params, Shape};
 
 const HEADS: usize = 32;
 const HEAD_DIM: usize = 128;
 /// Bytes of K/V the decode model spans (over its layers), well over the 32 MiB L3.
 const DECODE_SPAN: usize = 512 << 20;
-
-fn fill(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-        })
-        .collect()
-}
-
-/// `reps` timings of each closure after one warm-up call each, the closures taking turns so
-/// that a baseline and a kernel timed in the same round saw the same machine load (the
-/// machine may be shared).
-fn interleaved<const N: usize>(reps: usize, fs: &mut [&mut dyn FnMut(); N]) -> Vec<[f64; N]> {
-    for f in fs.iter_mut() {
-        f();
-    }
-    (0..reps)
-        .map(|_| {
-            let mut round = [0.0; N];
-            for (f, r) in fs.iter_mut().zip(&mut round) {
-                let t = Instant::now();
-                f();
-                *r = t.elapsed().as_secs_f64();
-            }
-            round
-        })
-        .collect()
-}
-
-/// Best (smallest) time of closure `i`.
-fn best<const N: usize>(rounds: &[[f64; N]], i: usize) -> f64 {
-    rounds.iter().map(|r| r[i]).fold(f64::INFINITY, f64::min)
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
-/// One streaming read of `buf`, split over the rayon pool; each thread reads its part as
-/// `streams` interleaved sequential runs (more than one run gives the memory system more
-/// independent streams, which reads faster on some machines).
-fn stream_once(buf: &[f32], streams: usize) {
-    let part = buf.len().div_ceil(rayon::current_num_threads());
-    let s: f32 = buf
-        .par_chunks(part)
-        .map(|c| {
-            let run = c.len().div_ceil(streams);
-            let runs: Vec<&[f32]> = c.chunks(run).collect();
-            let mut acc = [0f32; 32];
-            let mut pos = 0;
-            while pos < run {
-                let end = (pos + 4096).min(run);
-                for r in &runs {
-                    acc = sum_block(acc, r.get(pos..end.min(r.len())).unwrap_or(&[]));
-                }
-                pos = end;
-            }
-            acc.iter().sum::<f32>()
-        })
-        .sum();
-    black_box(s);
-}
-
-/// Adds `x` into 32 independent lanes (vectorises without a dependency chain), with AVX2
-/// (fewer instructions per byte, so more loads in flight) when the CPU has it.
-#[inline(never)]
-fn sum_block(acc: [f32; 32], x: &[f32]) -> [f32; 32] {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { sum_block_avx2(acc, x) };
-        }
-    }
-    sum_block_portable(acc, x)
-}
-
-/// [`sum_block_portable`] compiled for AVX2.
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn sum_block_avx2(acc: [f32; 32], x: &[f32]) -> [f32; 32] {
-    sum_block_portable(acc, x)
-}
-
-#[inline(always)]
-fn sum_block_portable(mut acc: [f32; 32], x: &[f32]) -> [f32; 32] {
-    let mut it = x.chunks_exact(32);
-    for ch in &mut it {
-        for (a, v) in acc.iter_mut().zip(ch) {
-            *a += v;
-        }
-    }
-    for (a, v) in acc.iter_mut().zip(it.remainder()) {
-        *a += v;
-    }
-    acc
-}
-
-fn gbs(bytes: usize, t: f64) -> f64 {
-    bytes as f64 / t / 1e9
-}
 
 /// Decode over `layers` separate caches of `kv` positions each, interleaved with two streaming
 /// reads (the faster is the baseline): of `stream`, one run per thread, and of the layers'
@@ -158,12 +50,12 @@ fn decode(
     let rounds = interleaved(
         reps,
         &mut [
-            &mut || stream_once(stream, 1),
+            &mut || stream_read(stream, 1),
             &mut || {
                 // The same K/V bytes the kernel reads, in the same order, one call per buffer.
                 for l in 0..layers {
-                    stream_once(&ks[l], 4);
-                    stream_once(&vs[l], 4);
+                    stream_read(&ks[l], 4);
+                    stream_read(&vs[l], 4);
                 }
             },
             &mut || {
@@ -193,32 +85,6 @@ fn decode(
         best(&rounds, 2) * 1e3,
         scratch_bytes(&sh, rayon::current_num_threads()).unwrap(),
     )
-}
-
-/// matrixmultiply sgemm `m x k . k x n`, row-major, into `c`.
-fn sgemm_once(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
-    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
-    // SAFETY: a is m x k (row stride k), b k x n (row stride n), c m x n (row stride n), all
-    // within their slices (asserted); c does not alias a or b (it is a unique borrow).
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.as_ptr(),
-            k as isize,
-            1,
-            b.as_ptr(),
-            n as isize,
-            1,
-            0.0,
-            c.as_mut_ptr(),
-            n as isize,
-            1,
-        )
-    };
-    black_box(c);
 }
 
 /// Prefill of `len` tokens from position 0, interleaved with two sgemms (1024^3 and the
@@ -252,8 +118,8 @@ fn prefill(
     let rounds = interleaved(
         reps,
         &mut [
-            &mut || sgemm_once(1024, 1024, 1024, &a, &b, &mut c2),
-            &mut || sgemm_once(2048, 128, 2048, &a, &b, &mut c),
+            &mut || sgemm(1024, 1024, 1024, &a, &b, &mut c2),
+            &mut || sgemm(2048, 128, 2048, &a, &b, &mut c),
             &mut || {
                 attention(&q, &k, &v, &mut out, &sh, &p, temp).unwrap();
                 // SAFETY: nothing from `temp` is used after the call returned.
@@ -267,12 +133,7 @@ fn prefill(
         let g2 = 2.0 * 2048.0 * 128.0 * 2048.0 / r[1] / 1e9;
         g1.max(g2)
     };
-    let pairs = if causal {
-        len * (len + 1) / 2
-    } else {
-        len * len
-    };
-    let flops = (HEADS * pairs * 4 * HEAD_DIM) as f64;
+    let flops = prefill_flops(&sh, causal);
     let ratio = median(
         rounds
             .iter()
@@ -292,10 +153,8 @@ fn prefill(
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let threads = rayon::current_num_threads();
-    if std::env::var_os("MATMUL_NUM_THREADS").is_none() {
-        // Read by matrixmultiply on its first threaded call (below), before it starts threads.
-        std::env::set_var("MATMUL_NUM_THREADS", threads.to_string());
-    }
+    // Read by matrixmultiply on its first threaded call (below), before it starts threads.
+    set_sgemm_threads(threads);
     let reps = if quick { 3 } else { 9 };
     let temp = CachingAllocator::new(64 << 20);
     println!(

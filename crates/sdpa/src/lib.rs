@@ -34,6 +34,8 @@ use core::fmt;
 
 pub use caching_allocator::{AllocError, TempAllocator};
 
+#[cfg(feature = "baseline")]
+pub mod baseline;
 mod kernels;
 mod plan;
 mod rows;

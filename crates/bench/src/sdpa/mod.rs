@@ -33,6 +33,7 @@ use crate::harness::{Measurement, RunConfig, Spread};
 use crate::os::{self, Machine};
 use crate::report::{fmt_ns, Report, TargetCheck, CACHING, CACHING_SCOPE, FLOOR};
 use crate::source::{Counters, ScratchSource, ScratchWorker, SourceConfig, SourceKind};
+use ::sdpa::baseline::fill;
 use ::sdpa::{attention, Params, Shape};
 use baseline::{DecodeEfficiency, PrefillEfficiency};
 
@@ -311,8 +312,8 @@ pub fn run(
     // Decode buffers: one layer's cache, shared by every layer.
     let top = cfg.decode_shape(cfg.kv_capacity);
     let kv_elems = top.kv_elems().unwrap_or(0);
-    let (k, v) = (baseline::fill(kv_elems, 11), baseline::fill(kv_elems, 12));
-    let q = baseline::fill(top.q_elems().unwrap_or(0), 13);
+    let (k, v) = (fill(kv_elems, 11), fill(kv_elems, 12));
+    let q = fill(top.q_elems().unwrap_or(0), 13);
     let mut out = vec![0f32; q.len()];
 
     // One attention call on worker `w`; an error is kept, and the source skipped from then on.
@@ -413,11 +414,7 @@ pub fn run(
     for &(len, calls) in &cfg.prefill {
         let sh = cfg.prefill_shape(len);
         let (qn, kn) = (sh.q_elems().unwrap_or(0), sh.kv_elems().unwrap_or(0));
-        let (q, k, v) = (
-            baseline::fill(qn, 21),
-            baseline::fill(kn, 22),
-            baseline::fill(kn, 23),
-        );
+        let (q, k, v) = (fill(qn, 21), fill(kn, 22), fill(kn, 23));
         let mut out = vec![0f32; qn];
         let mut acc = accs(calls);
         for (i, a) in acc.iter_mut().enumerate() {
