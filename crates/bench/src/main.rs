@@ -126,10 +126,17 @@ fn select_sources(names: Option<&[String]>) -> Result<Vec<&'static SourceKind>, 
 
 /// Writes `value` as pretty JSON to `path`; reports the outcome on stderr.
 fn write_json(path: &std::path::Path, value: &serde_json::Value) -> bool {
-    match serde_json::to_string_pretty(value)
-        .map_err(|e| e.to_string())
-        .and_then(|s| std::fs::write(path, s + "\n").map_err(|e| e.to_string()))
-    {
+    report_write(
+        path,
+        serde_json::to_string_pretty(value)
+            .map_err(|e| e.to_string())
+            .and_then(|s| std::fs::write(path, s + "\n").map_err(|e| e.to_string())),
+    )
+}
+
+/// Reports on stderr how writing `path` went; true when it was written.
+fn report_write(path: &std::path::Path, outcome: Result<(), impl std::fmt::Display>) -> bool {
+    match outcome {
         Ok(()) => {
             eprintln!("wrote {}", path.display());
             true
@@ -342,16 +349,7 @@ fn source_config(c: &Common) -> SourceConfig {
 
 /// Writes the SVG plot of `report` to `path`; reports the outcome on stderr.
 fn write_plot(report: &Report, path: &std::path::Path) -> bool {
-    match allocbench::plot::write_svg(report, path) {
-        Ok(()) => {
-            eprintln!("wrote {}", path.display());
-            true
-        }
-        Err(e) => {
-            eprintln!("allocbench: writing {}: {e}", path.display());
-            false
-        }
-    }
+    report_write(path, allocbench::plot::write_svg(report, path))
 }
 
 fn main() -> ExitCode {

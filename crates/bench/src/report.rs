@@ -76,7 +76,8 @@ pub fn fmt_ns(ns: f64) -> String {
     }
 }
 
-fn fmt_count(x: f64) -> String {
+/// Formats a per-call count (faults, system allocations) with as many decimals as it needs.
+pub(crate) fn fmt_count(x: f64) -> String {
     if x == 0.0 {
         "0".into()
     } else if x < 0.01 {
@@ -96,6 +97,47 @@ fn fmt_rate(x: f64) -> String {
     } else {
         format!("{x:.0}")
     }
+}
+
+/// An empty Markdown table (readable in a terminal, pastes into a README) with `header`.
+pub(crate) fn markdown_table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(presets::ASCII_MARKDOWN);
+    t.set_header(header.to_vec());
+    t
+}
+
+/// Right-aligns the columns `cols` of `t` (the numeric ones).
+pub(crate) fn align_right(t: &mut Table, cols: core::ops::Range<usize>) {
+    for i in cols {
+        if let Some(c) = t.column_mut(i) {
+            c.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+}
+
+/// The cells "faults/call", "sys allocs/call" and "peak RSS +MiB" of a measurement.
+pub(crate) fn memory_cells(m: &Measurement) -> [String; 3] {
+    [
+        fmt_count(m.faults_per_call),
+        m.sys_allocs_per_call
+            .map(fmt_count)
+            .unwrap_or_else(|| "n/a".into()),
+        format!("{:.1}", m.peak_rss_growth as f64 / (1 << 20) as f64),
+    ]
+}
+
+/// The targets table: target, measured, verdict.
+pub fn targets_table(checks: &[TargetCheck]) -> Table {
+    let mut t = markdown_table(&["target", "measured", "verdict"]);
+    for c in checks {
+        t.add_row(vec![
+            c.target.clone(),
+            c.measured.clone(),
+            c.verdict().to_string(),
+        ]);
+    }
+    t
 }
 
 impl Report {
@@ -126,9 +168,7 @@ impl Report {
 
     /// The main table, as Markdown (readable in a terminal, pastes into a README).
     pub fn table(&self) -> Table {
-        let mut t = Table::new();
-        t.load_preset(presets::ASCII_MARKDOWN);
-        t.set_header(vec![
+        let mut t = markdown_table(&[
             "workload",
             "source",
             "median/call",
@@ -162,6 +202,7 @@ impl Report {
                     String::new(),
                 ]
             } else {
+                let [faults, sys_allocs, rss] = memory_cells(m);
                 vec![
                     m.workload.clone(),
                     m.source.clone(),
@@ -170,21 +211,15 @@ impl Report {
                     fmt_ns(m.ns_per_call.max),
                     ratio(FLOOR),
                     ratio(CACHING),
-                    fmt_count(m.faults_per_call),
-                    m.sys_allocs_per_call
-                        .map(fmt_count)
-                        .unwrap_or_else(|| "n/a".into()),
-                    format!("{:.1}", m.peak_rss_growth as f64 / (1 << 20) as f64),
+                    faults,
+                    sys_allocs,
+                    rss,
                     fmt_rate(m.calls_per_sec),
                 ]
             };
             t.add_row(row);
         }
-        for i in 2..11 {
-            if let Some(c) = t.column_mut(i) {
-                c.set_cell_alignment(CellAlignment::Right);
-            }
-        }
+        align_right(&mut t, 2..11);
         t
     }
 
@@ -334,17 +369,7 @@ impl Report {
 
     /// The targets table.
     pub fn targets_table(&self) -> Table {
-        let mut t = Table::new();
-        t.load_preset(presets::ASCII_MARKDOWN);
-        t.set_header(vec!["target", "measured", "verdict"]);
-        for c in self.targets() {
-            t.add_row(vec![
-                c.target.clone(),
-                c.measured.clone(),
-                c.verdict().to_string(),
-            ]);
-        }
-        t
+        targets_table(&self.targets())
     }
 
     /// Thread-scaling table: calls/s on 1 and N threads per source.
@@ -358,9 +383,7 @@ impl Report {
         if sources.is_empty() {
             return None;
         }
-        let mut t = Table::new();
-        t.load_preset(presets::ASCII_MARKDOWN);
-        t.set_header(vec![
+        let mut t = markdown_table(&[
             "source",
             "calls/s, 1 thread",
             "calls/s, N threads",

@@ -26,12 +26,15 @@ pub mod baseline;
 
 use std::time::Instant;
 
-use comfy_table::{presets, CellAlignment, Table};
+use comfy_table::Table;
 use serde_json::{json, Value};
 
 use crate::harness::{Measurement, RunConfig, Spread};
 use crate::os::{self, Machine};
-use crate::report::{fmt_ns, Report, TargetCheck, CACHING, CACHING_SCOPE, FLOOR};
+use crate::report::{
+    align_right, fmt_ns, markdown_table, memory_cells, Report, TargetCheck, CACHING, CACHING_SCOPE,
+    FLOOR,
+};
 use crate::source::{Counters, ScratchSource, ScratchWorker, SourceConfig, SourceKind};
 use ::sdpa::baseline::fill;
 use ::sdpa::{attention, Params, Shape};
@@ -571,18 +574,6 @@ fn finish(
         .collect()
 }
 
-fn fmt_count(x: f64) -> String {
-    if x == 0.0 {
-        "0".into()
-    } else if x < 0.01 {
-        format!("{x:.4}")
-    } else if x < 100.0 {
-        format!("{x:.2}")
-    } else {
-        format!("{x:.0}")
-    }
-}
-
 fn pct(x: f64) -> String {
     format!("{:.0}%", 100.0 * x)
 }
@@ -606,9 +597,7 @@ impl SdpaReport {
 
     /// The comparison table, as Markdown.
     pub fn table(&self) -> Table {
-        let mut t = Table::new();
-        t.load_preset(presets::ASCII_MARKDOWN);
-        t.set_header(vec![
+        let mut t = markdown_table(&[
             "workload",
             "source",
             "median",
@@ -636,6 +625,7 @@ impl SdpaReport {
                 ]);
                 continue;
             }
+            let [faults, sys_allocs, rss] = memory_cells(m);
             t.add_row(vec![
                 m.workload.clone(),
                 m.source.clone(),
@@ -644,26 +634,18 @@ impl SdpaReport {
                 fmt_ns(m.ns_per_call.max),
                 x(r.x_static),
                 x(r.x_caching),
-                fmt_count(m.faults_per_call),
-                m.sys_allocs_per_call
-                    .map(fmt_count)
-                    .unwrap_or_else(|| "n/a".into()),
-                format!("{:.1}", m.peak_rss_growth as f64 / (1 << 20) as f64),
+                faults,
+                sys_allocs,
+                rss,
             ]);
         }
-        for i in 2..10 {
-            if let Some(c) = t.column_mut(i) {
-                c.set_cell_alignment(CellAlignment::Right);
-            }
-        }
+        align_right(&mut t, 2..10);
         t
     }
 
     /// The efficiency tables (decode, prefill), as Markdown.
     pub fn efficiency_tables(&self) -> (Table, Table) {
-        let mut d = Table::new();
-        d.load_preset(presets::ASCII_MARKDOWN);
-        d.set_header(vec![
+        let mut d = markdown_table(&[
             "kv_len",
             "layer caches",
             "ms/call",
@@ -683,9 +665,7 @@ impl SdpaReport {
                 pct(e.ratio_median),
             ]);
         }
-        let mut p = Table::new();
-        p.load_preset(presets::ASCII_MARKDOWN);
-        p.set_header(vec![
+        let mut p = markdown_table(&[
             "tokens",
             "ms/call",
             "sgemm GFLOP/s",
@@ -704,11 +684,7 @@ impl SdpaReport {
             ]);
         }
         for t in [&mut d, &mut p] {
-            for i in 0..7 {
-                if let Some(c) = t.column_mut(i) {
-                    c.set_cell_alignment(CellAlignment::Right);
-                }
-            }
+            align_right(t, 0..7);
         }
         (d, p)
     }
@@ -796,17 +772,7 @@ impl SdpaReport {
 
     /// The targets table.
     pub fn targets_table(&self) -> Table {
-        let mut t = Table::new();
-        t.load_preset(presets::ASCII_MARKDOWN);
-        t.set_header(vec!["target", "measured", "verdict"]);
-        for c in self.targets() {
-            t.add_row(vec![
-                c.target.clone(),
-                c.measured.clone(),
-                c.verdict().into(),
-            ]);
-        }
-        t
+        crate::report::targets_table(&self.targets())
     }
 
     /// The measurements as a harness [`Report`] (for the SVG plot: time per token or prefill).
