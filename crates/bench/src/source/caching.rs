@@ -170,7 +170,7 @@ unsafe impl ScratchWorker for ScopeWorker<'_> {
         if align > CACHING_MIN_ALIGN {
             // A scope aligns to the element type; beyond the guaranteed 64 bytes use the
             // raw API, released per block.
-            return default_call(self, sizes, align, blocks, kernel);
+            return super::allocate_then_reset(self, sizes, align, blocks, kernel);
         }
         let n = sizes.len();
         assert!(blocks.len() >= n, "{} blocks for {n} sizes", blocks.len());
@@ -193,31 +193,6 @@ unsafe impl ScratchWorker for ScopeWorker<'_> {
     fn as_temp(&self) -> &dyn TempAllocator {
         self
     }
-}
-
-/// `allocate` each block, run the kernel, `reset` (the trait's default `call`).
-fn default_call(
-    w: &mut ScopeWorker<'_>,
-    sizes: &[usize],
-    align: usize,
-    blocks: &mut [Block],
-    kernel: &mut dyn FnMut(&[Block]),
-) -> Result<(), AllocError> {
-    let n = sizes.len();
-    for i in 0..n {
-        match w.allocate(sizes[i], align) {
-            Ok(p) => blocks[i] = Block::new(p, sizes[i]),
-            Err(e) => {
-                // SAFETY: nothing handed out so far reached a kernel.
-                unsafe { w.reset() };
-                return Err(e);
-            }
-        }
-    }
-    kernel(&blocks[..n]);
-    // SAFETY: the kernel has returned; its blocks are not used again.
-    unsafe { w.reset() };
-    Ok(())
 }
 
 impl Drop for ScopeWorker<'_> {

@@ -5,12 +5,12 @@
 //! platform ExecuTorch's caching allocator was written for. Every first touch of a page is a
 //! page fault.
 
-use core::cell::{Cell, RefCell};
+use core::cell::Cell;
 use core::ptr::NonNull;
 
 use super::{
-    align_up, call_with, check_align, dangling, AllocError, Block, Counters, ScratchSource,
-    ScratchWorker, TempAllocator,
+    align_up, call_with, AllocError, Block, Counters, LiveBlocks, ScratchSource, ScratchWorker,
+    TempAllocator,
 };
 
 /// `mmap`/`munmap` per block.
@@ -24,7 +24,7 @@ impl ScratchSource for FreshPagesSource {
 
     fn worker(&self) -> Box<dyn ScratchWorker + '_> {
         Box::new(FreshPagesWorker {
-            live: RefCell::new(Vec::with_capacity(64)),
+            live: LiveBlocks::new(),
             maps: Cell::new(0),
         })
     }
@@ -85,7 +85,7 @@ unsafe fn unmap_block(b: &Block) {
 
 /// A thread's handle on [`FreshPagesSource`].
 struct FreshPagesWorker {
-    live: RefCell<Vec<Block>>,
+    live: LiveBlocks,
     maps: Cell<u64>,
 }
 
@@ -93,22 +93,17 @@ struct FreshPagesWorker {
 // address, unmapped only by `reset`.
 unsafe impl TempAllocator for FreshPagesWorker {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
-        check_align(align)?;
-        if size == 0 {
-            return Ok(dangling(align));
-        }
-        let b = map_block(size, align)?;
-        self.maps.set(self.maps.get() + 1);
-        self.live.borrow_mut().push(b);
-        Ok(b.ptr)
+        self.live.allocate(size, align, |size| {
+            let b = map_block(size, align)?;
+            self.maps.set(self.maps.get() + 1);
+            Ok(b)
+        })
     }
 
     unsafe fn reset(&self) {
-        for b in self.live.borrow_mut().drain(..) {
-            // SAFETY: `b` came from `map_block` and is drained (so unmapped) once; the caller
-            // guarantees it is not used after the reset.
-            unsafe { unmap_block(&b) };
-        }
+        // SAFETY: every live block came from `map_block`, which `unmap_block` gives back; the
+        // caller guarantees none is used after the reset.
+        unsafe { self.live.release_all(unmap_block) };
     }
 }
 

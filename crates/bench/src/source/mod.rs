@@ -23,6 +23,7 @@ mod fresh;
 mod global;
 mod pools;
 
+use core::cell::RefCell;
 use core::ptr::NonNull;
 use std::fmt;
 
@@ -163,25 +164,7 @@ pub unsafe trait ScratchWorker: TempAllocator {
         blocks: &mut [Block],
         kernel: &mut dyn FnMut(&[Block]),
     ) -> Result<(), AllocError> {
-        let n = sizes.len();
-        assert!(blocks.len() >= n, "{} blocks for {n} sizes", blocks.len());
-        for (slot, &size) in blocks.iter_mut().zip(sizes) {
-            match self.allocate(size, align) {
-                Ok(ptr) => *slot = Block::new(ptr, size),
-                Err(e) => {
-                    // SAFETY: `&mut self` proves no other call on this allocator runs
-                    // concurrently, and nothing handed out so far has reached a kernel, so
-                    // none of it is used after this reset.
-                    unsafe { self.reset() };
-                    return Err(e);
-                }
-            }
-        }
-        kernel(&blocks[..n]);
-        // SAFETY: the kernel has returned and the blocks it saw are not used again; `&mut self`
-        // proves no other call on this allocator runs concurrently.
-        unsafe { self.reset() };
-        Ok(())
+        allocate_then_reset(self, sizes, align, blocks, kernel)
     }
 
     /// This worker's own counters (state not shared with other workers).
@@ -330,6 +313,79 @@ pub(crate) unsafe fn align_within(base: NonNull<u8>, align: usize) -> NonNull<u8
     // SAFETY: offset <= align - 1, and the caller guarantees the region holds
     // size + align - 1 bytes, so base + offset stays inside the same allocation.
     unsafe { base.add(offset) }
+}
+
+/// The default [`ScratchWorker::call`]: [`TempAllocator::allocate`] each block, run `kernel`,
+/// then [`TempAllocator::reset`] (also after a failed allocation). Callable from a `call`
+/// override that falls back to it.
+pub(crate) fn allocate_then_reset<W: TempAllocator + ?Sized>(
+    w: &mut W,
+    sizes: &[usize],
+    align: usize,
+    blocks: &mut [Block],
+    kernel: &mut dyn FnMut(&[Block]),
+) -> Result<(), AllocError> {
+    let n = sizes.len();
+    assert!(blocks.len() >= n, "{} blocks for {n} sizes", blocks.len());
+    for (slot, &size) in blocks.iter_mut().zip(sizes) {
+        match w.allocate(size, align) {
+            Ok(ptr) => *slot = Block::new(ptr, size),
+            Err(e) => {
+                // SAFETY: `&mut W` proves no other call on this allocator runs concurrently,
+                // and nothing handed out so far has reached a kernel, so none of it is used
+                // after this reset.
+                unsafe { w.reset() };
+                return Err(e);
+            }
+        }
+    }
+    kernel(&blocks[..n]);
+    // SAFETY: the kernel has returned and the blocks it saw are not used again; `&mut W`
+    // proves no other call on this allocator runs concurrently.
+    unsafe { w.reset() };
+    Ok(())
+}
+
+/// The blocks a worker that allocates and frees block by block has handed out through
+/// [`TempAllocator::allocate`], given back together by its `reset`.
+pub(crate) struct LiveBlocks(RefCell<Vec<Block>>);
+
+impl LiveBlocks {
+    /// An empty list, with room for a call's blocks.
+    pub(crate) fn new() -> Self {
+        LiveBlocks(RefCell::new(Vec::with_capacity(64)))
+    }
+
+    /// [`TempAllocator::allocate`] over `alloc_one` (which gets the non-zero size): checks
+    /// `align`, answers a zero size with [`dangling`], and records the block for
+    /// [`release_all`](Self::release_all).
+    pub(crate) fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        alloc_one: impl FnOnce(usize) -> Result<Block, AllocError>,
+    ) -> Result<NonNull<u8>, AllocError> {
+        check_align(align)?;
+        if size == 0 {
+            return Ok(dangling(align));
+        }
+        let b = alloc_one(size)?;
+        self.0.borrow_mut().push(b);
+        Ok(b.ptr)
+    }
+
+    /// Gives every recorded block back through `free_one`, once each, and forgets it.
+    ///
+    /// # Safety
+    /// `free_one` gives back blocks made by the `alloc_one` every recorded block came from,
+    /// and none of those blocks is used afterwards.
+    pub(crate) unsafe fn release_all(&self, free_one: unsafe fn(&Block)) {
+        for b in self.0.borrow_mut().drain(..) {
+            // SAFETY: `b` came from the matching `alloc_one` (the caller's promise) and is
+            // drained, so given back once; the caller guarantees it is not used afterwards.
+            unsafe { free_one(&b) };
+        }
+    }
 }
 
 /// Runs one call for sources that allocate and free block by block.

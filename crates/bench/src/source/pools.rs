@@ -7,7 +7,7 @@ use zeropool::{BufUninit, ZeroPool};
 
 use super::{
     align_up, call_with, check_align, dangling, padded_size, AllocError, Block, Counters,
-    ScratchSource, ScratchWorker, TempAllocator,
+    LiveBlocks, ScratchSource, ScratchWorker, TempAllocator,
 };
 
 /// `zeropool::ZeroPool`: size-class buffer pool with thread-local caches, shared by all
@@ -149,7 +149,7 @@ impl ScratchSource for OrthotopeSource {
 
     fn worker(&self) -> Box<dyn ScratchWorker + '_> {
         Box::new(OrthotopeWorker {
-            live: RefCell::new(Vec::with_capacity(64)),
+            live: LiveBlocks::new(),
         })
     }
 }
@@ -188,28 +188,21 @@ unsafe fn ortho_free(b: &Block) {
 
 /// A thread's handle on orthotope's global allocator (which keeps its own thread cache).
 struct OrthotopeWorker {
-    live: RefCell<Vec<Block>>,
+    live: LiveBlocks,
 }
 
 // SAFETY: each block is an orthotope allocation of at least `size` bytes at an `align`-aligned
 // address, kept until `reset` frees it.
 unsafe impl TempAllocator for OrthotopeWorker {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
-        check_align(align)?;
-        if size == 0 {
-            return Ok(dangling(align));
-        }
-        let b = ortho_alloc(size, align)?;
-        self.live.borrow_mut().push(b);
-        Ok(b.ptr)
+        self.live
+            .allocate(size, align, |size| ortho_alloc(size, align))
     }
 
     unsafe fn reset(&self) {
-        for b in self.live.borrow_mut().drain(..) {
-            // SAFETY: `b` came from ortho_alloc, is drained (so freed) once, and the caller
-            // guarantees it is not used after the reset.
-            unsafe { ortho_free(&b) };
-        }
+        // SAFETY: every live block came from `ortho_alloc`, which `ortho_free` gives back; the
+        // caller guarantees none is used after the reset.
+        unsafe { self.live.release_all(ortho_free) };
     }
 }
 
