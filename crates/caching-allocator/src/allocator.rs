@@ -3,7 +3,7 @@
 use core::alloc::GlobalAlloc;
 use core::ptr::NonNull;
 
-use crate::block::{Block, MIN_ALIGN};
+use crate::block::{Block, IdleLists, MIN_ALIGN};
 use crate::debug::{self, CANARY_LEN};
 use crate::shared_cache::SharedCache;
 use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
@@ -253,6 +253,15 @@ impl CachingAllocator {
         stats
     }
 
+    /// How many thread caches the allocator keeps: one per thread that has used it, plus one
+    /// for calls made while a thread's locals are torn down. The cache of an exited thread is
+    /// dropped once it holds no live block: when the next new thread arrives, or at
+    /// `reset(&mut self)`. (Not part of [`Stats`]: registering a thread is not a change of
+    /// the allocator's blocks, and a failed call may register one.)
+    pub fn thread_caches(&self) -> usize {
+        lock(&self.registry).len()
+    }
+
     // ---- the data path ------------------------------------------------------------------
 
     /// Validates a request and finds its class.
@@ -302,8 +311,14 @@ impl CachingAllocator {
 
     #[cold]
     fn thread_cache_slow(&self) -> *const ThreadCache {
-        thread_cache::find_or_create(self.id, |cache| lock(&self.registry).push(cache.clone()))
-            .unwrap_or(Arc::as_ptr(&self.fallback))
+        thread_cache::find_or_create(self.id, |cache| {
+            let mut registry = lock(&self.registry);
+            // A new thread: the good moment to forget threads that are gone, so a runtime
+            // that spawns threads does not grow the registry without bound.
+            self.forget_exited(&mut registry);
+            registry.push(cache.clone());
+        })
+        .unwrap_or(Arc::as_ptr(&self.fallback))
     }
 
     /// Takes a block for `req` (class present) through `cache`, records it with `record` under
@@ -387,7 +402,7 @@ impl CachingAllocator {
                 continue;
             }
             let mut state = cache.lock();
-            if state.orphaned {
+            if cache.has_exited() {
                 let mut shared = lock(&self.shared);
                 Self::move_to_shared(&mut state, &mut shared);
                 if found.is_none() {
@@ -667,20 +682,42 @@ impl CachingAllocator {
 
     /// Drops the caches of exited threads, keeping their idle blocks in the shared cache.
     fn forget_exited_threads(&mut self) {
-        let shared = self.shared.get_mut().unwrap_or_else(|e| e.into_inner());
-        let registry = self.registry.get_mut().unwrap_or_else(|e| e.into_inner());
+        self.forget_exited(&mut lock(&self.registry));
+    }
+
+    /// Drops from `registry` (locked by the caller) the caches of exited threads that hold no
+    /// live block and no open scope, moving their idle blocks and credit to the shared cache and
+    /// keeping their counters. Only the registry refers to such a cache any more: its thread
+    /// cleared `LAST` before exiting, and other threads reach it only under the registry lock.
+    fn forget_exited(&self, registry: &mut Vec<Arc<ThreadCache>>) {
+        let mut gone = Vec::new();
         registry.retain(|cache| {
-            let mut state = cache.lock_exclusive();
-            if !state.orphaned || !state.live.is_empty() || !state.scoped.is_empty() {
+            if !cache.forgettable() {
                 return true;
             }
-            Self::move_to_shared(&mut state, shared);
-            // Keep the forgotten cache's counters: stats must not go backwards.
-            shared.retired_hits += state.counters.hits;
-            shared.retired_misses += state.counters.misses;
-            shared.retired_peak_live += state.counters.peak_live_bytes;
+            let mut state = cache.lock();
+            if !state.live.is_empty() || !state.scoped.is_empty() {
+                return true;
+            }
+            let idle = core::mem::replace(&mut state.idle, IdleLists::new());
+            gone.push((idle, core::mem::take(&mut state.credit), state.counters));
             false
         });
+        if gone.is_empty() {
+            return;
+        }
+        // The shared lock comes after every cache lock (the lock order), hence two passes.
+        let mut shared = lock(&self.shared);
+        for (mut idle, credit, counters) in gone {
+            while let Some(block) = idle.pop_lru() {
+                shared.idle.push(block);
+            }
+            shared.credit_total -= credit;
+            // Keep the forgotten cache's counters: stats must not go backwards.
+            shared.retired_hits += counters.hits;
+            shared.retired_misses += counters.misses;
+            shared.retired_peak_live += counters.peak_live_bytes;
+        }
     }
 }
 

@@ -40,9 +40,11 @@ impl CachingAllocator {
     /// Opens a [`Scope`]: allocations made through it go back to the cache when it is dropped.
     #[inline]
     pub fn scope(&self) -> Scope<'_> {
+        let cache = self.thread_cache();
+        cache.scope_opened();
         Scope {
             alloc: self,
-            cache: self.thread_cache(),
+            cache,
             id: thread_cache::next_scope_id(),
             blocks: Cell::new(0),
             _not_send: PhantomData,
@@ -153,6 +155,7 @@ impl Drop for Scope<'_> {
     fn drop(&mut self) {
         let mut remaining = self.blocks.get();
         if remaining == 0 {
+            self.cache.scope_closed();
             return;
         }
         let mut overruns = Vec::new();
@@ -189,6 +192,7 @@ impl Drop for Scope<'_> {
         }
         self.cache.publish(&state);
         drop(state);
+        self.cache.scope_closed();
         if !overruns.is_empty() && !std::thread::panicking() {
             let list: Vec<String> = overruns.iter().map(ToString::to_string).collect();
             panic!(

@@ -39,6 +39,13 @@ pub(crate) struct ThreadCache {
     /// caches without locking them (a foreign lock costs a heavy barrier). Only a hint: a stale
     /// value costs a wasted lock or a missed steal, never a wrong result.
     idle_hint: AtomicUsize,
+    /// The thread exited (its thread-locals were dropped): nobody takes the fast path of this
+    /// cache any more, and once it holds no live block and no open scope it can be forgotten.
+    exited: AtomicBool,
+    /// Scopes open on this cache. Written by the owner with plain load and store (it alone
+    /// opens scopes on an owned cache); read by other threads only once `exited` is set, which
+    /// the owner sets after every scope it opened, so they see the final count.
+    open_scopes: AtomicUsize,
 }
 
 /// A live block handed out by `allocate` or the `Allocator` trait, and the size asked for.
@@ -80,8 +87,6 @@ pub(crate) struct CacheState {
     /// Blocks handed out to scopes on this thread, newest last.
     pub(crate) scoped: Vec<Scoped>,
     pub(crate) counters: Counters,
-    /// The thread exited: nobody takes this cache's fast path any more.
-    pub(crate) orphaned: bool,
 }
 
 impl Counters {
@@ -112,10 +117,44 @@ impl ThreadCache {
                 returning: Vec::new(),
                 scoped: Vec::new(),
                 counters: Counters::default(),
-                orphaned: false,
             }),
             closed: AtomicBool::new(false),
             idle_hint: AtomicUsize::new(0),
+            exited: AtomicBool::new(false),
+            open_scopes: AtomicUsize::new(0),
+        }
+    }
+
+    /// Whether this cache's thread has exited.
+    pub(crate) fn has_exited(&self) -> bool {
+        self.exited.load(Ordering::Acquire)
+    }
+
+    /// Whether the cache can be forgotten: its thread exited, and nothing refers to it but the
+    /// registry (no open scope, no live block; the caller checks the blocks under the lock).
+    pub(crate) fn forgettable(&self) -> bool {
+        self.has_exited() && self.open_scopes.load(Ordering::Acquire) == 0
+    }
+
+    /// Counts a scope opened on this cache (by the calling thread).
+    #[inline]
+    pub(crate) fn scope_opened(&self) {
+        if self.owned {
+            let n = self.open_scopes.load(Ordering::Relaxed);
+            self.open_scopes.store(n + 1, Ordering::Relaxed);
+        } else {
+            self.open_scopes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a scope closed on this cache (by the thread that opened it).
+    #[inline]
+    pub(crate) fn scope_closed(&self) {
+        if self.owned {
+            let n = self.open_scopes.load(Ordering::Relaxed);
+            self.open_scopes.store(n - 1, Ordering::Release);
+        } else {
+            self.open_scopes.fetch_sub(1, Ordering::Release);
         }
     }
 
@@ -178,7 +217,7 @@ impl Drop for OwnedCaches {
         // and is always there.
         let _ = LAST.try_with(|last| last.set((0, core::ptr::null())));
         for (_, cache) in &self.0 {
-            cache.lock().orphaned = true;
+            cache.exited.store(true, Ordering::Release);
         }
     }
 }

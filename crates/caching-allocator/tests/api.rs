@@ -153,6 +153,7 @@ fn zero_size_is_aligned_touches_nothing_and_releases_ok() {
 #[test]
 fn sizes_that_overflow_fail_and_change_nothing() {
     let alloc = CachingAllocator::new(1 << 20);
+    drop(alloc.scope()); // this thread's cache exists from here on
     let before = alloc.stats();
     for size in [usize::MAX, isize::MAX as usize, (isize::MAX as usize) - 10] {
         assert_eq!(
@@ -831,4 +832,32 @@ fn thread_local_destructors_may_still_allocate() {
     let s = alloc.stats();
     assert_eq!(s.live_blocks, 1, "{s}");
     assert!(s.cached_blocks >= 2, "{s}");
+}
+
+#[test]
+fn thread_churn_does_not_grow_the_books() {
+    let alloc = CachingAllocator::new(1 << 20);
+    for round in 0..40 {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let scope = alloc.scope();
+                let xs = scope.alloc_slice_fill(500, round as u8).unwrap();
+                assert!(xs.iter().all(|&x| x == round as u8));
+                let p = alloc.allocate(3000, 64).unwrap();
+                // SAFETY: released once.
+                unsafe { alloc.release(p).unwrap() };
+            });
+        });
+    }
+    // The fallback cache, at most one exited thread not yet forgotten, and nothing else.
+    assert!(
+        alloc.thread_caches() <= 2,
+        "{} thread caches",
+        alloc.thread_caches()
+    );
+    let s = alloc.stats();
+    // Each thread reused the blocks the previous one left behind.
+    assert_eq!(s.system_allocs, 2, "{s}");
+    assert_eq!(s.hits + s.misses, 80);
+    assert_eq!(s.live_blocks, 0);
 }
