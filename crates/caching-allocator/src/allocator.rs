@@ -327,7 +327,7 @@ impl CachingAllocator {
     /// # Safety
     /// `cache` is the calling thread's own cache (from `thread_cache` on this thread), and the
     /// thread holds no guard of it.
-    #[inline]
+    #[inline(always)]
     pub(crate) unsafe fn take(
         &self,
         cache: &ThreadCache,
@@ -521,7 +521,7 @@ impl CachingAllocator {
 
     /// Puts a block that came back (with its live bookkeeping already removed) into `state`'s
     /// cache, after checking its canary if debug checks are on.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn retire(&self, state: &mut CacheState, live: Live) -> Result<(), AllocError> {
         if self.debug {
             return self.retire_checked(state, live);
@@ -550,7 +550,7 @@ impl CachingAllocator {
     }
 
     /// Keeps an idle block in a thread cache, within the thread's credit.
-    #[inline]
+    #[inline(always)]
     fn cache_block(&self, state: &mut CacheState, block: Block) {
         if state.idle.bytes() + block.size() <= state.credit {
             state.idle.push(block);

@@ -97,7 +97,7 @@ impl IdleLists {
     }
 
     /// Keeps `block` as the most recently used.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn push(&mut self, block: Block) {
         let i = block.class.index();
         if self.lists.is_empty() {
@@ -111,7 +111,7 @@ impl IdleLists {
     }
 
     /// The most recently used idle block of `class` whose address is aligned to `align`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take(&mut self, class: SizeClass, align: usize) -> Option<Block> {
         let i = class.index();
         let list = self.lists.get_mut(i)?;

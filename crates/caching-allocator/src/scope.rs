@@ -7,7 +7,7 @@ use core::mem::{align_of, size_of, MaybeUninit};
 use core::ptr::NonNull;
 
 use crate::allocator::dangling;
-use crate::thread_cache::{self, Scoped, ThreadCache};
+use crate::thread_cache::{Scoped, ThreadCache};
 use crate::{AllocError, CachingAllocator};
 
 /// A region of scratch allocations that all go back to the cache when the scope is dropped.
@@ -41,11 +41,11 @@ impl CachingAllocator {
     #[inline]
     pub fn scope(&self) -> Scope<'_> {
         let cache = self.thread_cache();
-        cache.scope_opened();
+        let id = cache.scope_opened();
         Scope {
             alloc: self,
             cache,
-            id: thread_cache::next_scope_id(),
+            id,
             blocks: Cell::new(0),
             _not_send: PhantomData,
         }

@@ -10,7 +10,7 @@ use core::cell::{Cell, RefCell};
 use crate::biased_lock::{BiasedGuard, BiasedLock};
 use crate::block::{Block, IdleLists};
 use crate::live_table::LiveTable;
-use crate::sync::{Arc, AtomicBool, AtomicUsize, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
 use crate::sync::{SpinGuard, SpinLock};
 
@@ -46,6 +46,9 @@ pub(crate) struct ThreadCache {
     /// opens scopes on an owned cache); read by other threads only once `exited` is set, which
     /// the owner sets after every scope it opened, so they see the final count.
     open_scopes: AtomicUsize,
+    /// Numbers the scopes opened on this cache, so each scope finds its own blocks among the
+    /// cache's scoped blocks. Written like `open_scopes`.
+    scope_serial: AtomicU64,
 }
 
 /// A live block handed out by `allocate` or the `Allocator` trait, and the size asked for.
@@ -122,6 +125,7 @@ impl ThreadCache {
             idle_hint: AtomicUsize::new(0),
             exited: AtomicBool::new(false),
             open_scopes: AtomicUsize::new(0),
+            scope_serial: AtomicU64::new(0),
         }
     }
 
@@ -136,14 +140,20 @@ impl ThreadCache {
         self.has_exited() && self.open_scopes.load(Ordering::Acquire) == 0
     }
 
-    /// Counts a scope opened on this cache (by the calling thread).
+    /// Counts a scope opened on this cache (by the calling thread) and returns its id, unique
+    /// among the scopes of this cache.
     #[inline]
-    pub(crate) fn scope_opened(&self) {
+    pub(crate) fn scope_opened(&self) -> u64 {
         if self.owned {
+            // Only the owner thread opens scopes on an owned cache: no read-modify-write needed.
             let n = self.open_scopes.load(Ordering::Relaxed);
             self.open_scopes.store(n + 1, Ordering::Relaxed);
+            let id = self.scope_serial.load(Ordering::Relaxed) + 1;
+            self.scope_serial.store(id, Ordering::Relaxed);
+            id
         } else {
             self.open_scopes.fetch_add(1, Ordering::Relaxed);
+            self.scope_serial.fetch_add(1, Ordering::Relaxed) + 1
         }
     }
 
@@ -228,40 +238,17 @@ thread_local! {
     static LAST: Cell<(u64, *const ThreadCache)> = const { Cell::new((0, core::ptr::null())) };
     /// Every cache this thread owns; keeps them alive as long as the thread is.
     static OWNED: RefCell<OwnedCaches> = const { RefCell::new(OwnedCaches(Vec::new())) };
-    /// Scope ids: unique within a thread, combined with the thread's number.
-    static SCOPE_IDS: Cell<u64> = const { Cell::new(0) };
 }
 
 // Under loom every model thread runs on one OS thread, so `std` thread-locals would be shared by
 // all of them: use loom's, which are per model thread. Loom's macro does not take `const { .. }`
-// initialisers, so the same three locals are declared again, initialised lazily.
+// initialisers, so the same two locals are declared again, initialised lazily.
 #[cfg(loom)]
 loom::thread_local! {
     /// The allocator id and cache this thread used last: the fast path's one comparison.
     static LAST: Cell<(u64, *const ThreadCache)> = Cell::new((0, core::ptr::null()));
     /// Every cache this thread owns; keeps them alive as long as the thread is.
     static OWNED: RefCell<OwnedCaches> = RefCell::new(OwnedCaches(Vec::new()));
-    /// Scope ids: unique within a thread, combined with the thread's number.
-    static SCOPE_IDS: Cell<u64> = Cell::new(0);
-}
-
-/// Gives each thread a distinct high half for its scope ids.
-static NEXT_THREAD_NUMBER: crate::sync::AtomicU64 = crate::sync::AtomicU64::new(1);
-
-/// A scope id no other live scope of any thread has.
-pub(crate) fn next_scope_id() -> u64 {
-    SCOPE_IDS
-        .try_with(|ids| {
-            let mut id = ids.get();
-            if id == 0 {
-                id = NEXT_THREAD_NUMBER.fetch_add(1, Ordering::Relaxed) << 32;
-            }
-            id += 1;
-            ids.set(id);
-            id
-        })
-        // Without thread-locals (thread exit), draw from the global counter directly.
-        .unwrap_or_else(|_| NEXT_THREAD_NUMBER.fetch_add(1, Ordering::Relaxed) << 32)
 }
 
 /// The cache this thread last used, if it belongs to allocator `id`.
