@@ -113,12 +113,12 @@ impl CachingAllocator {
     #[inline]
     pub fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         let req = self.request(size, align)?;
-        if req.class.is_none() {
+        let Some(class) = req.class else {
             return Ok(dangling(align));
-        }
+        };
         // SAFETY: `thread_cache` gives this thread's own cache.
         let block = unsafe {
-            self.take(self.thread_cache(), &req, |state, live| {
+            self.take(self.thread_cache(), class, &req, |state, live| {
                 state.live.insert(live);
             })
         }?;
@@ -321,8 +321,8 @@ impl CachingAllocator {
         .unwrap_or(Arc::as_ptr(&self.fallback))
     }
 
-    /// Takes a block for `req` (class present) through `cache`, records it with `record` under
-    /// the cache's lock, and poisons it if debug checks are on.
+    /// Takes a block of `class` (the class of `req`) through `cache`, records it with `record`
+    /// under the cache's lock, and poisons it if debug checks are on.
     ///
     /// # Safety
     /// `cache` is the calling thread's own cache (from `thread_cache` on this thread), and the
@@ -331,12 +331,10 @@ impl CachingAllocator {
     pub(crate) unsafe fn take(
         &self,
         cache: &ThreadCache,
+        class: SizeClass,
         req: &Request,
         record: impl FnOnce(&mut CacheState, Live),
     ) -> Result<Block, AllocError> {
-        let Some(class) = req.class else {
-            unreachable!("zero-size requests never reach the cache");
-        };
         // SAFETY: the caller passes this thread's own cache and holds no guard of it.
         let mut state = unsafe { cache.lock_local() };
         let block = match state.idle.take(class, req.align) {

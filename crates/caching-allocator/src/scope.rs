@@ -74,13 +74,11 @@ impl<'a> Scope<'a> {
             .checked_mul(size_of::<T>())
             .ok_or(AllocError::SizeOverflow { size: len, align })?;
         let req = self.alloc.request(size, align)?;
-        let ptr: NonNull<u8> = if req.class.is_none() {
-            dangling(align)
-        } else {
+        let ptr: NonNull<u8> = if let Some(class) = req.class {
             // SAFETY: a scope is not `Send`: this is the thread that made it, and `self.cache`
             // is that thread's own cache; no guard of it is held here.
             let block = unsafe {
-                self.alloc.take(self.cache, &req, |state, live| {
+                self.alloc.take(self.cache, class, &req, |state, live| {
                     state.scoped.push(Scoped {
                         scope: self.id,
                         live,
@@ -89,6 +87,8 @@ impl<'a> Scope<'a> {
             }?;
             self.blocks.set(self.blocks.get() + 1);
             block.ptr
+        } else {
+            dangling(align)
         };
         // SAFETY: `ptr` is aligned for `T` and valid for `size = len * size_of::<T>()` bytes
         // (a fresh block of at least that class size, or dangling when `size` is 0), owned by
