@@ -81,22 +81,41 @@ fn light_barrier() {
 fn heavy_barrier() {
     #[cfg(all(target_os = "linux", not(miri)))]
     if MODE.load(Ordering::Relaxed) == MEMBARRIER {
-        const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
-        // SAFETY: as in `register_membarrier`.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_membarrier,
-                MEMBARRIER_CMD_PRIVATE_EXPEDITED,
-                0 as libc::c_long,
-                0 as libc::c_long,
-            )
-        };
-        // Registration succeeded, so the command cannot fail; if it somehow did, the owners'
-        // compiler fences would not be enough: there is no safe way on.
-        assert_eq!(r, 0, "membarrier failed after registration");
+        membarrier_all_cpus();
         return;
     }
     fence(Ordering::SeqCst);
+}
+
+/// A full fence on every CPU that runs one of our threads.
+#[cfg(all(target_os = "linux", not(miri)))]
+#[cold]
+fn membarrier_all_cpus() {
+    const MEMBARRIER_CMD_GLOBAL: libc::c_long = 1;
+    const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+    let call = |cmd: libc::c_long| {
+        // SAFETY: membarrier takes integer arguments only and touches no memory of ours.
+        unsafe {
+            libc::syscall(
+                libc::SYS_membarrier,
+                cmd,
+                0 as libc::c_long,
+                0 as libc::c_long,
+            )
+        }
+    };
+    if call(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0 {
+        return;
+    }
+    // A forked child may not inherit the registration: register again and retry, and fall back
+    // to the slow global command, which needs none.
+    if (register_membarrier() && call(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0)
+        || call(MEMBARRIER_CMD_GLOBAL) == 0
+    {
+        return;
+    }
+    // Owners rely on this barrier (they only stop the compiler): there is no safe way on.
+    panic!("caching-allocator: membarrier failed after it was registered");
 }
 
 /// The lock. See the module docs for the protocol.
