@@ -1,5 +1,5 @@
 //! Bad input: every `AllocError` variant, what triggers it, and what state it leaves. Each test
-//! here backs one row of `docs/bad-input.md`.
+//! here backs one row of the README's bad-input table.
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::NonNull;
