@@ -47,8 +47,9 @@ pub(crate) struct Request {
     pub(crate) class: Option<SizeClass>,
 }
 
-/// A block found overrun by debug checks, for the panic message of `reset`.
+/// A block found overrun by debug checks, for `reset`'s panic or `try_reset`'s error.
 struct Overrun {
+    addr: usize,
     requested: usize,
     class_size: usize,
 }
@@ -180,6 +181,29 @@ impl CachingAllocator {
     pub unsafe fn reset_unchecked(&self) {
         let overruns = self.reset_all();
         report_overruns(&overruns);
+    }
+
+    /// Like [`reset`](Self::reset), but an overrun found by debug checks is an error instead of
+    /// a panic: every block is still returned (overrun ones to the system), and the error
+    /// describes the first overrun block found (`Stats::corrupted_blocks` counts all of them).
+    ///
+    /// # Errors
+    /// [`AllocError::Corrupted`] if debug checks found a block written past its requested end.
+    pub fn try_reset(&mut self) -> Result<(), AllocError> {
+        let overruns = self.reset_all();
+        self.forget_exited_threads();
+        first_overrun(&overruns)
+    }
+
+    /// [`try_reset`](Self::try_reset) through a shared reference.
+    ///
+    /// # Errors
+    /// As [`try_reset`](Self::try_reset).
+    ///
+    /// # Safety
+    /// As [`reset_unchecked`](Self::reset_unchecked).
+    pub unsafe fn try_reset_unchecked(&self) -> Result<(), AllocError> {
+        first_overrun(&self.reset_all())
     }
 
     /// Gives every idle cached block back to the system, in every thread's cache.
@@ -653,12 +677,13 @@ impl CachingAllocator {
             for live in returning.drain(..) {
                 state.counters.remove_live(&live);
                 if let Err(AllocError::Corrupted {
+                    addr,
                     requested,
                     class_size,
-                    ..
                 }) = self.retire(state, live)
                 {
                     overruns.push(Overrun {
+                        addr,
                         requested,
                         class_size,
                     });
@@ -716,6 +741,17 @@ impl CachingAllocator {
             shared.retired_misses += counters.misses;
             shared.retired_peak_live += counters.peak_live_bytes;
         }
+    }
+}
+
+fn first_overrun(overruns: &[Overrun]) -> Result<(), AllocError> {
+    match overruns.first() {
+        None => Ok(()),
+        Some(o) => Err(AllocError::Corrupted {
+            addr: o.addr,
+            requested: o.requested,
+            class_size: o.class_size,
+        }),
     }
 }
 

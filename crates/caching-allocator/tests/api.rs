@@ -864,3 +864,24 @@ fn thread_churn_does_not_grow_the_books() {
     assert_eq!(s.hits + s.misses, 80);
     assert_eq!(s.live_blocks, 0);
 }
+
+#[test]
+fn try_reset_reports_an_overrun_as_an_error_after_returning_the_rest() {
+    let mut alloc = CachingAllocator::with_config(Config::default().debug_checks(true));
+    let good = alloc.allocate(64, 64).unwrap();
+    write_read(good, 64, 1);
+    let bad = alloc.allocate(1000, 64).unwrap();
+    // SAFETY: inside the canary's room behind the requested 1000 bytes.
+    unsafe { bad.as_ptr().add(1000).write(0) };
+    assert_eq!(
+        alloc.try_reset(),
+        Err(AllocError::Corrupted {
+            addr: addr(bad),
+            requested: 1000,
+            class_size: 1024
+        })
+    );
+    let s = alloc.stats();
+    assert_eq!((s.live_blocks, s.cached_blocks, s.corrupted_blocks), (0, 1, 1));
+    assert_eq!(alloc.try_reset(), Ok(()));
+}
