@@ -25,7 +25,7 @@
 use core::ffi::{c_char, c_int, c_void, CStr};
 use core::ptr::NonNull;
 use std::any::Any;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use ca::{AllocError, CachingAllocator, Config, Stats};
 
@@ -460,24 +460,11 @@ pub unsafe extern "C" fn ca_reset(a: *mut CaAllocator) -> CaStatus {
         Err(code) => return code,
     };
     status(a.call(FUNCTION, |inner| {
-        let checks = inner.config().get_debug_checks();
-        let corrupted_before = if checks {
-            inner.stats().corrupted_blocks
-        } else {
-            0
-        };
         // SAFETY: the caller guarantees exclusive access and that no block handed out before
         // is used or released after: `reset_unchecked`'s contract (there are no `Scope`s, as C
-        // cannot make them).
-        match catch_unwind(AssertUnwindSafe(|| unsafe { inner.reset_unchecked() })) {
-            Ok(()) => Ok(()),
-            // The core reports overruns found by debug checks with a panic, after resetting
-            // every other block: that is a status code, not a bug.
-            Err(payload) if checks && inner.stats().corrupted_blocks > corrupted_before => Err(
-                Failure::new(CaStatus::Corrupted, panic_message(&*payload).to_owned()),
-            ),
-            Err(payload) => resume_unwind(payload),
-        }
+        // cannot make them). An overrun found by debug checks comes back as `Corrupted`, after
+        // every other block was reset.
+        unsafe { inner.try_reset_unchecked() }.map_err(Failure::from)
     }))
 }
 
