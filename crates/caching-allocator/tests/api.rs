@@ -882,6 +882,9 @@ fn try_reset_reports_an_overrun_as_an_error_after_returning_the_rest() {
         })
     );
     let s = alloc.stats();
-    assert_eq!((s.live_blocks, s.cached_blocks, s.corrupted_blocks), (0, 1, 1));
+    assert_eq!(
+        (s.live_blocks, s.cached_blocks, s.corrupted_blocks),
+        (0, 1, 1)
+    );
     assert_eq!(alloc.try_reset(), Ok(()));
 }
