@@ -1,18 +1,22 @@
-//! `CachingAllocator`: the data path size class -> thread cache -> shared cache -> system.
+//! `CachingAllocator`: the data path size class -> thread cache -> shared cache -> system, and
+//! back.
+//!
+//! The policies it calls live in their own modules: the cap's ledger in `shared_cache`, the
+//! least-recently-used clock in `eviction`, the thread registry in `registry`, the block
+//! directory (which cache holds which address) in `directory`; resets in `reset`.
 
 use core::alloc::GlobalAlloc;
 use core::ptr::NonNull;
 
-use crate::block::{Block, IdleLists, MIN_ALIGN};
+use crate::block::{Block, MIN_ALIGN};
 use crate::debug::{self, CANARY_LEN};
-use crate::shared_cache::SharedCache;
+use crate::directory::Directory;
+use crate::eviction::Clock;
+use crate::registry::Registry;
+use crate::shared_cache::{SharedCache, CREDIT_STEP};
 use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
-use crate::thread_cache::{self, CacheState, Live, ThreadCache};
+use crate::thread_cache::{self, CacheGuard, CacheState, Live, Local, ThreadCache};
 use crate::{AllocError, Config, SizeClass, Stats, MAX_ALIGN};
-
-/// Credit is granted in steps of at least this much, so a thread warming up its cache does not
-/// take the shared lock for every small block it returns.
-const CREDIT_STEP: usize = 64 << 10;
 
 /// A thread-safe caching allocator for kernel scratch memory.
 ///
@@ -20,22 +24,24 @@ const CREDIT_STEP: usize = 64 << 10;
 /// (by [`release`](Self::release), by dropping a [`Scope`](crate::Scope), by the
 /// `allocator_api2` trait, or all at once by [`reset`](Self::reset)) they stay cached for the
 /// next request of their class instead of going back to the system. At most
-/// `max_cached_bytes` stay idle; past that the least recently used idle blocks are freed.
+/// `max_cached_bytes` stay idle, counted over every thread; past that the least recently used
+/// idle blocks, wherever they sit, are freed.
 ///
 /// Each thread has its own cache, so a thread that reuses its classes takes no lock any other
-/// thread takes in steady state. See the [crate docs](crate) for an example.
+/// thread takes in steady state. Every method may be called from any thread at any time,
+/// including [`reset_unchecked`](Self::reset_unchecked) while other threads allocate. See the
+/// [crate docs](crate) for an example.
 pub struct CachingAllocator {
     id: u64,
     config: Config,
-    cap: usize,
+    /// `config.limit_bytes`, or `usize::MAX` without a limit.
     limit: usize,
     debug: bool,
     system: Arc<dyn GlobalAlloc + Send + Sync>,
-    shared: Mutex<SharedCache>,
-    /// Every thread cache, so that reset, trim and stats reach idle threads too.
-    registry: Mutex<Vec<Arc<ThreadCache>>>,
-    /// The cache of threads whose thread-locals are gone (calls from TLS destructors).
-    fallback: Arc<ThreadCache>,
+    pub(crate) shared: Mutex<SharedCache>,
+    pub(crate) registry: Registry,
+    directory: Directory,
+    clock: Clock,
 }
 
 /// A validated request: the size and alignment asked for, the class serving it.
@@ -45,13 +51,6 @@ pub(crate) struct Request {
     pub(crate) align: usize,
     /// `None` for zero bytes: such requests touch no memory.
     pub(crate) class: Option<SizeClass>,
-}
-
-/// A block found overrun by debug checks, for `reset`'s panic or `try_reset`'s error.
-struct Overrun {
-    addr: usize,
-    requested: usize,
-    class_size: usize,
 }
 
 static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
@@ -77,20 +76,16 @@ impl CachingAllocator {
 
     /// An allocator configured by `config`.
     pub fn with_config(config: Config) -> Self {
-        // Under loom thread caches use a plain lock (see `thread_cache::CacheLock`).
-        #[cfg(not(loom))]
-        crate::biased_lock::init();
-        let fallback = Arc::new(ThreadCache::new(false));
         CachingAllocator {
             id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
-            cap: config.max_cached_bytes,
             limit: config.limit_bytes.unwrap_or(usize::MAX),
             debug: config.debug_checks,
             system: config.system.clone(),
+            shared: Mutex::new(SharedCache::new(config.max_cached_bytes)),
             config,
-            shared: Mutex::new(SharedCache::new()),
-            registry: Mutex::new(vec![fallback.clone()]),
-            fallback,
+            registry: Registry::new(),
+            directory: Directory::new(),
+            clock: Clock::new(),
         }
     }
 
@@ -109,27 +104,30 @@ impl CachingAllocator {
     /// # Errors
     /// [`AllocError::InvalidAlignment`] unless `align` is a power of two up to [`MAX_ALIGN`];
     /// [`AllocError::SizeOverflow`] if the rounded size exceeds `isize::MAX`;
-    /// [`AllocError::LimitExceeded`] past `limit_bytes`; [`AllocError::OutOfMemory`] if the
-    /// system refuses even after the idle cache was freed. On error nothing changes.
+    /// [`AllocError::LimitExceeded`] past `limit_bytes` (checked before anything is evicted:
+    /// a request that cannot fit even with every idle block freed evicts nothing);
+    /// [`AllocError::OutOfMemory`] if the system refuses. On error nothing changes, with one
+    /// exception: before reporting `OutOfMemory` the allocator gives its idle cache back to the
+    /// system and asks once more (as PyTorch's caching allocators do), unless the request is
+    /// larger than the machine's memory.
     #[inline]
     pub fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         let req = self.request(size, align)?;
         let Some(class) = req.class else {
             return Ok(dangling(align));
         };
-        // SAFETY: `thread_cache` gives this thread's own cache.
-        let block = unsafe {
-            self.take(self.thread_cache(), class, &req, |state, live| {
-                state.live.insert(live);
-            })
-        }?;
+        let block = self.take(self.thread_cache(), class, &req, |state, live| {
+            state.live.insert(live);
+        })?;
         Ok(block.ptr)
     }
 
-    /// Gives one block from [`allocate`](Self::allocate) back to the cache.
+    /// Gives one block from [`allocate`](Self::allocate) back to the cache, from any thread.
     ///
     /// The allocator checks the pointer against its own books without reading the memory
-    /// behind it, so passing a wrong pointer is an error, not undefined behaviour.
+    /// behind it, so passing a wrong pointer is an error, not undefined behaviour. A block
+    /// released on another thread than the one that allocated it goes back to that thread's
+    /// cache (where it will be reused), found in one look-up whatever the number of threads.
     ///
     /// # Errors
     /// [`AllocError::UnknownPointer`] if `ptr` is not live in this allocator (never handed out
@@ -140,70 +138,17 @@ impl CachingAllocator {
     /// # Safety
     /// If `ptr` is live in this allocator, nothing may use the memory behind it after this call
     /// (until `allocate` hands it out again).
+    #[inline]
     pub unsafe fn release(&self, ptr: NonNull<u8>) -> Result<(), AllocError> {
         let here = self.thread_cache();
         let addr = ptr.as_ptr().addr();
-        // SAFETY: `thread_cache` gives this thread's own cache, and we hold no guard of it.
-        let mut state = unsafe { here.lock_local() };
+        let mut state = here.lock();
         if let Some(live) = state.live.remove(addr) {
             state.counters.remove_live(&live);
-            let result = self.retire(&mut state, live);
-            here.publish(&state);
-            return result;
+            return self.retire(&here, state, live);
         }
         drop(state);
-        self.release_elsewhere(here, addr)
-    }
-
-    /// Every live block, handed out on any thread, goes back to the cache (ExecuTorch's
-    /// `reset()`). `&mut self` proves nothing handed out is still in use. Idle bookkeeping of
-    /// exited threads is dropped here too.
-    ///
-    /// # Panics
-    /// With debug checks on, if any block was written past its requested end: every other
-    /// block is returned first, then the panic names the overrun blocks' sizes and classes.
-    pub fn reset(&mut self) {
-        let overruns = self.reset_all();
-        self.forget_exited_threads();
-        report_overruns(&overruns);
-    }
-
-    /// Like [`reset`](Self::reset), through a shared reference, as a temp allocator's owner
-    /// needs.
-    ///
-    /// # Safety
-    /// No other call on this allocator runs concurrently; no memory handed out before this call
-    /// (by `allocate`, the `Allocator` trait or a live `Scope`) is used or released after it;
-    /// no `Scope` of this allocator is alive.
-    ///
-    /// # Panics
-    /// As [`reset`](Self::reset).
-    pub unsafe fn reset_unchecked(&self) {
-        let overruns = self.reset_all();
-        report_overruns(&overruns);
-    }
-
-    /// Like [`reset`](Self::reset), but an overrun found by debug checks is an error instead of
-    /// a panic: every block is still returned (overrun ones to the system), and the error
-    /// describes the first overrun block found (`Stats::corrupted_blocks` counts all of them).
-    ///
-    /// # Errors
-    /// [`AllocError::Corrupted`] if debug checks found a block written past its requested end.
-    pub fn try_reset(&mut self) -> Result<(), AllocError> {
-        let overruns = self.reset_all();
-        self.forget_exited_threads();
-        first_overrun(&overruns)
-    }
-
-    /// [`try_reset`](Self::try_reset) through a shared reference.
-    ///
-    /// # Errors
-    /// As [`try_reset`](Self::try_reset).
-    ///
-    /// # Safety
-    /// As [`reset_unchecked`](Self::reset_unchecked).
-    pub unsafe fn try_reset_unchecked(&self) -> Result<(), AllocError> {
-        first_overrun(&self.reset_all())
+        self.release_elsewhere(&here, addr)
     }
 
     /// Gives every idle cached block back to the system, in every thread's cache.
@@ -212,27 +157,20 @@ impl CachingAllocator {
     }
 
     /// Evicts least recently used idle blocks until at most `keep_bytes` stay cached, counted
-    /// over every thread's cache. The blocks that stay move to the shared cache.
+    /// over every thread's cache. The blocks that stay move to the shared pool.
     pub fn trim(&self, keep_bytes: usize) {
-        let registry = lock(&self.registry);
-        let cached: usize = registry
-            .iter()
-            .map(|c| c.lock().idle.bytes())
-            .sum::<usize>()
-            + lock(&self.shared).idle.bytes();
-        if cached <= keep_bytes {
+        if self.cached_bytes() <= keep_bytes {
             return;
         }
-        for cache in registry.iter() {
+        self.clock.advance();
+        self.registry.for_each(|cache| {
             let mut state = cache.lock();
-            let mut shared = lock(&self.shared);
-            Self::move_to_shared(&mut state, &mut shared);
+            self.move_to_pool(&mut state);
             cache.publish(&state);
-        }
-        drop(registry);
+        });
         let mut shared = lock(&self.shared);
-        while shared.idle.bytes() > keep_bytes {
-            let Some(block) = shared.idle.pop_lru() else {
+        while shared.pool_bytes() > keep_bytes {
+            let Some((_, block)) = shared.pool_pop_lru() else {
                 break;
             };
             self.evict(&mut shared, block);
@@ -247,8 +185,8 @@ impl CachingAllocator {
     /// `peak_reserved_bytes`), never below the true peak.
     pub fn stats(&self) -> Stats {
         let mut stats = Stats::default();
-        let mut peak_live = 0;
-        for cache in lock(&self.registry).iter() {
+        let mut peak_live = 0usize;
+        self.registry.for_each(|cache| {
             let state = cache.lock();
             let c = &state.counters;
             stats.hits += c.hits;
@@ -256,17 +194,17 @@ impl CachingAllocator {
             stats.live_bytes += c.live_bytes;
             stats.live_blocks += c.live_blocks;
             stats.requested_bytes += c.requested_bytes;
-            peak_live += c.peak_live_bytes;
+            peak_live = peak_live.saturating_add(c.peak_live_bytes);
             stats.cached_bytes += state.idle.bytes();
             stats.cached_blocks += state.idle.blocks();
-        }
+        });
         let shared = lock(&self.shared);
         stats.hits += shared.retired_hits;
         stats.misses += shared.retired_misses;
-        peak_live += shared.retired_peak_live;
-        stats.cached_bytes += shared.idle.bytes();
-        stats.cached_blocks += shared.idle.blocks();
-        stats.reserved_bytes = shared.reserved;
+        peak_live = peak_live.saturating_add(shared.retired_peak_live);
+        stats.cached_bytes += shared.pool_bytes();
+        stats.cached_blocks += shared.pool_blocks();
+        stats.reserved_bytes = shared.reserved();
         stats.peak_reserved_bytes = shared.peak_reserved;
         stats.peak_live_bytes = peak_live.min(shared.peak_reserved);
         stats.system_allocs = shared.system_allocs;
@@ -283,7 +221,7 @@ impl CachingAllocator {
     /// `reset(&mut self)`. (Not part of [`Stats`]: registering a thread is not a change of
     /// the allocator's blocks, and a failed call may register one.)
     pub fn thread_caches(&self) -> usize {
-        lock(&self.registry).len()
+        self.registry.len()
     }
 
     // ---- the data path ------------------------------------------------------------------
@@ -321,46 +259,41 @@ impl CachingAllocator {
 
     /// This thread's cache in this allocator.
     #[inline]
-    pub(crate) fn thread_cache(&self) -> &ThreadCache {
+    pub(crate) fn thread_cache(&self) -> Local<'_> {
         let cache = match thread_cache::last_cache(self.id) {
             Some(cache) => cache,
             None => self.thread_cache_slow(),
         };
         // SAFETY: the registry holds an `Arc` of every cache until the allocator is dropped or
-        // `reset(&mut self)` forgets caches of exited threads; both need `&mut self`, which
-        // cannot coexist with the `&self` this reference borrows. A cache of an exited thread
-        // is never returned here (its thread cleared `LAST` before orphaning it).
-        unsafe { &*cache }
+        // the cache is forgotten; dropping needs `&mut self`, which cannot coexist with the
+        // `&self` this reference borrows, and only caches of exited threads are forgotten,
+        // which `last_cache` never returns (a thread clears `LAST` before it exits). The
+        // pointer is this thread's own cache (from its thread-locals) or the shared fallback.
+        unsafe { Local::new(&*cache) }
     }
 
     #[cold]
     fn thread_cache_slow(&self) -> *const ThreadCache {
         thread_cache::find_or_create(self.id, |cache| {
-            let mut registry = lock(&self.registry);
             // A new thread: the good moment to forget threads that are gone, so a runtime
             // that spawns threads does not grow the registry without bound.
-            self.forget_exited(&mut registry);
-            registry.push(cache.clone());
+            self.registry
+                .register(cache, |state| self.forget_cache(state));
         })
-        .unwrap_or(Arc::as_ptr(&self.fallback))
+        .unwrap_or(Arc::as_ptr(self.registry.fallback()))
     }
 
-    /// Takes a block of `class` (the class of `req`) through `cache`, records it with `record`
-    /// under the cache's lock, and poisons it if debug checks are on.
-    ///
-    /// # Safety
-    /// `cache` is the calling thread's own cache (from `thread_cache` on this thread), and the
-    /// thread holds no guard of it.
+    /// Takes a block of `class` (the class of `req`) for the calling thread, records it with
+    /// `record` under its cache's lock, and poisons it if debug checks are on.
     #[inline(always)]
-    pub(crate) unsafe fn take(
+    pub(crate) fn take(
         &self,
-        cache: &ThreadCache,
+        local: Local<'_>,
         class: SizeClass,
         req: &Request,
         record: impl FnOnce(&mut CacheState, Live),
     ) -> Result<Block, AllocError> {
-        // SAFETY: the caller passes this thread's own cache and holds no guard of it.
-        let mut state = unsafe { cache.lock_local() };
+        let mut state = local.lock();
         let block = match state.idle.take(class, req.align) {
             Some(block) => {
                 state.counters.hits += 1;
@@ -368,9 +301,8 @@ impl CachingAllocator {
             }
             None => {
                 drop(state);
-                let (block, cached) = self.take_slow(cache, class, req)?;
-                // SAFETY: as above; the guard was dropped before the slow path.
-                state = unsafe { cache.lock_local() };
+                let (block, cached) = self.take_slow(local.cache(), class, req)?;
+                state = local.lock();
                 if cached {
                     state.counters.hits += 1;
                 } else {
@@ -385,7 +317,7 @@ impl CachingAllocator {
         };
         state.counters.add_live(&live);
         record(&mut state, live);
-        cache.publish(&state);
+        local.publish(&state);
         drop(state);
         if self.debug {
             // SAFETY: the block is ours alone and holds `size + CANARY_LEN` bytes (`request`
@@ -395,8 +327,9 @@ impl CachingAllocator {
         Ok(block)
     }
 
-    /// A miss in this thread's cache: the shared cache, then other threads' idle blocks, then
-    /// the system. Returns the block and whether it came from a cache. Holds no cache lock.
+    /// A miss in this thread's cache: the shared pool, then other threads' idle blocks, then
+    /// the system. Returns the block (homed in `here` in the directory) and whether it came
+    /// from a cache. Holds no cache lock.
     #[cold]
     fn take_slow(
         &self,
@@ -404,37 +337,39 @@ impl CachingAllocator {
         class: SizeClass,
         req: &Request,
     ) -> Result<(Block, bool), AllocError> {
-        if let Some(block) = lock(&self.shared).idle.take(class, req.align) {
+        self.clock.advance();
+        let pooled = lock(&self.shared).pool_take(class, req.align);
+        if let Some(block) = pooled.or_else(|| self.steal(here, class, req.align)) {
+            // In nobody's books now: we may write its home.
+            self.directory.set_home(block.addr(), Some(here.to_arc()));
             return Ok((block, true));
         }
-        if let Some(block) = self.steal(here, class, req.align) {
-            return Ok((block, true));
-        }
-        self.system_alloc(class, req).map(|block| (block, false))
+        let block = self.system_alloc(class, req)?;
+        self.directory.insert(block.addr(), Some(here.to_arc()));
+        Ok((block, false))
     }
 
     /// Looks for an idle block of `class` in other threads' caches; on the way, moves the idle
-    /// blocks and credit of exited threads to the shared pool.
+    /// blocks of exited threads to the shared pool. A block taken gives its credit back.
     fn steal(&self, here: &ThreadCache, class: SizeClass, align: usize) -> Option<Block> {
-        let registry = lock(&self.registry);
         let mut found = None;
-        for cache in registry.iter() {
-            // Our own cache was just searched; empty ones are not worth a heavy barrier.
-            if core::ptr::eq(Arc::as_ptr(cache), here) || !cache.may_have_idle() {
-                continue;
+        self.registry.for_each(|cache| {
+            // Our own cache was just searched; empty ones are not worth a lock.
+            if found.is_some() || core::ptr::eq(&**cache, here) || !cache.may_have_idle() {
+                return;
             }
             let mut state = cache.lock();
             if cache.has_exited() {
-                let mut shared = lock(&self.shared);
-                Self::move_to_shared(&mut state, &mut shared);
-                if found.is_none() {
-                    found = shared.idle.take(class, align);
-                }
-            } else if found.is_none() {
-                found = state.idle.take(class, align);
+                self.move_to_pool(&mut state);
+                found = lock(&self.shared).pool_take(class, align);
+            } else if let Some(block) = state.idle.take(class, align) {
+                // The credit goes with the block: the cache no longer holds it.
+                state.credit -= block.size();
+                lock(&self.shared).return_credit(block.size());
+                found = Some(block);
             }
             cache.publish(&state);
-        }
+        });
         found
     }
 
@@ -452,22 +387,18 @@ impl CachingAllocator {
             // SAFETY: `layout` has a non-zero size (every class is at least 64 bytes).
             let ptr = unsafe { self.system.alloc(layout) };
             if let Some(ptr) = NonNull::new(ptr) {
-                let mut shared = lock(&self.shared);
-                shared.system_allocs += 1;
-                // The peak counts bytes really taken: a refused request must not raise it.
-                shared.peak_reserved = shared.peak_reserved.max(shared.reserved);
-                drop(shared);
+                lock(&self.shared).allocated();
                 // SAFETY: `ptr` came from the system allocator for exactly this layout.
                 return Ok(unsafe { Block::new(ptr, class, align) });
             }
-            if !retried && self.idle_blocks() > 0 {
+            if !retried && self.cached_blocks() > 0 && !larger_than_memory(class.size()) {
                 // As PyTorch's caching allocators do: give the idle cache back, try once more.
                 lock(&self.shared).oom_retries += 1;
                 self.free_cached();
                 retried = true;
                 continue;
             }
-            lock(&self.shared).reserved -= class.size();
+            lock(&self.shared).unreserve(class.size());
             return Err(AllocError::OutOfMemory {
                 size: req.size,
                 align: req.align,
@@ -475,91 +406,80 @@ impl CachingAllocator {
         }
     }
 
-    /// How many idle blocks there are, in every cache.
-    fn idle_blocks(&self) -> usize {
-        let in_threads: usize = lock(&self.registry)
-            .iter()
-            .map(|c| c.lock().idle.blocks())
-            .sum();
-        in_threads + lock(&self.shared).idle.blocks()
-    }
-
-    /// Counts `class.size()` more bytes as taken from the system, first evicting idle blocks if
-    /// the limit needs it.
+    /// Counts `class.size()` more bytes as taken from the system. Past `limit_bytes`, evicts
+    /// least recently used idle blocks first, but only if that can make room: a request that
+    /// would not fit with every idle block gone fails before anything is evicted.
     fn reserve(&self, class: SizeClass, req: &Request) -> Result<(), AllocError> {
         let size = class.size();
-        let fits = |shared: &SharedCache| {
-            shared
-                .reserved
-                .checked_add(size)
-                .is_some_and(|total| total <= self.limit)
-        };
-        let mut shared = lock(&self.shared);
-        if !fits(&shared) {
-            while !fits(&shared) {
-                let Some(block) = shared.idle.pop_lru() else {
-                    break;
-                };
-                self.evict(&mut shared, block);
-            }
-            if !fits(&shared) {
-                drop(shared);
-                self.evict_thread_caches_until(|s| fits(s));
-                shared = lock(&self.shared);
-            }
-            if !fits(&shared) {
-                return Err(AllocError::LimitExceeded {
-                    size: req.size,
-                    class_size: size,
-                    limit: self.limit,
-                    reserved: shared.reserved,
-                });
-            }
-        }
-        shared.reserved += size;
-        Ok(())
-    }
-
-    /// Evicts idle blocks from thread caches, least recently used first in each, until `done`.
-    fn evict_thread_caches_until(&self, done: impl Fn(&SharedCache) -> bool) {
-        for cache in lock(&self.registry).iter() {
-            if !cache.may_have_idle() {
-                continue;
-            }
-            let mut state = cache.lock();
+        loop {
             let mut shared = lock(&self.shared);
-            while !done(&shared) {
-                let Some(block) = state.idle.pop_lru() else {
-                    break;
-                };
-                self.evict(&mut shared, block);
+            if shared.try_reserve(size, self.limit) {
+                return Ok(());
             }
-            cache.publish(&state);
-            if done(&shared) {
-                return;
+            let reserved = shared.reserved();
+            drop(shared);
+            let refuse = || {
+                if self.limit == usize::MAX {
+                    // No limit, yet the total would pass `usize::MAX`: no system has that.
+                    AllocError::OutOfMemory {
+                        size: req.size,
+                        align: req.align,
+                    }
+                } else {
+                    AllocError::LimitExceeded {
+                        size: req.size,
+                        class_size: size,
+                        limit: self.limit,
+                        reserved,
+                    }
+                }
+            };
+            let live = reserved.saturating_sub(self.cached_bytes());
+            if self.limit == usize::MAX || live.saturating_add(size) > self.limit {
+                return Err(refuse());
+            }
+            if !self.evict_oldest() {
+                return Err(refuse());
             }
         }
     }
 
-    /// Puts a block that came back (with its live bookkeeping already removed) into `state`'s
-    /// cache, after checking its canary if debug checks are on.
+    /// Puts a block that came back to `cache` (locked as `state`, the block's live
+    /// bookkeeping already removed) into its idle lists, after checking its canary if debug
+    /// checks are on.
     #[inline(always)]
-    pub(crate) fn retire(&self, state: &mut CacheState, live: Live) -> Result<(), AllocError> {
-        if self.debug {
-            return self.retire_checked(state, live);
+    pub(crate) fn retire(
+        &self,
+        cache: &ThreadCache,
+        mut state: CacheGuard<'_>,
+        live: Live,
+    ) -> Result<(), AllocError> {
+        let block = self.checked(live)?;
+        let spilled = self.cache_locked(&mut state, block);
+        cache.publish(&state);
+        drop(state);
+        if let Some(block) = spilled {
+            self.cache_slow(cache, block);
         }
-        self.cache_block(state, live.block);
         Ok(())
     }
 
-    /// `retire` with debug checks: an overrun block goes back to the system, never reused.
+    /// With debug checks on, checks a returned block's canary: an overrun block goes back to
+    /// the system, never reused.
+    #[inline(always)]
+    pub(crate) fn checked(&self, live: Live) -> Result<Block, AllocError> {
+        if !self.debug {
+            return Ok(live.block);
+        }
+        self.checked_slow(live)
+    }
+
     #[cold]
-    fn retire_checked(&self, state: &mut CacheState, live: Live) -> Result<(), AllocError> {
+    fn checked_slow(&self, live: Live) -> Result<Block, AllocError> {
         // SAFETY: the block came back, so nothing uses it; it holds `requested + CANARY_LEN`
         // initialised bytes since `poison` ran when it was handed out.
         if unsafe { debug::canary_intact(live.block.ptr, live.requested) } {
-            self.cache_block(state, live.block);
-            return Ok(());
+            return Ok(live.block);
         }
         let mut shared = lock(&self.shared);
         shared.corrupted_blocks += 1;
@@ -571,68 +491,129 @@ impl CachingAllocator {
         })
     }
 
-    /// Keeps an idle block in a thread cache, within the thread's credit.
+    /// Keeps an idle block in a locked thread cache if its credit covers it; otherwise hands
+    /// the block back for [`cache_slow`](Self::cache_slow), to call once the lock is dropped.
     #[inline(always)]
-    fn cache_block(&self, state: &mut CacheState, block: Block) {
-        if state.idle.bytes() + block.size() <= state.credit {
-            state.idle.push(block);
-        } else {
-            self.cache_block_slow(state, block);
+    pub(crate) fn cache_locked(&self, state: &mut CacheState, block: Block) -> Option<Block> {
+        if state.idle.bytes() + block.size() > state.credit {
+            return Some(block);
         }
+        let stamp = self.clock.stamp(state);
+        state.idle.push(block, stamp);
+        None
     }
 
-    /// The thread's credit is used up: grow it from the unreserved part of the cap, evicting
-    /// the shared cache's least recently used blocks to make room; if other threads hold the
-    /// rest of the cap, evict this thread's own least recently used blocks instead.
+    /// A block did not fit its cache's credit: get more of the cap (reclaiming other threads'
+    /// spare credit, then evicting the least recently used idle blocks anywhere), or give the
+    /// block back to the system if the cap cannot hold it. Called with no lock held.
     #[cold]
-    fn cache_block_slow(&self, state: &mut CacheState, block: Block) {
+    pub(crate) fn cache_slow(&self, cache: &ThreadCache, mut block: Block) {
+        // Other threads may fill the new credit first; after a few rounds the block goes.
+        for _ in 0..3 {
+            let Some(grant) = self.make_room(block.size()) else {
+                break;
+            };
+            let mut state = cache.lock();
+            state.credit += grant;
+            let spilled = self.cache_locked(&mut state, block);
+            cache.publish(&state);
+            match spilled {
+                None => return,
+                Some(b) => block = b,
+            }
+        }
         let mut shared = lock(&self.shared);
-        let need = state.idle.bytes() + block.size() - state.credit;
-        while shared.unreserved(self.cap) < need {
-            let Some(old) = shared.idle.pop_lru() else {
-                break;
-            };
-            self.evict(&mut shared, old);
-        }
-        let available = shared.unreserved(self.cap);
-        let grant = if available >= need {
-            need.max(CREDIT_STEP).min(available)
-        } else {
-            available
-        };
-        state.credit += grant;
-        shared.credit_total += grant;
-        if block.size() > state.credit {
-            self.evict(&mut shared, block);
-            return;
-        }
-        while state.idle.bytes() + block.size() > state.credit {
-            let Some(old) = state.idle.pop_lru() else {
-                break;
-            };
-            self.evict(&mut shared, old);
-        }
-        state.idle.push(block);
+        self.evict(&mut shared, block);
     }
 
-    /// A released pointer is not live in this thread's cache: look in the others (a block may
-    /// be released on another thread than the one that allocated it).
-    #[cold]
-    fn release_elsewhere(&self, here: &ThreadCache, addr: usize) -> Result<(), AllocError> {
-        let registry = lock(&self.registry);
-        for cache in registry.iter() {
-            if core::ptr::eq(Arc::as_ptr(cache), here) {
+    /// Grants credit for `need` idle bytes, making room under the cap if needed: first by
+    /// reclaiming the credit threads hold beyond their idle blocks, then by evicting the least
+    /// recently used idle blocks of the whole allocator, one at a time. `None` if even an
+    /// empty cache could not hold `need` bytes, or nothing is left to evict.
+    fn make_room(&self, need: usize) -> Option<usize> {
+        if need > self.config.max_cached_bytes {
+            return None;
+        }
+        let mut reclaimed = false;
+        loop {
+            if let Some(grant) = lock(&self.shared).grant(need) {
+                return Some(grant);
+            }
+            if !reclaimed {
+                reclaimed = true;
+                self.reclaim_spare_credit();
                 continue;
             }
+            if !self.evict_oldest() {
+                return None;
+            }
+        }
+    }
+
+    /// Takes back every thread's credit beyond its idle blocks.
+    fn reclaim_spare_credit(&self) {
+        self.registry.for_each(|cache| {
             let mut state = cache.lock();
-            if let Some(live) = state.live.remove(addr) {
-                state.counters.remove_live(&live);
-                drop(state);
-                // SAFETY: `here` is this thread's own cache (from `release`), not locked now.
-                let mut state = unsafe { here.lock_local() };
-                let result = self.retire(&mut state, live);
-                here.publish(&state);
-                return result;
+            let spare = state.credit - state.idle.bytes();
+            if spare > 0 {
+                state.credit -= spare;
+                lock(&self.shared).return_credit(spare);
+            }
+        });
+    }
+
+    /// Evicts the least recently used idle block of the whole allocator (pool or any thread
+    /// cache; see `eviction` for how exact the order is). `false` if nothing is idle.
+    fn evict_oldest(&self) -> bool {
+        self.clock.advance();
+        let mut oldest: Option<(u64, Option<Arc<ThreadCache>>)> =
+            lock(&self.shared).pool_oldest().map(|stamp| (stamp, None));
+        self.registry.for_each(|cache| {
+            if !cache.may_have_idle() {
+                return;
+            }
+            if let Some(stamp) = cache.lock().idle.oldest_stamp() {
+                if oldest.as_ref().is_none_or(|(s, _)| stamp < *s) {
+                    oldest = Some((stamp, Some(cache.clone())));
+                }
+            }
+        });
+        match oldest {
+            None => false,
+            Some((_, None)) => {
+                let mut shared = lock(&self.shared);
+                if let Some((_, block)) = shared.pool_pop_lru() {
+                    self.evict(&mut shared, block);
+                }
+                true
+            }
+            Some((_, Some(cache))) => {
+                // Another thread may have emptied it meanwhile: then the caller looks again.
+                let mut state = cache.lock();
+                if let Some((_, block)) = state.idle.pop_lru() {
+                    state.credit -= block.size();
+                    let mut shared = lock(&self.shared);
+                    shared.return_credit(block.size());
+                    self.evict(&mut shared, block);
+                }
+                cache.publish(&state);
+                true
+            }
+        }
+    }
+
+    /// A released pointer is not live in this thread's cache: the directory says which
+    /// cache's books hold it, if any.
+    #[cold]
+    fn release_elsewhere(&self, here: &ThreadCache, addr: usize) -> Result<(), AllocError> {
+        if let Some(Some(home)) = self.directory.home(addr) {
+            if !core::ptr::eq(&*home, here) {
+                let mut state = home.lock();
+                if let Some(live) = state.live.remove(addr) {
+                    state.counters.remove_live(&live);
+                    // Back to the cache of the thread that took it, which will reuse it.
+                    return self.retire(&home, state, live);
+                }
             }
         }
         if is_dangling(addr) {
@@ -641,13 +622,28 @@ impl CachingAllocator {
         Err(AllocError::UnknownPointer { addr })
     }
 
-    /// Moves every idle block of a thread cache to the shared cache and returns its credit.
-    fn move_to_shared(state: &mut CacheState, shared: &mut SharedCache) {
-        while let Some(block) = state.idle.pop_lru() {
-            shared.idle.push(block);
-        }
-        shared.credit_total -= state.credit;
+    /// Moves every idle block of a locked thread cache to the shared pool and returns its
+    /// credit.
+    pub(crate) fn move_to_pool(&self, state: &mut CacheState) {
+        let mut shared = lock(&self.shared);
+        shared.return_credit(state.credit);
         state.credit = 0;
+        while let Some((stamp, block)) = state.idle.pop_lru() {
+            // Under the pool's lock, before anyone can take it from there.
+            self.directory.set_home(block.addr(), None);
+            shared.pool_insert(block, stamp);
+        }
+    }
+
+    /// Empties the cache of an exited thread that is being forgotten (locked, no live block):
+    /// its idle blocks go to the pool, its counters to the shared books.
+    fn forget_cache(&self, state: &mut CacheState) {
+        self.move_to_pool(state);
+        let mut shared = lock(&self.shared);
+        // Keep the forgotten cache's counters: stats must not go backwards.
+        shared.retired_hits += state.counters.hits;
+        shared.retired_misses += state.counters.misses;
+        shared.retired_peak_live += state.counters.peak_live_bytes;
     }
 
     /// Gives a block back to the system because of the cap, the limit or a trim.
@@ -656,137 +652,86 @@ impl CachingAllocator {
         self.system_free(shared, block);
     }
 
-    fn system_free(&self, shared: &mut SharedCache, block: Block) {
+    pub(crate) fn system_free(&self, shared: &mut SharedCache, block: Block) {
+        self.directory.remove(block.addr());
         // SAFETY: blocks are only built from system allocations of exactly `block.layout()`,
         // and every caller passes a block it just removed from the books, so it is freed once.
         unsafe { self.system.dealloc(block.ptr.as_ptr(), block.layout()) };
-        shared.reserved -= block.size();
+        shared.unreserve(block.size());
         shared.system_frees += 1;
     }
 
-    /// Returns every live and scoped block of every thread to its thread's cache, then hands
-    /// unused credit back. Returns the blocks found overrun (already freed).
-    fn reset_all(&self) -> Vec<Overrun> {
-        let mut overruns = Vec::new();
-        for cache in lock(&self.registry).iter() {
-            let mut state = cache.lock_exclusive();
-            let state = &mut *state;
-            let mut returning = core::mem::take(&mut state.returning);
-            state.live.drain_into(&mut returning);
-            returning.extend(state.scoped.drain(..).map(|s| s.live));
-            for live in returning.drain(..) {
-                state.counters.remove_live(&live);
-                if let Err(AllocError::Corrupted {
-                    addr,
-                    requested,
-                    class_size,
-                }) = self.retire(state, live)
-                {
-                    overruns.push(Overrun {
-                        addr,
-                        requested,
-                        class_size,
-                    });
-                }
-            }
-            state.returning = returning;
-            cache.publish(state);
-            // Credit nobody uses now goes back to the pool, for threads that need more; one
-            // step of slack stays, so the next kernel's releases need no shared lock.
-            let surplus = (state.credit - state.idle.bytes()).saturating_sub(CREDIT_STEP);
-            if surplus > 0 {
-                let mut shared = lock(&self.shared);
-                state.credit -= surplus;
-                shared.credit_total -= surplus;
-            }
-        }
-        overruns
+    /// Idle bytes, in every cache.
+    fn cached_bytes(&self) -> usize {
+        let mut bytes = 0;
+        self.registry
+            .for_each(|cache| bytes += cache.lock().idle.bytes());
+        bytes + lock(&self.shared).pool_bytes()
     }
 
-    /// Drops the caches of exited threads, keeping their idle blocks in the shared cache.
-    fn forget_exited_threads(&mut self) {
-        self.forget_exited(&mut lock(&self.registry));
+    /// Idle blocks, in every cache.
+    fn cached_blocks(&self) -> usize {
+        let mut blocks = 0;
+        self.registry
+            .for_each(|cache| blocks += cache.lock().idle.blocks());
+        blocks + lock(&self.shared).pool_blocks()
     }
 
-    /// Drops from `registry` (locked by the caller) the caches of exited threads that hold no
-    /// live block and no open scope, moving their idle blocks and credit to the shared cache and
-    /// keeping their counters. Only the registry refers to such a cache any more: its thread
-    /// cleared `LAST` before exiting, and other threads reach it only under the registry lock.
-    fn forget_exited(&self, registry: &mut Vec<Arc<ThreadCache>>) {
-        let mut gone = Vec::new();
-        registry.retain(|cache| {
-            if !cache.forgettable() {
-                return true;
-            }
-            let mut state = cache.lock();
-            if !state.live.is_empty() || !state.scoped.is_empty() {
-                return true;
-            }
-            let idle = core::mem::replace(&mut state.idle, IdleLists::new());
-            gone.push((idle, core::mem::take(&mut state.credit), state.counters));
-            false
-        });
-        if gone.is_empty() {
-            return;
-        }
-        // The shared lock comes after every cache lock (the lock order), hence two passes.
-        let mut shared = lock(&self.shared);
-        for (mut idle, credit, counters) in gone {
-            while let Some(block) = idle.pop_lru() {
-                shared.idle.push(block);
-            }
-            shared.credit_total -= credit;
-            // Keep the forgotten cache's counters: stats must not go backwards.
-            shared.retired_hits += counters.hits;
-            shared.retired_misses += counters.misses;
-            shared.retired_peak_live += counters.peak_live_bytes;
+    /// Advances the eviction clock (resets do).
+    pub(crate) fn tick(&self) {
+        self.clock.advance();
+    }
+
+    /// Forgets the caches of exited threads that hold nothing live.
+    pub(crate) fn forget_exited_threads(&self) {
+        self.registry
+            .forget_exited_now(|state| self.forget_cache(state));
+    }
+
+    /// Hands spare credit of a just-reset cache back, keeping one step so the next kernel's
+    /// releases need no shared lock.
+    pub(crate) fn trim_credit(&self, state: &mut CacheState) {
+        let spare = (state.credit - state.idle.bytes()).saturating_sub(CREDIT_STEP);
+        if spare > 0 {
+            state.credit -= spare;
+            lock(&self.shared).return_credit(spare);
         }
     }
 }
 
-fn first_overrun(overruns: &[Overrun]) -> Result<(), AllocError> {
-    match overruns.first() {
-        None => Ok(()),
-        Some(o) => Err(AllocError::Corrupted {
-            addr: o.addr,
-            requested: o.requested,
-            class_size: o.class_size,
-        }),
-    }
+/// Whether `bytes` is more than the machine's memory, so freeing the idle cache cannot help.
+/// Unknown (other systems, Miri) counts as no.
+fn larger_than_memory(bytes: usize) -> bool {
+    physical_memory().is_some_and(|total| bytes > total)
 }
 
-fn report_overruns(overruns: &[Overrun]) {
-    if overruns.is_empty() {
-        return;
-    }
-    let list: Vec<String> = overruns
-        .iter()
-        .map(|o| format!("{} bytes requested (class {})", o.requested, o.class_size))
-        .collect();
-    panic!(
-        "caching-allocator: {} block(s) were written past their requested end: {}; they were \
-         given back to the system and every other block was returned to the cache",
-        overruns.len(),
-        list.join(", ")
-    );
+#[cfg(all(target_os = "linux", not(miri)))]
+fn physical_memory() -> Option<usize> {
+    static TOTAL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *TOTAL.get_or_init(|| {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+        let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024)
+    })
+}
+
+#[cfg(not(all(target_os = "linux", not(miri))))]
+fn physical_memory() -> Option<usize> {
+    None
 }
 
 impl Drop for CachingAllocator {
     fn drop(&mut self) {
         let mut blocks = Vec::new();
-        for cache in self
-            .registry
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
+        self.registry.for_each(|cache| {
             // Threads may still hold an `Arc` of this cache in their thread-locals; `closed`
             // tells them to forget it. They never lock it again: that needs `&self`.
             cache.close();
-            collect_blocks(&mut cache.lock_exclusive(), &mut blocks);
-        }
+            collect_blocks(&mut cache.lock(), &mut blocks);
+        });
         let shared = self.shared.get_mut().unwrap_or_else(|e| e.into_inner());
-        while let Some(block) = shared.idle.pop_lru() {
+        while let Some((_, block)) = shared.pool_pop_lru() {
             blocks.push(block);
         }
         for block in blocks {
@@ -799,7 +744,7 @@ impl Drop for CachingAllocator {
 
 /// Empties a thread cache's books into `blocks`: idle, live and scoped alike.
 fn collect_blocks(state: &mut CacheState, blocks: &mut Vec<Block>) {
-    while let Some(block) = state.idle.pop_lru() {
+    while let Some((_, block)) = state.idle.pop_lru() {
         blocks.push(block);
     }
     let mut live = Vec::new();

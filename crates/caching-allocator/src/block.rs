@@ -61,16 +61,16 @@ impl Block {
 
 /// Idle blocks, one list per size class, with least-recently-used eviction across classes.
 ///
-/// Each list is a stack, oldest first. `take` serves from the top (warm in cache), `pop_lru`
-/// evicts the oldest block of all lists (the bottom of one of them), found through a bitmap of
-/// non-empty classes. Eviction shifts a list down by one; it is the slow path, the stack's
-/// push and pop are the fast one.
+/// Every block carries the stamp it was given when it became idle (see `eviction`). Each list
+/// is a stack sorted by stamp, oldest first. `take` serves from the top (warm in cache),
+/// `pop_lru` evicts the oldest block of all lists (the bottom of one of them), found through a
+/// bitmap of non-empty classes. Eviction shifts a list down by one; it is the slow path, the
+/// stack's push and pop are the fast one.
 pub(crate) struct IdleLists {
     lists: Vec<Vec<(u64, Block)>>,
     occupied: [u64; SizeClass::COUNT.div_ceil(64)],
     bytes: usize,
     blocks: usize,
-    clock: u64,
 }
 
 impl IdleLists {
@@ -80,7 +80,6 @@ impl IdleLists {
             occupied: [0; SizeClass::COUNT.div_ceil(64)],
             bytes: 0,
             blocks: 0,
-            clock: 0,
         }
     }
 
@@ -96,15 +95,32 @@ impl IdleLists {
         self.blocks
     }
 
-    /// Keeps `block` as the most recently used.
+    /// Keeps `block`, stamped `stamp`, as the most recently used of its class: `stamp` is at
+    /// least every stamp already in its list (a cache's stamps only grow).
     #[inline(always)]
-    pub(crate) fn push(&mut self, block: Block) {
+    pub(crate) fn push(&mut self, block: Block, stamp: u64) {
         let i = block.class.index();
         if self.lists.is_empty() {
             self.lists.resize_with(SizeClass::COUNT, Vec::new);
         }
-        self.clock += 1;
-        self.lists[i].push((self.clock, block));
+        let list = &mut self.lists[i];
+        debug_assert!(list.last().is_none_or(|(t, _)| *t <= stamp));
+        list.push((stamp, block));
+        self.occupied[i / 64] |= 1 << (i % 64);
+        self.bytes += block.size();
+        self.blocks += 1;
+    }
+
+    /// Keeps `block` with an older `stamp` than some already here (a block moved from another
+    /// cache): inserted where its stamp sorts, so least-recently-used order holds.
+    pub(crate) fn insert(&mut self, block: Block, stamp: u64) {
+        let i = block.class.index();
+        if self.lists.is_empty() {
+            self.lists.resize_with(SizeClass::COUNT, Vec::new);
+        }
+        let list = &mut self.lists[i];
+        let at = list.partition_point(|(t, _)| *t <= stamp);
+        list.insert(at, (stamp, block));
         self.occupied[i / 64] |= 1 << (i % 64);
         self.bytes += block.size();
         self.blocks += 1;
@@ -131,8 +147,8 @@ impl IdleLists {
         Some(block)
     }
 
-    /// Removes and returns the least recently used idle block of any class.
-    pub(crate) fn pop_lru(&mut self) -> Option<Block> {
+    /// The stamp of the least recently used idle block and its class index.
+    fn lru(&self) -> Option<(u64, usize)> {
         let mut best: Option<(u64, usize)> = None;
         for (word_index, &word) in self.occupied.iter().enumerate() {
             let mut bits = word;
@@ -145,14 +161,24 @@ impl IdleLists {
                 }
             }
         }
-        let (_, i) = best?;
-        let (_, block) = self.lists[i].remove(0);
+        best
+    }
+
+    /// The stamp of the least recently used idle block, if any.
+    pub(crate) fn oldest_stamp(&self) -> Option<u64> {
+        self.lru().map(|(stamp, _)| stamp)
+    }
+
+    /// Removes and returns the least recently used idle block of any class, with its stamp.
+    pub(crate) fn pop_lru(&mut self) -> Option<(u64, Block)> {
+        let (_, i) = self.lru()?;
+        let (stamp, block) = self.lists[i].remove(0);
         if self.lists[i].is_empty() {
             self.occupied[i / 64] &= !(1 << (i % 64));
         }
         self.bytes -= block.size();
         self.blocks -= 1;
-        Some(block)
+        Some((stamp, block))
     }
 }
 
@@ -169,8 +195,8 @@ mod tests {
     #[test]
     fn take_serves_newest_and_checks_alignment() {
         let mut idle = IdleLists::new();
-        idle.push(fake(4096, 100));
-        idle.push(fake(64 * 3, 100));
+        idle.push(fake(4096, 100), 1);
+        idle.push(fake(64 * 3, 100), 2);
         assert_eq!(idle.bytes(), 256);
         // align 64: newest first.
         assert_eq!(
@@ -179,7 +205,7 @@ mod tests {
                 .addr(),
             192
         );
-        idle.push(fake(64 * 3, 100));
+        idle.push(fake(64 * 3, 100), 3);
         // align 4096: only the first block qualifies.
         assert_eq!(
             idle.take(SizeClass::for_size(100).unwrap(), 4096)
@@ -195,13 +221,27 @@ mod tests {
     #[test]
     fn pop_lru_is_oldest_across_classes() {
         let mut idle = IdleLists::new();
-        idle.push(fake(64 * 10, 5000));
-        idle.push(fake(64 * 20, 64));
-        idle.push(fake(64 * 30, 5000));
-        assert_eq!(idle.pop_lru().unwrap().addr(), 640);
-        assert_eq!(idle.pop_lru().unwrap().addr(), 1280);
-        assert_eq!(idle.pop_lru().unwrap().addr(), 1920);
+        idle.push(fake(64 * 10, 5000), 1);
+        idle.push(fake(64 * 20, 64), 2);
+        idle.push(fake(64 * 30, 5000), 3);
+        assert_eq!(idle.oldest_stamp(), Some(1));
+        assert_eq!(idle.pop_lru().unwrap().1.addr(), 640);
+        assert_eq!(idle.pop_lru().unwrap().1.addr(), 1280);
+        assert_eq!(idle.pop_lru().unwrap().1.addr(), 1920);
         assert!(idle.pop_lru().is_none());
+        assert_eq!(idle.oldest_stamp(), None);
         assert_eq!((idle.bytes(), idle.blocks()), (0, 0));
+    }
+
+    #[test]
+    fn insert_keeps_each_class_sorted_by_stamp() {
+        let mut idle = IdleLists::new();
+        idle.push(fake(64 * 10, 5000), 10);
+        idle.push(fake(64 * 20, 5000), 30);
+        // A block moved from another cache, older than both.
+        idle.insert(fake(64 * 30, 5000), 5);
+        idle.insert(fake(64 * 40, 5000), 20);
+        let order: Vec<u64> = core::iter::from_fn(|| idle.pop_lru().map(|(t, _)| t)).collect();
+        assert_eq!(order, [5, 10, 20, 30]);
     }
 }

@@ -44,13 +44,15 @@
 
 mod allocator;
 mod api2;
-#[cfg(not(loom))]
-mod biased_lock;
 mod block;
 mod config;
 mod debug;
+mod directory;
 mod error;
+mod eviction;
 mod live_table;
+mod registry;
+mod reset;
 mod scope;
 mod shared_cache;
 mod size_class;

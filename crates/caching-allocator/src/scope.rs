@@ -7,7 +7,7 @@ use core::mem::{align_of, size_of, MaybeUninit};
 use core::ptr::NonNull;
 
 use crate::allocator::dangling;
-use crate::thread_cache::{Scoped, ThreadCache};
+use crate::thread_cache::{Local, Scoped};
 use crate::{AllocError, CachingAllocator};
 
 /// A region of scratch allocations that all go back to the cache when the scope is dropped.
@@ -28,11 +28,13 @@ use crate::{AllocError, CachingAllocator};
 /// out may go to other threads.
 pub struct Scope<'a> {
     alloc: &'a CachingAllocator,
-    cache: &'a ThreadCache,
+    /// This thread's cache, where the scope's blocks are booked (`Local` is not `Send`, so
+    /// neither is the scope).
+    cache: Local<'a>,
     id: u64,
     /// How many blocks of this scope are live in `cache`.
     blocks: Cell<usize>,
-    /// A scope's blocks are booked in its thread's cache; keep it on that thread.
+    /// Explicit, though `Local` already makes the scope `!Send`.
     _not_send: PhantomData<*mut ()>,
 }
 
@@ -75,16 +77,12 @@ impl<'a> Scope<'a> {
             .ok_or(AllocError::SizeOverflow { size: len, align })?;
         let req = self.alloc.request(size, align)?;
         let ptr: NonNull<u8> = if let Some(class) = req.class {
-            // SAFETY: a scope is not `Send`: this is the thread that made it, and `self.cache`
-            // is that thread's own cache; no guard of it is held here.
-            let block = unsafe {
-                self.alloc.take(self.cache, class, &req, |state, live| {
-                    state.scoped.push(Scoped {
-                        scope: self.id,
-                        live,
-                    });
-                })
-            }?;
+            let block = self.alloc.take(self.cache, class, &req, |state, live| {
+                state.scoped.push(Scoped {
+                    scope: self.id,
+                    live,
+                });
+            })?;
             self.blocks.set(self.blocks.get() + 1);
             block.ptr
         } else {
@@ -159,9 +157,8 @@ impl Drop for Scope<'_> {
             return;
         }
         let mut overruns = Vec::new();
-        // SAFETY: a scope is dropped on the thread that made it (it is not `Send`), and
-        // `self.cache` is that thread's own cache; no guard of it is held here.
-        let mut state = unsafe { self.cache.lock_local() };
+        let mut spilled = Vec::new();
+        let mut state = self.cache.lock();
         // Scopes dropped in the order they were opened find their blocks on top.
         while remaining > 0 {
             match state.scoped.last() {
@@ -173,8 +170,9 @@ impl Drop for Scope<'_> {
             };
             remaining -= 1;
             state.counters.remove_live(&entry.live);
-            if let Err(e) = self.alloc.retire(&mut state, entry.live) {
-                overruns.push(e);
+            match self.alloc.checked(entry.live) {
+                Ok(block) => spilled.extend(self.alloc.cache_locked(&mut state, block)),
+                Err(e) => overruns.push(e),
             }
         }
         // Dropped out of order: search the rest (another scope's blocks lie on top).
@@ -185,13 +183,17 @@ impl Drop for Scope<'_> {
                 let entry = state.scoped.remove(i);
                 remaining -= 1;
                 state.counters.remove_live(&entry.live);
-                if let Err(e) = self.alloc.retire(&mut state, entry.live) {
-                    overruns.push(e);
+                match self.alloc.checked(entry.live) {
+                    Ok(block) => spilled.extend(self.alloc.cache_locked(&mut state, block)),
+                    Err(e) => overruns.push(e),
                 }
             }
         }
         self.cache.publish(&state);
         drop(state);
+        for block in spilled {
+            self.alloc.cache_slow(self.cache.cache(), block);
+        }
         self.cache.scope_closed();
         if !overruns.is_empty() && !std::thread::panicking() {
             let list: Vec<String> = overruns.iter().map(ToString::to_string).collect();

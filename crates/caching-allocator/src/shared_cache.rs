@@ -1,17 +1,39 @@
-//! The shared cache: idle blocks no thread holds, and the allocator-wide books.
+//! The shared cache: idle blocks no thread holds, the cap's ledger, and the allocator-wide
+//! books (what was taken from the system, and the counters of forgotten thread caches).
+//!
+//! # The cap
+//! `max_cached_bytes` bounds the idle bytes of the whole allocator. Counting every release in
+//! one shared counter would put a shared write on every call, so the cap is handed out as
+//! *credit*: a thread cache may keep idle blocks up to its credit without asking anyone, and
+//! asks this ledger for more (in steps of [`CREDIT_STEP`]) when a release does not fit. The
+//! ledger's invariant, checked by `debug_assert!` on every change:
+//!
+//! `pool bytes + credit handed out <= cap`, and in each thread cache `idle bytes <= credit`,
+//!
+//! so the idle bytes of the allocator never exceed the cap. Credit follows the blocks: a block
+//! taken from another thread's cache, evicted, or moved to the pool gives its credit back, so
+//! no thread holds cap space for blocks it no longer has. A thread's spare credit (credit
+//! beyond its idle bytes, kept so the release of its live blocks stays local) is reclaimed by
+//! whichever thread runs short (see `CachingAllocator::make_room`).
 
-use crate::block::IdleLists;
+use crate::block::{Block, IdleLists};
+use crate::SizeClass;
+
+/// Credit is granted in steps of at least this much, so a thread warming up its cache does not
+/// take the shared lock for every small block it returns.
+pub(crate) const CREDIT_STEP: usize = 64 << 10;
 
 /// What the allocator's shared mutex protects. Threads come here on slow paths only: a miss in
 /// their own cache, a release that needs more of the cap, a trip to the system.
 pub(crate) struct SharedCache {
-    /// Idle blocks of no thread: trimmed, moved out of exited threads' caches, or kept by reset.
-    pub(crate) idle: IdleLists,
-    /// Sum of all thread caches' credits. `idle.bytes() + credit_total <= max_cached_bytes`
-    /// always: this is how the cap holds without counting every thread's every release.
-    pub(crate) credit_total: usize,
-    /// Bytes taken from the system and not given back (live + cached): what `limit_bytes` caps.
-    pub(crate) reserved: usize,
+    /// Idle blocks of no thread: trimmed, moved out of exited threads' caches, or spilled.
+    pool: IdleLists,
+    /// Credit handed out to thread caches (see the module docs).
+    credit_out: usize,
+    cap: usize,
+    /// Bytes taken from the system and not given back (live + cached): what `limit_bytes`
+    /// caps. Includes requests on their way to the system.
+    reserved: usize,
     pub(crate) peak_reserved: usize,
     pub(crate) system_allocs: u64,
     pub(crate) system_frees: u64,
@@ -25,10 +47,11 @@ pub(crate) struct SharedCache {
 }
 
 impl SharedCache {
-    pub(crate) const fn new() -> Self {
+    pub(crate) const fn new(cap: usize) -> Self {
         SharedCache {
-            idle: IdleLists::new(),
-            credit_total: 0,
+            pool: IdleLists::new(),
+            credit_out: 0,
+            cap,
             reserved: 0,
             peak_reserved: 0,
             system_allocs: 0,
@@ -42,8 +65,142 @@ impl SharedCache {
         }
     }
 
-    /// The part of the cap that neither the shared cache nor any thread's credit uses.
-    pub(crate) fn unreserved(&self, cap: usize) -> usize {
-        cap.saturating_sub(self.idle.bytes() + self.credit_total)
+    #[inline]
+    fn check(&self) {
+        debug_assert!(
+            self.pool.bytes() + self.credit_out <= self.cap,
+            "cap broken: pool {} + credit {} > cap {}",
+            self.pool.bytes(),
+            self.credit_out,
+            self.cap
+        );
+    }
+
+    // ---- the cap's ledger ----------------------------------------------------------------
+
+    /// Grants credit for `need` more idle bytes (at least `need`, up to a step more when the
+    /// cap allows), or `None` if the unused part of the cap is smaller than `need`.
+    pub(crate) fn grant(&mut self, need: usize) -> Option<usize> {
+        let available = self.cap.saturating_sub(self.pool.bytes() + self.credit_out);
+        if available < need {
+            return None;
+        }
+        let grant = need.max(CREDIT_STEP).min(available);
+        self.credit_out += grant;
+        self.check();
+        Some(grant)
+    }
+
+    /// Takes back `credit` a thread cache no longer needs.
+    pub(crate) fn return_credit(&mut self, credit: usize) {
+        debug_assert!(credit <= self.credit_out, "more credit back than out");
+        self.credit_out -= credit;
+    }
+
+    // ---- the pool ------------------------------------------------------------------------
+
+    /// Keeps an idle block with its stamp. The caller gave back at least its size in credit
+    /// just before (the block came from a thread cache), so the cap holds.
+    pub(crate) fn pool_insert(&mut self, block: Block, stamp: u64) {
+        self.pool.insert(block, stamp);
+        self.check();
+    }
+
+    /// The most recently used pooled block of `class` aligned to `align`.
+    pub(crate) fn pool_take(&mut self, class: SizeClass, align: usize) -> Option<Block> {
+        self.pool.take(class, align)
+    }
+
+    /// The pool's least recently used block, with its stamp.
+    pub(crate) fn pool_pop_lru(&mut self) -> Option<(u64, Block)> {
+        self.pool.pop_lru()
+    }
+
+    /// The stamp of the pool's least recently used block.
+    pub(crate) fn pool_oldest(&self) -> Option<u64> {
+        self.pool.oldest_stamp()
+    }
+
+    pub(crate) fn pool_bytes(&self) -> usize {
+        self.pool.bytes()
+    }
+
+    pub(crate) fn pool_blocks(&self) -> usize {
+        self.pool.blocks()
+    }
+
+    // ---- what was taken from the system ---------------------------------------------------
+
+    /// Counts `size` more bytes as taken from the system if the total stays within `limit`.
+    /// `false` leaves the books unchanged.
+    pub(crate) fn try_reserve(&mut self, size: usize, limit: usize) -> bool {
+        match self.reserved.checked_add(size) {
+            Some(total) if total <= limit => {
+                self.reserved = total;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Undoes `try_reserve` for a request the system refused, or counts a block given back.
+    pub(crate) fn unreserve(&mut self, size: usize) {
+        debug_assert!(size <= self.reserved, "more bytes back than taken");
+        self.reserved -= size;
+    }
+
+    pub(crate) fn reserved(&self) -> usize {
+        self.reserved
+    }
+
+    /// Records a block the system handed over (its bytes were reserved before the call).
+    pub(crate) fn allocated(&mut self) {
+        self.system_allocs += 1;
+        // The peak counts bytes really taken: a refused request must not raise it.
+        self.peak_reserved = self.peak_reserved.max(self.reserved);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::ptr::NonNull;
+
+    fn fake(addr: usize, size: usize) -> Block {
+        let ptr = NonNull::new(core::ptr::without_provenance_mut(addr)).unwrap();
+        // SAFETY: bookkeeping only; never given to the system allocator.
+        unsafe { Block::new(ptr, SizeClass::for_size(size).unwrap(), 64) }
+    }
+
+    #[test]
+    fn credit_and_pool_share_the_cap() {
+        let mut shared = SharedCache::new(256 << 10);
+        // A small need gets a whole step.
+        assert_eq!(shared.grant(100), Some(CREDIT_STEP));
+        assert_eq!(shared.grant(128 << 10), Some(128 << 10));
+        // 64 KiB left: a 128 KiB need is refused, a 64 KiB one granted exactly.
+        assert_eq!(shared.grant(128 << 10), None);
+        assert_eq!(shared.grant(64 << 10), Some(64 << 10));
+        assert_eq!(shared.grant(1), None);
+        // A cache gives 128 KiB of credit back and moves a 128 KiB block to the pool: the
+        // pool's bytes count against the cap like credit.
+        shared.return_credit(128 << 10);
+        shared.pool_insert(fake(4096, 128 << 10), 7);
+        assert_eq!(shared.grant(1), None);
+        assert_eq!(shared.pool_pop_lru().map(|(t, _)| t), Some(7));
+        assert_eq!(shared.grant(1), Some(CREDIT_STEP));
+    }
+
+    #[test]
+    fn reserve_never_overflows() {
+        let mut shared = SharedCache::new(0);
+        // Three requests of 15 << 59 bytes: the third would pass 2^64.
+        assert!(shared.try_reserve(15 << 59, usize::MAX));
+        assert!(shared.try_reserve(15 << 59, usize::MAX));
+        assert!(!shared.try_reserve(15 << 59, usize::MAX));
+        assert_eq!(shared.reserved(), 30 << 59);
+        assert!(!shared.try_reserve(100, 30 << 59));
+        shared.unreserve(30 << 59);
+        assert_eq!(shared.reserved(), 0);
     }
 }

@@ -2,41 +2,31 @@
 //!
 //! Each thread that uses an allocator gets a `ThreadCache` of its own. Its lock is taken by its
 //! thread on every call and by other threads only on slow paths (trim, reset, stealing idle
-//! blocks, releasing a block allocated elsewhere), so in steady state it is never contended.
+//! blocks, releasing a block allocated elsewhere, evicting for the cap), so in steady state it
+//! is never contended: a lock costs one uncontended atomic swap.
 
 use core::cell::{Cell, RefCell};
 
-#[cfg(not(loom))]
-use crate::biased_lock::{BiasedGuard, BiasedLock};
+use core::marker::PhantomData;
+use core::ops::Deref;
+
 use crate::block::{Block, IdleLists};
 use crate::live_table::LiveTable;
-use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Ordering};
-#[cfg(loom)]
-use crate::sync::{SpinGuard, SpinLock};
+use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Ordering, SpinGuard, SpinLock};
 
-/// The lock of a thread cache: biased towards its thread (see `biased_lock`). Under loom, a
-/// plain lock: loom cannot model the asymmetric barrier, and the rest of the logic is the same.
-#[cfg(not(loom))]
-type CacheLock = BiasedLock<CacheState>;
 /// Access to a locked thread cache.
-#[cfg(not(loom))]
-pub(crate) type CacheGuard<'a> = BiasedGuard<'a, CacheState>;
-#[cfg(loom)]
-type CacheLock = SpinLock<CacheState>;
-/// Access to a locked thread cache.
-#[cfg(loom)]
 pub(crate) type CacheGuard<'a> = SpinGuard<'a, CacheState>;
 
 /// One thread's cache in one allocator.
 pub(crate) struct ThreadCache {
-    state: CacheLock,
-    /// Whether one thread owns this cache (and may take the lock's owner path). The allocator's
+    state: SpinLock<CacheState>,
+    /// Whether one thread owns this cache (and alone opens scopes on it). The allocator's
     /// fallback cache, used by threads whose thread-locals are gone, is shared.
     owned: bool,
     /// Set when the allocator is dropped, so threads forget their entry.
     closed: AtomicBool,
     /// How many idle blocks the cache held when last unlocked: lets other threads skip empty
-    /// caches without locking them (a foreign lock costs a heavy barrier). Only a hint: a stale
+    /// caches without locking them (and without bouncing their lock's cache line). Only a hint: a stale
     /// value costs a wasted lock or a missed steal, never a wrong result.
     idle_hint: AtomicUsize,
     /// The thread exited (its thread-locals were dropped): nobody takes the fast path of this
@@ -90,6 +80,10 @@ pub(crate) struct CacheState {
     /// Blocks handed out to scopes on this thread, newest last.
     pub(crate) scoped: Vec<Scoped>,
     pub(crate) counters: Counters,
+    /// The eviction clock's tick when this cache last stamped an idle block, and how many it
+    /// stamped in that tick: together they order this cache's blocks (see `eviction`).
+    pub(crate) stamp_tick: u64,
+    pub(crate) stamp_seq: u64,
 }
 
 impl Counters {
@@ -110,22 +104,37 @@ impl Counters {
 }
 
 impl ThreadCache {
-    pub(crate) fn new(owned: bool) -> Self {
-        ThreadCache {
+    /// A new cache. Every cache lives in an `Arc` (what [`to_arc`](Self::to_arc) relies on).
+    pub(crate) fn new_arc(owned: bool) -> Arc<Self> {
+        Arc::new(ThreadCache {
             owned,
-            state: CacheLock::new(CacheState {
+            state: SpinLock::new(CacheState {
                 idle: IdleLists::new(),
                 credit: 0,
                 live: LiveTable::new(),
                 returning: Vec::new(),
                 scoped: Vec::new(),
                 counters: Counters::default(),
+                stamp_tick: 0,
+                stamp_seq: 0,
             }),
             closed: AtomicBool::new(false),
             idle_hint: AtomicUsize::new(0),
             exited: AtomicBool::new(false),
             open_scopes: AtomicUsize::new(0),
             scope_serial: AtomicU64::new(0),
+        })
+    }
+
+    /// Another `Arc` of this cache (for the block directory's entries).
+    pub(crate) fn to_arc(&self) -> Arc<ThreadCache> {
+        let ptr: *const ThreadCache = self;
+        // SAFETY: every `ThreadCache` is made by `new_arc`, so `ptr` points into an `Arc`
+        // allocation, and the `&self` borrow proves a strong reference is alive now: adding
+        // one and taking ownership of it is `Arc::clone`.
+        unsafe {
+            Arc::increment_strong_count(ptr);
+            Arc::from_raw(ptr)
         }
     }
 
@@ -140,10 +149,10 @@ impl ThreadCache {
         self.has_exited() && self.open_scopes.load(Ordering::Acquire) == 0
     }
 
-    /// Counts a scope opened on this cache (by the calling thread) and returns its id, unique
-    /// among the scopes of this cache.
+    /// Counts a scope opened on this cache and returns its id, unique among the scopes of this
+    /// cache. Only through [`Local`]: the owner path needs the cache's own thread.
     #[inline]
-    pub(crate) fn scope_opened(&self) -> u64 {
+    fn scope_opened(&self) -> u64 {
         if self.owned {
             // Only the owner thread opens scopes on an owned cache: no read-modify-write needed.
             let n = self.open_scopes.load(Ordering::Relaxed);
@@ -157,9 +166,9 @@ impl ThreadCache {
         }
     }
 
-    /// Counts a scope closed on this cache (by the thread that opened it).
+    /// Counts a scope closed on this cache. Only through [`Local`], as `scope_opened`.
     #[inline]
-    pub(crate) fn scope_closed(&self) {
+    fn scope_closed(&self) {
         if self.owned {
             let n = self.open_scopes.load(Ordering::Relaxed);
             self.open_scopes.store(n - 1, Ordering::Release);
@@ -180,38 +189,60 @@ impl ThreadCache {
         self.idle_hint.load(Ordering::Relaxed) > 0
     }
 
-    /// Locks from this cache's own thread: no atomic read-modify-write in the common case.
-    ///
-    /// # Safety
-    /// The calling thread is the one this cache was made for (the cache came from
-    /// `CachingAllocator::thread_cache` on this thread), and it holds no guard of this cache.
+    /// Locks the cache, from any thread.
     #[inline]
-    pub(crate) unsafe fn lock_local(&self) -> CacheGuard<'_> {
-        #[cfg(not(loom))]
-        if self.owned {
-            // SAFETY: the caller is the owner thread and holds no guard; `owned` caches are
-            // reached through `lock_local` by that thread only.
-            return unsafe { self.state.lock_as_owner() };
-        }
-        self.state.lock()
-    }
-
-    /// Locks from any thread.
     pub(crate) fn lock(&self) -> CacheGuard<'_> {
         self.state.lock()
     }
 
-    /// Locks when no other thread is inside a call on the allocator (`&mut self`, or
-    /// `reset_unchecked`'s contract): skips the barrier the owner protocol needs.
-    pub(crate) fn lock_exclusive(&self) -> CacheGuard<'_> {
-        #[cfg(not(loom))]
-        return self.state.lock_exclusive();
-        #[cfg(loom)]
-        return self.state.lock();
-    }
-
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
+    }
+}
+
+/// The calling thread's own cache: a handle that cannot leave the thread (it is not `Send`),
+/// so the methods that rely on running on the cache's thread need no `unsafe` contract.
+#[derive(Clone, Copy)]
+pub(crate) struct Local<'a> {
+    cache: &'a ThreadCache,
+    _not_send: PhantomData<*mut ()>,
+}
+
+impl<'a> Local<'a> {
+    /// # Safety
+    /// `cache` is the calling thread's own cache (or a shared cache, `owned == false`).
+    #[inline]
+    pub(crate) unsafe fn new(cache: &'a ThreadCache) -> Self {
+        Local {
+            cache,
+            _not_send: PhantomData,
+        }
+    }
+
+    /// The cache, for what any thread may do with it.
+    #[inline]
+    pub(crate) fn cache(self) -> &'a ThreadCache {
+        self.cache
+    }
+
+    /// Counts a scope opened by this thread and returns its id.
+    #[inline]
+    pub(crate) fn scope_opened(self) -> u64 {
+        self.cache.scope_opened()
+    }
+
+    /// Counts a scope closed by this thread.
+    #[inline]
+    pub(crate) fn scope_closed(self) {
+        self.cache.scope_closed()
+    }
+}
+
+impl Deref for Local<'_> {
+    type Target = ThreadCache;
+    #[inline]
+    fn deref(&self) -> &ThreadCache {
+        self.cache
     }
 }
 
@@ -276,7 +307,7 @@ pub(crate) fn find_or_create(
                     owned
                         .0
                         .retain(|(_, cache)| !cache.closed.load(Ordering::Acquire));
-                    let cache = Arc::new(ThreadCache::new(true));
+                    let cache = ThreadCache::new_arc(true);
                     register(&cache);
                     let ptr = Arc::as_ptr(&cache);
                     owned.0.push((id, cache));

@@ -112,18 +112,25 @@ fn limit_exceeded_changes_nothing_live() {
         "nothing idle to evict: nothing may change"
     );
 
-    // With idle blocks, they are evicted first; only if that is not enough is the request
-    // refused. The live blocks are never touched.
+    // A request that cannot fit even with every idle block evicted (8 KiB live + 16 KiB >
+    // 16 KiB) is refused before anything is evicted: on error nothing changes.
     // SAFETY: released once, not used after.
     unsafe { alloc.release(b) }.unwrap();
+    let before = alloc.stats();
     let e = alloc.allocate(16 << 10, 64).unwrap_err();
     assert!(
-        matches!(e, AllocError::LimitExceeded { reserved: 8192, .. }),
+        matches!(e, AllocError::LimitExceeded { reserved, .. } if reserved == limit),
         "{e:?}"
     );
+    assert_eq!(alloc.stats(), before, "an impossible request evicted");
+    // One that fits once idle blocks are gone evicts them, least recently used first; the
+    // live blocks are never touched.
+    let c = alloc.allocate(4096, 64).unwrap();
     let after = alloc.stats();
-    assert_eq!((after.live_blocks, after.live_bytes), (1, 8192));
+    assert_eq!((after.live_blocks, after.live_bytes), (2, 8192 + 4096));
     assert_eq!((after.cached_blocks, after.evictions), (0, 1));
+    // SAFETY: released once, not used after.
+    unsafe { alloc.release(c) }.unwrap();
     // Zero bytes never count against the limit.
     assert!(alloc.allocate(0, 64).is_ok());
     // SAFETY: released once, not used after.

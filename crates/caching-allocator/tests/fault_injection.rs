@@ -435,19 +435,21 @@ fn limit_exceeded_run() {
     // A cached block of the class still serves past the limit: no new bytes needed.
     let hit = alloc.allocate(4000, 64).unwrap();
     assert_eq!(alloc.stats().system_allocs, after.system_allocs);
-    // Now a new class cannot fit even after evicting the last idle block: refused, with the
-    // idle block evicted on the way and every live block untouched.
+    // Now a new class cannot fit even after evicting the last idle block: refused before
+    // anything is evicted (on error nothing changes), every live block untouched.
+    let before = alloc.stats();
     let err = alloc.allocate(16 << 10, 64).unwrap_err();
     let stats = alloc.stats();
     assert!(
         matches!(err, AllocError::LimitExceeded { reserved, .. } if reserved == stats.reserved_bytes)
     );
     assert_eq!(stats.live_blocks, 12 + 1 + 1);
+    assert_eq!(stats, before, "an impossible request changed the books");
     assert_eq!(
-        stats.cached_blocks, 0,
-        "idle blocks are evicted before refusing"
+        stats.cached_blocks, 1,
+        "the idle block was evicted for nothing"
     );
-    check_books(&stats, &sys, 32 << 10, "refused after evicting");
+    check_books(&stats, &sys, 32 << 10, "refused without evicting");
 
     for p in live.into_iter().chain([big, hit]) {
         // SAFETY: released once, not used after.

@@ -1,0 +1,81 @@
+//! The thread registry: every thread cache of one allocator, so that reset, trim, stats and
+//! eviction reach the caches of idle threads too.
+//!
+//! A thread registers its cache on its first call. A cache whose thread has exited is
+//! *forgotten* once it holds no live block and no open scope (its idle blocks go to the shared
+//! pool first), so a runtime that spawns threads without end does not grow the registry
+//! without end: forgetting runs whenever a new thread registers, and at `reset(&mut self)`.
+//!
+//! Lock order, allocator-wide: registry, then one thread cache, then the shared cache, then a
+//! directory shard. Code that walks the registry holds its lock and locks one cache at a time.
+
+use crate::sync::{lock, Arc, Mutex};
+use crate::thread_cache::{CacheGuard, ThreadCache};
+
+pub(crate) struct Registry {
+    caches: Mutex<Vec<Arc<ThreadCache>>>,
+    /// The cache of calls made while a thread's locals are torn down: shared by such threads,
+    /// never forgotten.
+    fallback: Arc<ThreadCache>,
+}
+
+impl Registry {
+    pub(crate) fn new() -> Self {
+        let fallback = ThreadCache::new_arc(false);
+        Registry {
+            caches: Mutex::new(vec![fallback.clone()]),
+            fallback,
+        }
+    }
+
+    pub(crate) fn fallback(&self) -> &Arc<ThreadCache> {
+        &self.fallback
+    }
+
+    /// Adds a new thread's cache; first forgets exited threads' caches, handing each (locked,
+    /// empty of live blocks) to `forget` to empty it.
+    pub(crate) fn register(&self, cache: &Arc<ThreadCache>, forget: impl FnMut(&mut CacheGuard)) {
+        let mut caches = lock(&self.caches);
+        Self::forget_exited(&mut caches, forget);
+        caches.push(cache.clone());
+    }
+
+    /// Forgets the caches of exited threads that hold no live block and no open scope, handing
+    /// each (locked) to `forget`, which moves its idle blocks and credit elsewhere.
+    pub(crate) fn forget_exited_now(&self, forget: impl FnMut(&mut CacheGuard)) {
+        Self::forget_exited(&mut lock(&self.caches), forget);
+    }
+
+    fn forget_exited(caches: &mut Vec<Arc<ThreadCache>>, mut forget: impl FnMut(&mut CacheGuard)) {
+        caches.retain(|cache| {
+            if !cache.forgettable() {
+                return true;
+            }
+            let mut state = cache.lock();
+            if !state.live.is_empty() || !state.scoped.is_empty() {
+                return true;
+            }
+            forget(&mut state);
+            debug_assert!(state.idle.blocks() == 0 && state.credit == 0);
+            false
+        });
+    }
+
+    /// Calls `f` on every cache, under the registry's lock (so `f` may lock one cache, then the
+    /// shared cache, but must not reach the registry again).
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&Arc<ThreadCache>)) {
+        for cache in lock(&self.caches).iter() {
+            f(cache);
+        }
+    }
+
+    /// The caches as they are now, for work that must not hold the registry's lock (it may
+    /// need it again, through eviction).
+    pub(crate) fn snapshot(&self) -> Vec<Arc<ThreadCache>> {
+        lock(&self.caches).clone()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.caches).len()
+    }
+}

@@ -1,0 +1,140 @@
+//! Resets: every block handed out by `allocate` (or the `Allocator` trait), on any thread,
+//! goes back to the cache at once, as ExecuTorch's runtime does after every kernel.
+//!
+//! A reset visits the thread caches one at a time, under each cache's own lock, so it is safe
+//! against every other call running at the same time on other threads: allocations, releases,
+//! scopes, stats, trims and other resets. What a concurrent allocation gets is decided by its
+//! cache's lock:
+//!
+//! - a block whose `allocate` returned before the reset began is taken back;
+//! - a block whose `allocate` began after the reset returned survives it;
+//! - a block allocated while the reset runs is taken back if the reset reached its thread's
+//!   cache after the allocation, and survives otherwise. Either way the books stay exact: the
+//!   block is live or idle, never both, never lost.
+//!
+//! Blocks of a [`Scope`](crate::Scope) are not taken: they go back when their scope drops
+//! (a scope may be open on another thread while a reset runs).
+
+use crate::allocator::CachingAllocator;
+use crate::thread_cache::Live;
+use crate::AllocError;
+
+impl CachingAllocator {
+    /// Every block handed out by [`allocate`](Self::allocate) or the `Allocator` trait, on any
+    /// thread, goes back to the cache (ExecuTorch's `reset()`). `&mut self` proves nothing
+    /// handed out is still in use. Idle bookkeeping of exited threads is dropped here too.
+    ///
+    /// Blocks that do not fit under `max_cached_bytes` go back to the system, least recently
+    /// used first.
+    ///
+    /// # Panics
+    /// With debug checks on, if any block was written past its requested end: every other
+    /// block is returned first, then the panic names the overrun blocks' sizes and classes.
+    pub fn reset(&mut self) {
+        let overruns = self.reset_all();
+        self.forget_exited_threads();
+        report_overruns(&overruns);
+    }
+
+    /// Like [`reset`](Self::reset), through a shared reference, as a temp allocator's owner
+    /// needs. Other threads may be inside any call on this allocator meanwhile (see the
+    /// `reset` module docs for which of their blocks survive); open [`Scope`](crate::Scope)s
+    /// keep their blocks.
+    ///
+    /// # Safety
+    /// No memory handed out by `allocate` or the `Allocator` trait before this call is used
+    /// or released after it. (A block allocated *concurrently* with this call may have been
+    /// taken back: only use such a block if the caller's own synchronisation orders its
+    /// allocation after this call.)
+    ///
+    /// # Panics
+    /// As [`reset`](Self::reset).
+    pub unsafe fn reset_unchecked(&self) {
+        let overruns = self.reset_all();
+        report_overruns(&overruns);
+    }
+
+    /// Like [`reset`](Self::reset), but an overrun found by debug checks is an error instead of
+    /// a panic: every block is still returned (overrun ones to the system), and the error
+    /// describes the first overrun block found (`Stats::corrupted_blocks` counts all of them).
+    ///
+    /// # Errors
+    /// [`AllocError::Corrupted`] if debug checks found a block written past its requested end.
+    pub fn try_reset(&mut self) -> Result<(), AllocError> {
+        let overruns = self.reset_all();
+        self.forget_exited_threads();
+        first_overrun(&overruns)
+    }
+
+    /// [`try_reset`](Self::try_reset) through a shared reference.
+    ///
+    /// # Errors
+    /// As [`try_reset`](Self::try_reset).
+    ///
+    /// # Safety
+    /// As [`reset_unchecked`](Self::reset_unchecked).
+    pub unsafe fn try_reset_unchecked(&self) -> Result<(), AllocError> {
+        first_overrun(&self.reset_all())
+    }
+
+    /// Returns every live block of every thread to its thread's cache, within the cap, then
+    /// hands unused credit back. Returns the errors of blocks found overrun (already freed).
+    fn reset_all(&self) -> Vec<AllocError> {
+        self.tick();
+        let mut overruns = Vec::new();
+        // A snapshot: blocks that do not fit the cap need eviction, which walks the registry.
+        for cache in self.registry.snapshot() {
+            let mut state = cache.lock();
+            let mut returning: Vec<Live> = core::mem::take(&mut state.returning);
+            state.live.drain_into(&mut returning);
+            let mut spilled = Vec::new();
+            for live in returning.drain(..) {
+                state.counters.remove_live(&live);
+                match self.checked(live) {
+                    Ok(block) => spilled.extend(self.cache_locked(&mut state, block)),
+                    Err(overrun) => overruns.push(overrun),
+                }
+            }
+            state.returning = returning;
+            if spilled.is_empty() {
+                self.trim_credit(&mut state);
+            }
+            cache.publish(&state);
+            drop(state);
+            for block in spilled {
+                self.cache_slow(&cache, block);
+            }
+        }
+        overruns
+    }
+}
+
+fn first_overrun(overruns: &[AllocError]) -> Result<(), AllocError> {
+    match overruns.first() {
+        None => Ok(()),
+        Some(e) => Err(e.clone()),
+    }
+}
+
+fn report_overruns(overruns: &[AllocError]) {
+    if overruns.is_empty() {
+        return;
+    }
+    let list: Vec<String> = overruns
+        .iter()
+        .map(|e| match e {
+            AllocError::Corrupted {
+                requested,
+                class_size,
+                ..
+            } => format!("{requested} bytes requested (class {class_size})"),
+            other => other.to_string(),
+        })
+        .collect();
+    panic!(
+        "caching-allocator: {} block(s) were written past their requested end: {}; they were \
+         given back to the system and every other block was returned to the cache",
+        overruns.len(),
+        list.join(", ")
+    );
+}
