@@ -67,8 +67,7 @@ unsafe impl GlobalAlloc for Counting {
             self.arrived.fetch_add(1, Ordering::SeqCst);
             let start = Instant::now();
             let wait = Duration::from_millis(if cfg!(miri) { 50 } else { 500 });
-            while self.arrived.load(Ordering::SeqCst) < self.rendezvous && start.elapsed() < wait
-            {
+            while self.arrived.load(Ordering::SeqCst) < self.rendezvous && start.elapsed() < wait {
                 std::thread::yield_now();
             }
             return std::ptr::null_mut();
@@ -190,7 +189,6 @@ fn reset_race(debug_checks: bool) {
                 }
                 n += 1;
                 resets.store(n, Ordering::SeqCst);
-                std::thread::yield_now();
             }
         });
         for t in 0..3u64 {
@@ -198,6 +196,7 @@ fn reset_race(debug_checks: bool) {
                 let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (t + 1));
                 let mut seen = 0;
                 let mut since_reset = 0;
+                let mut held = Vec::new();
                 while !stop.load(Ordering::SeqCst) {
                     let now = resets.load(Ordering::SeqCst);
                     if now != seen {
@@ -221,17 +220,24 @@ fn reset_race(debug_checks: bool) {
                     // no block is released there: a stale pointer could be another thread's
                     // block by now, in the middle of its poisoning.
                     match rng.next() % 8 {
-                        0..=2 if !debug_checks => {
-                            // A release racing a reset: the block survived it (Ok) or the
-                            // reset took it (UnknownPointer, nothing changes).
-                            // SAFETY: nothing uses `p` after this call.
-                            match unsafe { alloc.release(p) } {
-                                Ok(()) => released_ok.fetch_add(1, Ordering::Relaxed),
-                                Err(AllocError::UnknownPointer { addr: a }) if a == addr(p) => {
-                                    released_reset.fetch_add(1, Ordering::Relaxed)
-                                }
-                                Err(e) => panic!("release racing a reset: {e:?}"),
-                            };
+                        0..=3 if !debug_checks => {
+                            // Held a while, then released, racing the resets: each release
+                            // is `Ok` (the block survived every reset since it was handed out)
+                            // or `UnknownPointer` (a reset took it; nothing changes). A block
+                            // a reset took may be another thread's by now: still fine, as
+                            // nothing writes to blocks here.
+                            held.push(p);
+                            if held.len() > 8 {
+                                let q = held.swap_remove((rng.next() % 8) as usize);
+                                // SAFETY: nothing uses `q` after this call.
+                                match unsafe { alloc.release(q) } {
+                                    Ok(()) => released_ok.fetch_add(1, Ordering::Relaxed),
+                                    Err(AllocError::UnknownPointer { addr: a }) if a == addr(q) => {
+                                        released_reset.fetch_add(1, Ordering::Relaxed)
+                                    }
+                                    Err(e) => panic!("release racing a reset: {e:?}"),
+                                };
+                            }
                         }
                         3 if t == 2 => {
                             let st = alloc.stats();
@@ -269,7 +275,11 @@ fn reset_race(debug_checks: bool) {
     let s = balance(&alloc, &sys, "after free_cached");
     assert_eq!((s.reserved_bytes, s.cached_blocks), (0, 0), "{s:?}");
     drop(alloc);
-    assert_eq!(sys.held(), (0, 0), "blocks leaked past the allocator's drop");
+    assert_eq!(
+        sys.held(),
+        (0, 0),
+        "blocks leaked past the allocator's drop"
+    );
 }
 
 /// Defect 1: a reset racing with allocations corrupts the books (wrapped `live_blocks`,
@@ -280,10 +290,15 @@ fn reset_race(debug_checks: bool) {
 /// and after a final quiet reset live = 0, reserved = cached, and every byte the system handed
 /// out is accounted for (nothing leaked once the allocator is dropped). Run with and without
 /// debug checks.
+///
+/// On the old core the race shows only some of the time (it needs the threads really running
+/// at once), so it runs a few rounds: in 20 runs of this test there, every one failed.
 #[test]
 fn reset_racing_with_allocations_keeps_the_books_exact() {
-    reset_race(false);
-    reset_race(true);
+    for _ in 0..if cfg!(miri) { 1 } else { 3 } {
+        reset_race(false);
+        reset_race(true);
+    }
 }
 
 // ---- 3. the cap ---------------------------------------------------------------------------
@@ -326,10 +341,7 @@ fn a_thread_holds_no_cap_for_blocks_it_no_longer_has() {
                 "round {round} (T1 alive): evicted or went to the system though the working \
                  set (3 MiB) is under the cap (4 MiB); first round {first:?}, now {now:?}"
             );
-            assert!(
-                now.cached_bytes >= 3 * MIB,
-                "round {round}: {now:?}"
-            );
+            assert!(now.cached_bytes >= 3 * MIB, "round {round}: {now:?}");
         }
         go_tx.send(()).unwrap();
         t1.join().unwrap();
@@ -530,8 +542,18 @@ fn a_16_tib_request_the_system_refuses_evicts_nothing() {
     );
     let after = balance(&alloc, &sys, "after the refused 16 TiB");
     assert_eq!(
-        (after.cached_bytes, after.cached_blocks, after.evictions, after.system_frees),
-        (before.cached_bytes, before.cached_blocks, before.evictions, before.system_frees),
+        (
+            after.cached_bytes,
+            after.cached_blocks,
+            after.evictions,
+            after.system_frees
+        ),
+        (
+            before.cached_bytes,
+            before.cached_blocks,
+            before.evictions,
+            before.system_frees
+        ),
         "the 16 TiB request evicted the idle cache: {after:?}"
     );
     assert!(sys.freed().is_empty(), "evicted {:x?}", sys.freed());
@@ -564,10 +586,20 @@ fn reserved_bytes_cannot_overflow_with_concurrent_huge_requests() {
         size: huge,
         align: 64,
     };
-    assert_eq!(errors, vec![oom.clone(), oom.clone(), oom], "({} reached the system)", sys.arrived.load(Ordering::SeqCst));
+    assert_eq!(
+        errors,
+        vec![oom.clone(), oom.clone(), oom],
+        "({} reached the system)",
+        sys.arrived.load(Ordering::SeqCst)
+    );
     let st = balance(&alloc, &sys, "after three refused huge requests");
     assert_eq!(
-        (st.reserved_bytes, st.peak_reserved_bytes, st.live_bytes, st.system_allocs),
+        (
+            st.reserved_bytes,
+            st.peak_reserved_bytes,
+            st.live_bytes,
+            st.system_allocs
+        ),
         (0, 0, 0, 0),
         "{st:?}"
     );
@@ -619,7 +651,11 @@ fn unknown_pointers_are_rejected_with_many_threads_registered() {
             // `release` must reject it without touching the memory behind it.
             let r = unsafe { alloc.release(p) };
             assert_eq!(r, Err(AllocError::UnknownPointer { addr: a }), "{a:#x}");
-            assert_eq!(alloc.stats(), before, "{a:#x}: a rejected release changed the stats");
+            assert_eq!(
+                alloc.stats(),
+                before,
+                "{a:#x}: a rejected release changed the stats"
+            );
         }
     });
     let st = balance(&alloc, &sys, "after");
