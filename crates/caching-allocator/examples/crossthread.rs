@@ -37,9 +37,12 @@ struct SendPtr(NonNull<u8>);
 // SAFETY: the block behind it is used by one thread at a time: the producer hands it over.
 unsafe impl Send for SendPtr {}
 
+type AllocFn<'a> = &'a (dyn Fn() -> NonNull<u8> + Sync);
+type FreeFn<'a> = &'a (dyn Fn(NonNull<u8>) + Sync);
+
 /// ns per block of a pipeline whose producer calls `alloc` and whose consumer writes one byte
 /// and calls `free`.
-fn pipeline(alloc: &(dyn Fn() -> NonNull<u8> + Sync), free: &(dyn Fn(NonNull<u8>) + Sync)) -> f64 {
+fn pipeline(alloc: AllocFn, free: FreeFn) -> f64 {
     let (tx, rx) = mpsc::sync_channel::<SendPtr>(64);
     let start = Instant::now();
     std::thread::scope(|s| {
@@ -62,11 +65,7 @@ fn pipeline(alloc: &(dyn Fn() -> NonNull<u8> + Sync), free: &(dyn Fn(NonNull<u8>
 fn pipelines() {
     let layout = Layout::from_size_align(BLOCK, 64).unwrap();
     let caching = CachingAllocator::new(64 << 20);
-    let cases: [(
-        &str,
-        &(dyn Fn() -> NonNull<u8> + Sync),
-        &(dyn Fn(NonNull<u8>) + Sync),
-    ); 3] = [
+    let cases: [(&str, AllocFn, FreeFn); 3] = [
         (
             "caching allocate / release",
             &|| caching.allocate(BLOCK, 64).unwrap(),

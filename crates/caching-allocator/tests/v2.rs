@@ -178,8 +178,8 @@ fn reset_race(debug_checks: bool) {
                     // they were handed before this reset is used after it (they never write
                     // to a block, and release only through the checked `release`).
                     0 => unsafe { alloc.reset_unchecked() },
-                    // SAFETY: as above.
                     1 => assert_eq!(
+                        // SAFETY: as above.
                         unsafe { alloc.try_reset_unchecked() },
                         Ok(()),
                         "a racing reset reported corruption though nothing wrote to any block"
