@@ -1,6 +1,8 @@
 //! Core v2 (issue 10): one test per defect the issue lists, each asserting the behaviour the
 //! issue asks for. Every test here failed on the core as it stood when the issue was filed
-//! (except the last, a guard); the report of that run is in the commit that added them.
+//! (commit edd5a27), except the last, a guard that passed there. On that core the reset race
+//! can corrupt the heap and abort the whole test binary: run the tests one by one
+//! (`-- --exact NAME`) to see each failure.
 //!
 //! Iteration counts and durations scale down under Miri.
 
