@@ -28,7 +28,8 @@ rustup component add --toolchain nightly rust-src >/dev/null
 
 # The tests that run several threads on one allocator, plus the single-thread model replay and
 # the error paths (AddressSanitizer checks every block access there too).
-tests=(--test stress --test fault_injection --test fuzz_ops --test bad_input --test regressions)
+tests=(--test stress --test fault_injection --test fuzz_ops --test bad_input --test regressions
+    --test v2)
 
 for san in "${sanitizers[@]}"; do
     start=$(date +%s)
@@ -43,5 +44,11 @@ for san in "${sanitizers[@]}"; do
     CA_SANITIZER="$san" \
         cargo +nightly test -Zbuild-std --target "$target" --release \
         -p caching-allocator "${tests[@]}" -- --test-threads=2
+    # The reset race through the C ABI (issue 10): ca_reset on one thread, ca_allocate on three.
+    RUSTFLAGS="-Zsanitizer=${san} -Cdebug-assertions=on" \
+    RUSTDOCFLAGS="-Zsanitizer=${san}" \
+    CA_SANITIZER="$san" \
+        cargo +nightly test -Zbuild-std --target "$target" --release \
+        -p caching-allocator-capi --lib -- --exact tests::reset_races_with_allocations_through_the_c_abi
     echo "== ${san} sanitizer: passed in $(( $(date +%s) - start )) s =="
 done

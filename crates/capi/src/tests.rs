@@ -237,3 +237,148 @@ fn status_names() {
     let unknown = unsafe { CStr::from_ptr(ca_status_name(42)) };
     assert_eq!(unknown, c"CA_STATUS_UNKNOWN");
 }
+
+/// Core v2 (issue 10), defect 1 through the C ABI: `ca_reset` on one thread while three others
+/// `ca_allocate` (and some `ca_release`, and one reads `ca_stats`). The old core wrapped
+/// `live_blocks`, turned thousands of internal panics into `CA_STATUS_INTERNAL` and leaked
+/// blocks. Desired: every call succeeds (a racing release is `CA_STATUS_OK` or, for a block the
+/// reset took, `CA_STATUS_UNKNOWN_POINTER`), stats never wrap, and after a final quiet
+/// `ca_reset` the stats are exact: nothing live, reserved = cached, every block taken from the
+/// system accounted for. Nothing writes to a block: a block may be reset as soon as it is
+/// handed out. (`scripts/sanitizers.sh` runs this under TSan and ASan, whose leak check covers
+/// `ca_destroy`.)
+///
+/// On the old core the race shows only some of the time, so it runs a few rounds.
+#[test]
+fn reset_races_with_allocations_through_the_c_abi() {
+    for _ in 0..if cfg!(miri) { 1 } else { 6 } {
+        c_abi_reset_race();
+    }
+}
+
+fn c_abi_reset_race() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    let cap = 8usize << 20;
+    let a = create(CaConfig {
+        max_cached_bytes: cap,
+        ..ca_config_default()
+    });
+    let handle = a as usize;
+    let min_resets = if cfg!(miri) { 6 } else { 50 };
+    let batch = if cfg!(miri) { 8 } else { 256 };
+    let stop = AtomicBool::new(false);
+    let resets = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let (stop, resets) = (&stop, &resets);
+        s.spawn(move || {
+            struct Stop<'a>(&'a AtomicBool);
+            impl Drop for Stop<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, Ordering::SeqCst);
+                }
+            }
+            let _stop = Stop(stop);
+            let a = handle as *mut CaAllocator;
+            let start = Instant::now();
+            let mut n = 0;
+            while n < min_resets || (!cfg!(miri) && start.elapsed() < Duration::from_millis(300)) {
+                // SAFETY: `a` is live until `ca_destroy` below, after this scope; the new
+                // contract lets `ca_reset` race with other calls (no block is written).
+                let r = unsafe { ca_reset(a) };
+                if r != CaStatus::Ok {
+                    // SAFETY: as above.
+                    panic!("ca_reset: {r:?}: {}", message(unsafe { ca_last_error(a) }));
+                }
+                n += 1;
+                resets.store(n, Ordering::SeqCst);
+            }
+        });
+        for t in 0..3u64 {
+            s.spawn(move || {
+                let a = handle as *mut CaAllocator;
+                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (t + 1);
+                let mut rng = move || {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x
+                };
+                let (mut seen, mut since_reset) = (0, 0);
+                let mut held = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    let now = resets.load(Ordering::SeqCst);
+                    if now != seen {
+                        (seen, since_reset) = (now, 0);
+                    }
+                    if since_reset >= batch {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    since_reset += 1;
+                    let size = 1 + (rng() % 16_384) as usize;
+                    // SAFETY: `a` is live (see above).
+                    let p = unsafe { ca_allocate(a, size, 64) };
+                    if p.is_null() {
+                        // SAFETY: as above.
+                        let e = unsafe { ca_last_error(a) };
+                        panic!("ca_allocate({size}): {:?}: {}", e.code, message(e));
+                    }
+                    match rng() % 8 {
+                        0..=3 => {
+                            // Held a while, then released, racing the resets.
+                            held.push(p as usize);
+                            if held.len() > 8 {
+                                let q = held.swap_remove((rng() % 8) as usize);
+                                // SAFETY: `a` is live; nothing uses `q` after this call.
+                                let r = unsafe { ca_release(a, q as *mut core::ffi::c_void) };
+                                assert!(
+                                    matches!(r, CaStatus::Ok | CaStatus::UnknownPointer),
+                                    "ca_release racing ca_reset: {r:?}"
+                                );
+                            }
+                        }
+                        4 if t == 2 => {
+                            let mut st = CaStats::default();
+                            // SAFETY: `a` is live; `st` is a valid `CaStats`.
+                            assert_eq!(unsafe { ca_stats(a, &mut st) }, CaStatus::Ok);
+                            assert!(
+                                st.live_blocks < 1 << 32 && st.live_bytes < 1 << 48,
+                                "stats wrapped during the race: {st:?}"
+                            );
+                        }
+                        _ => {}
+                    }
+                }
+            });
+        }
+    });
+    assert!(resets.into_inner() >= min_resets);
+    // SAFETY: `a` is live until `ca_destroy`; every thread has ended, so this reset is quiet.
+    unsafe {
+        assert_eq!(ca_reset(a), CaStatus::Ok);
+        let mut st = CaStats::default();
+        assert_eq!(ca_stats(a, &mut st), CaStatus::Ok);
+        assert_eq!(
+            (st.live_blocks, st.live_bytes, st.requested_bytes),
+            (0, 0, 0),
+            "{st:?}"
+        );
+        assert_eq!(st.reserved_bytes, st.cached_bytes, "{st:?}");
+        assert_eq!(
+            st.system_allocs - st.system_frees,
+            st.cached_blocks as u64,
+            "{st:?}"
+        );
+        assert!(st.cached_bytes <= cap, "{st:?}");
+        assert_eq!(ca_free_cached(a), CaStatus::Ok);
+        assert_eq!(ca_stats(a, &mut st), CaStatus::Ok);
+        assert_eq!(
+            (st.reserved_bytes, st.cached_blocks, st.system_allocs),
+            (0, 0, st.system_frees),
+            "{st:?}"
+        );
+        assert_eq!(ca_destroy(a), CaStatus::Ok);
+    }
+}
