@@ -37,6 +37,8 @@ pub struct CachingAllocator {
     /// `config.limit_bytes`, or `usize::MAX` without a limit.
     limit: usize,
     debug: bool,
+    /// The class of a scope's bump chunk; `None` when chunks are off (or debug checks on).
+    pub(crate) scope_chunk: Option<SizeClass>,
     system: Arc<dyn GlobalAlloc + Send + Sync>,
     pub(crate) shared: Mutex<SharedCache>,
     pub(crate) registry: Registry,
@@ -80,6 +82,11 @@ impl CachingAllocator {
             id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
             limit: config.limit_bytes.unwrap_or(usize::MAX),
             debug: config.debug_checks,
+            scope_chunk: if config.debug_checks {
+                None
+            } else {
+                SizeClass::for_size(config.scope_chunk_bytes)
+            },
             system: config.system.clone(),
             shared: Mutex::new(SharedCache::new(config.max_cached_bytes)),
             config,
@@ -311,6 +318,15 @@ impl CachingAllocator {
                 block
             }
         };
+        if self.debug {
+            // Poisoned before it is booked live: from then on a reset on another thread may
+            // take it back (and check its canary) at any moment.
+            drop(state);
+            // SAFETY: the block is in nobody's books, so ours alone, and holds
+            // `size + CANARY_LEN` bytes (`request` chose the class for that many).
+            unsafe { debug::poison(block.ptr, req.size) };
+            state = local.lock();
+        }
         let live = Live {
             block,
             requested: req.size,
@@ -319,11 +335,6 @@ impl CachingAllocator {
         record(&mut state, live);
         local.publish(&state);
         drop(state);
-        if self.debug {
-            // SAFETY: the block is ours alone and holds `size + CANARY_LEN` bytes (`request`
-            // chose the class for that many).
-            unsafe { debug::poison(block.ptr, req.size) };
-        }
         Ok(block)
     }
 

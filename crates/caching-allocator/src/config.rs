@@ -22,16 +22,25 @@ pub struct Config {
     pub(crate) max_cached_bytes: usize,
     pub(crate) limit_bytes: Option<usize>,
     pub(crate) debug_checks: bool,
+    pub(crate) scope_chunk_bytes: usize,
     pub(crate) system: Arc<dyn GlobalAlloc + Send + Sync>,
 }
 
+/// The default of [`Config::scope_chunk_bytes`]: 32 KiB, eight 4 KiB requests per chunk.
+pub const DEFAULT_SCOPE_CHUNK_BYTES: usize = 32 << 10;
+
+/// Requests up to this many bytes are served from a scope's chunk (when chunks are on).
+pub const SCOPE_BUMP_MAX: usize = 4 << 10;
+
 impl Default for Config {
-    /// 64 MiB cached, no limit, no debug checks, `std::alloc::System` underneath.
+    /// 64 MiB cached, no limit, no debug checks, 32 KiB scope chunks, `std::alloc::System`
+    /// underneath.
     fn default() -> Self {
         Config {
             max_cached_bytes: 64 << 20,
             limit_bytes: None,
             debug_checks: false,
+            scope_chunk_bytes: DEFAULT_SCOPE_CHUNK_BYTES,
             system: Arc::new(System),
         }
     }
@@ -64,6 +73,21 @@ impl Config {
         self
     }
 
+    /// A [`Scope`](crate::Scope) serves requests of at most [`SCOPE_BUMP_MAX`] bytes (and
+    /// alignment) by bumping a pointer through a chunk of this many bytes taken from the cache
+    /// as one block, as an arena does: a few nanoseconds each instead of a cache round trip.
+    /// The chunk goes back when the scope drops. `0` turns chunks off (every request is a block
+    /// of its own); values are raised to at least twice [`SCOPE_BUMP_MAX`]. With debug checks
+    /// on, chunks are off too: each block needs its own canary.
+    pub fn scope_chunk_bytes(mut self, bytes: usize) -> Self {
+        self.scope_chunk_bytes = if bytes == 0 {
+            0
+        } else {
+            bytes.max(2 * SCOPE_BUMP_MAX)
+        };
+        self
+    }
+
     /// Where blocks come from and go back to; `std::alloc::System` by default. Tests use it to
     /// count calls and inject failures; a runtime may pass its own allocator.
     pub fn system_allocator(mut self, system: Arc<dyn GlobalAlloc + Send + Sync>) -> Self {
@@ -85,6 +109,11 @@ impl Config {
     pub fn get_debug_checks(&self) -> bool {
         self.debug_checks
     }
+
+    /// The size of a scope's bump chunk, 0 when chunks are off.
+    pub fn get_scope_chunk_bytes(&self) -> usize {
+        self.scope_chunk_bytes
+    }
 }
 
 impl fmt::Debug for Config {
@@ -93,6 +122,7 @@ impl fmt::Debug for Config {
             .field("max_cached_bytes", &self.max_cached_bytes)
             .field("limit_bytes", &self.limit_bytes)
             .field("debug_checks", &self.debug_checks)
+            .field("scope_chunk_bytes", &self.scope_chunk_bytes)
             .finish_non_exhaustive()
     }
 }

@@ -62,7 +62,7 @@ mod temp;
 mod thread_cache;
 
 pub use allocator::CachingAllocator;
-pub use config::Config;
+pub use config::{Config, DEFAULT_SCOPE_CHUNK_BYTES, SCOPE_BUMP_MAX};
 pub use error::AllocError;
 pub use scope::Scope;
 pub use size_class::SizeClass;

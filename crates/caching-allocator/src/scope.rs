@@ -6,8 +6,11 @@ use core::marker::PhantomData;
 use core::mem::{align_of, size_of, MaybeUninit};
 use core::ptr::NonNull;
 
-use crate::allocator::dangling;
+use crate::allocator::{dangling, Request};
+use crate::block::MIN_ALIGN;
+use crate::config::SCOPE_BUMP_MAX;
 use crate::thread_cache::{Local, Scoped};
+use crate::SizeClass;
 use crate::{AllocError, CachingAllocator};
 
 /// A region of scratch allocations that all go back to the cache when the scope is dropped.
@@ -34,6 +37,10 @@ pub struct Scope<'a> {
     id: u64,
     /// How many blocks of this scope are live in `cache`.
     blocks: Cell<usize>,
+    /// The free part of the current bump chunk: its start (with the chunk's provenance) and
+    /// length. Empty until the first small request.
+    bump: Cell<*mut u8>,
+    bump_left: Cell<usize>,
     /// Explicit, though `Local` already makes the scope `!Send`.
     _not_send: PhantomData<*mut ()>,
 }
@@ -49,6 +56,8 @@ impl CachingAllocator {
             cache,
             id,
             blocks: Cell::new(0),
+            bump: Cell::new(core::ptr::null_mut()),
+            bump_left: Cell::new(0),
             _not_send: PhantomData,
         }
     }
@@ -75,24 +84,88 @@ impl<'a> Scope<'a> {
         let size = len
             .checked_mul(size_of::<T>())
             .ok_or(AllocError::SizeOverflow { size: len, align })?;
-        let req = self.alloc.request(size, align)?;
-        let ptr: NonNull<u8> = if let Some(class) = req.class {
-            let block = self.alloc.take(self.cache, class, &req, |state, live| {
-                state.scoped.push(Scoped {
-                    scope: self.id,
-                    live,
-                });
-            })?;
-            self.blocks.set(self.blocks.get() + 1);
-            block.ptr
+        let ptr = if size <= SCOPE_BUMP_MAX && align <= SCOPE_BUMP_MAX && size > 0 {
+            match self.bump(size, align) {
+                Some(ptr) => ptr,
+                None => self.block(size, align)?,
+            }
         } else {
-            dangling(align)
+            self.block(size, align)?
         };
-        // SAFETY: `ptr` is aligned for `T` and valid for `size = len * size_of::<T>()` bytes
-        // (a fresh block of at least that class size, or dangling when `size` is 0), owned by
-        // this scope alone until it is dropped, which the returned borrow of `self` outlives
-        // not. `MaybeUninit<T>` needs no initialisation.
+        // SAFETY: `ptr` is aligned for `T` and valid for `size = len * size_of::<T>()` bytes: a
+        // fresh block of at least that class size, a part of the scope's chunk that the bump
+        // pointer has just moved past (so no other slice has it), or dangling when `size` is 0.
+        // It is owned by this scope alone until the scope is dropped, which the returned borrow
+        // of `self` cannot outlive. `MaybeUninit<T>` needs no initialisation.
         Ok(unsafe { core::slice::from_raw_parts_mut(ptr.as_ptr().cast(), len) })
+    }
+
+    /// A small request from the bump chunk, taking a new chunk when the current one is full.
+    /// `None` when chunks are off, or the cache could not give a chunk (the caller then asks
+    /// for a block of the request's own size, which reports the error if there is one).
+    #[inline(always)]
+    fn bump(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
+        let start = self.bump.get();
+        let pad = (start as usize).wrapping_neg() & (align - 1);
+        let left = self.bump_left.get();
+        if pad + size <= left {
+            // SAFETY: `left > 0` (as `size > 0`) only once `bump_slow` set `start` into a chunk
+            // this scope owns with `left` free bytes from `start` on; `pad + size <= left`
+            // keeps `start + pad + size` within it.
+            let ptr = unsafe { start.add(pad) };
+            // SAFETY: as above.
+            self.bump.set(unsafe { ptr.add(size) });
+            self.bump_left.set(left - pad - size);
+            // SAFETY: `ptr` is inside a live chunk block, so not null.
+            return Some(unsafe { NonNull::new_unchecked(ptr) });
+        }
+        self.bump_slow(size, align)
+    }
+
+    #[cold]
+    fn bump_slow(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
+        let class = self.alloc.scope_chunk?;
+        let req = Request {
+            size: class.size(),
+            align: MIN_ALIGN,
+            class: Some(class),
+        };
+        let chunk = self.take_block(class, &req).ok()?;
+        // A new chunk is 64-aligned and at least twice `SCOPE_BUMP_MAX` long, so a request of
+        // at most `SCOPE_BUMP_MAX` bytes and alignment fits with its padding.
+        self.bump.set(chunk.as_ptr());
+        self.bump_left.set(class.size());
+        let start = chunk.as_ptr();
+        let pad = (start as usize).wrapping_neg() & (align - 1);
+        debug_assert!(pad + size <= class.size());
+        // SAFETY: `pad + size <= class.size()`: inside the chunk.
+        let ptr = unsafe { start.add(pad) };
+        // SAFETY: as above.
+        self.bump.set(unsafe { ptr.add(size) });
+        self.bump_left.set(class.size() - pad - size);
+        NonNull::new(ptr)
+    }
+
+    /// A block of its own for `size` bytes (`dangling` for 0), booked to this scope.
+    #[inline]
+    fn block(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+        let req = self.alloc.request(size, align)?;
+        match req.class {
+            Some(class) => self.take_block(class, &req),
+            None => Ok(dangling(align)),
+        }
+    }
+
+    #[inline]
+    fn take_block(&self, class: SizeClass, req: &Request) -> Result<NonNull<u8>, AllocError> {
+        let block = self.alloc.take(self.cache, class, req, |state, live| {
+            state.scoped.push(Scoped {
+                scope: self.id,
+                live,
+            });
+        })?;
+        self.blocks.set(self.blocks.get() + 1);
+        Ok(block.ptr)
     }
 
     /// A slice of `len` copies of `value`.

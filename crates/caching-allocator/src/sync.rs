@@ -78,13 +78,13 @@ impl<T> SpinLock<T> {
         SpinGuard::new(self)
     }
 
+    /// Waits with back-off, retrying the swap. (No relaxed pre-check loop: a read-modify-write
+    /// always sees the latest value, which is also what lets loom check this loop as it runs.)
     #[cold]
     fn lock_contended(&self) {
         let mut spins = 0u32;
         loop {
-            while self.locked.load(Ordering::Relaxed) {
-                backoff(&mut spins);
-            }
+            backoff(&mut spins);
             if !self.locked.swap(true, Ordering::Acquire) {
                 return;
             }

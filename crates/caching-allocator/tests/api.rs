@@ -588,6 +588,89 @@ fn scopes_on_several_threads_share_one_allocator() {
 }
 
 #[test]
+fn small_scope_requests_share_one_chunk() {
+    let alloc = CachingAllocator::new(1 << 20);
+    let chunk = caching_allocator::DEFAULT_SCOPE_CHUNK_BYTES;
+    {
+        let scope = alloc.scope();
+        let mut slices: Vec<&mut [u8]> = Vec::new();
+        // 64 B each: a chunk holds `chunk / 64` of them, so this takes exactly two chunks.
+        let n = chunk / 64 + 1;
+        for i in 0..n {
+            slices.push(scope.alloc_slice_fill(64, i as u8).unwrap());
+        }
+        let s = alloc.stats();
+        assert_eq!((s.live_blocks, s.live_bytes), (2, 2 * chunk), "{s:?}");
+        // Distinct, in order within a chunk, untouched by the others' fills.
+        for (i, xs) in slices.iter().enumerate() {
+            assert!(
+                xs.iter().all(|&x| x == i as u8),
+                "slice {i} was overwritten"
+            );
+        }
+        let mut starts: Vec<usize> = slices.iter().map(|xs| xs.as_ptr() as usize).collect();
+        starts.sort_unstable();
+        assert!(
+            starts.windows(2).all(|w| w[1] - w[0] >= 64),
+            "slices overlap"
+        );
+    }
+    let s = alloc.stats();
+    assert_eq!((s.live_blocks, s.cached_blocks), (0, 2));
+    // The next scope reuses a chunk: no new system block.
+    let scope = alloc.scope();
+    let _ = scope.alloc_slice_fill(100, 1u32).unwrap();
+    assert_eq!(alloc.stats().system_allocs, 2);
+}
+
+#[test]
+fn scope_chunks_honour_alignment_and_leave_big_requests_alone() {
+    #[derive(Clone, Copy)]
+    #[repr(align(4096))]
+    struct Page([u8; 4096]);
+    let alloc = CachingAllocator::new(1 << 20);
+    let scope = alloc.scope();
+    let a = scope.alloc_slice_fill(3, 7u8).unwrap();
+    let b = scope.alloc_uninit::<Page>(1).unwrap();
+    assert_eq!(b.as_ptr() as usize % 4096, 0);
+    let c = scope.alloc_slice_fill(10, 1u64).unwrap();
+    assert_eq!(c.as_ptr() as usize % 8, 0);
+    assert_eq!(
+        alloc.stats().live_blocks,
+        1,
+        "three small requests, one chunk"
+    );
+    // Over `SCOPE_BUMP_MAX`: a block of its own.
+    let big = scope
+        .alloc_slice_fill(caching_allocator::SCOPE_BUMP_MAX + 1, 2u8)
+        .unwrap();
+    assert_eq!(alloc.stats().live_blocks, 2);
+    assert_eq!(a, &[7; 3]);
+    assert!(big.iter().all(|&x| x == 2));
+}
+
+#[test]
+fn scope_chunks_can_be_turned_off_and_are_off_with_debug_checks() {
+    for config in [
+        Config::default().scope_chunk_bytes(0),
+        Config::default().debug_checks(true),
+    ] {
+        let alloc = CachingAllocator::with_config(config.clone());
+        let scope = alloc.scope();
+        for _ in 0..3 {
+            let _ = scope.alloc_slice_fill(64, 0u8).unwrap();
+        }
+        assert_eq!(alloc.stats().live_blocks, 3, "{config:?}");
+    }
+    // Small chunk sizes are raised so every small request fits a fresh chunk.
+    let config = Config::default().scope_chunk_bytes(100);
+    assert_eq!(
+        config.get_scope_chunk_bytes(),
+        2 * caching_allocator::SCOPE_BUMP_MAX
+    );
+}
+
+#[test]
 fn zero_sized_scope_allocations() {
     let alloc = CachingAllocator::new(1 << 20);
     let scope = alloc.scope();

@@ -115,6 +115,8 @@ struct Outcome {
 fn workload(sys: &Arc<Faulty>, seed: u64) -> Outcome {
     let mut alloc = CachingAllocator::with_config(
         Config::default()
+            // Every scope request reaches the cache as a block (chunks off): the counts below.
+            .scope_chunk_bytes(0)
             .max_cached_bytes(CAP)
             .system_allocator(sys.clone()),
     );
@@ -348,6 +350,8 @@ fn failures_on_two_threads() {
         let sys = Faulty::new(5 + n * 7, 3);
         let alloc = CachingAllocator::with_config(
             Config::default()
+                // Every scope request reaches the cache as a block (chunks off): the counts below.
+                .scope_chunk_bytes(0)
                 .max_cached_bytes(64 << 10)
                 .system_allocator(sys.clone()),
         );
@@ -393,6 +397,8 @@ fn limit_exceeded_run() {
     let limit = 64 << 10;
     let alloc = CachingAllocator::with_config(
         Config::default()
+            // Every scope request reaches the cache as a block (chunks off): the counts below.
+            .scope_chunk_bytes(0)
             .max_cached_bytes(32 << 10)
             .limit_bytes(limit)
             .system_allocator(sys.clone()),

@@ -88,7 +88,13 @@ fn check(alloc: &CachingAllocator, held: &[Held], cap: usize, debug: bool, takes
 
 fn run(ops: Vec<Op>, cap: usize, debug: bool) {
     let mut alloc =
-        CachingAllocator::with_config(Config::default().max_cached_bytes(cap).debug_checks(debug));
+        // Scope requests as blocks of their own (chunks off): what the model books.
+        CachingAllocator::with_config(
+            Config::default()
+                .scope_chunk_bytes(0)
+                .max_cached_bytes(cap)
+                .debug_checks(debug),
+        );
     let mut held: Vec<Held> = Vec::new();
     let mut tag = 0u8;
     let mut takes = 0u64;

@@ -520,7 +520,10 @@ pub fn run(input: &Input) {
     let counting = Arc::new(Counting::default());
     let cap = cfg.cap_units as usize * 256;
     let limit = cfg.limit_units.map(|u| u as usize * 4096);
+    // The model books every scope request as a block of its own: scope chunks off (chunked
+    // scopes have their own tests in `api.rs` and `stress.rs`).
     let mut config = Config::default()
+        .scope_chunk_bytes(0)
         .max_cached_bytes(cap)
         .debug_checks(cfg.debug)
         .system_allocator(counting.clone());
