@@ -627,7 +627,7 @@ fn small_scope_requests_share_one_chunk() {
 fn scope_chunks_honour_alignment_and_leave_big_requests_alone() {
     #[derive(Clone, Copy)]
     #[repr(align(4096))]
-    struct Page([u8; 4096]);
+    struct Page(#[allow(dead_code)] [u8; 4096]);
     let alloc = CachingAllocator::new(1 << 20);
     let scope = alloc.scope();
     let a = scope.alloc_slice_fill(3, 7u8).unwrap();
