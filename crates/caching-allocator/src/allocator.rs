@@ -37,8 +37,8 @@ pub struct CachingAllocator {
     /// `config.limit_bytes`, or `usize::MAX` without a limit.
     limit: usize,
     debug: bool,
-    /// The class of a scope's bump chunk; `None` when chunks are off (or debug checks on).
-    pub(crate) scope_chunk: Option<SizeClass>,
+    /// The size of a scope's first bump chunk; 0 when chunks are off (or debug checks on).
+    pub(crate) scope_chunk: usize,
     system: Arc<dyn GlobalAlloc + Send + Sync>,
     pub(crate) shared: Mutex<SharedCache>,
     pub(crate) registry: Registry,
@@ -83,9 +83,9 @@ impl CachingAllocator {
             limit: config.limit_bytes.unwrap_or(usize::MAX),
             debug: config.debug_checks,
             scope_chunk: if config.debug_checks {
-                None
+                0
             } else {
-                SizeClass::for_size(config.scope_chunk_bytes)
+                config.scope_chunk_bytes
             },
             system: config.system.clone(),
             shared: Mutex::new(SharedCache::new(config.max_cached_bytes)),
@@ -364,10 +364,10 @@ impl CachingAllocator {
     /// blocks of exited threads to the shared pool. A block taken gives its credit back.
     fn steal(&self, here: &ThreadCache, class: SizeClass, align: usize) -> Option<Block> {
         let mut found = None;
-        self.registry.for_each(|cache| {
+        for cache in self.registry.snapshot() {
             // Our own cache was just searched; empty ones are not worth a lock.
-            if found.is_some() || core::ptr::eq(&**cache, here) || !cache.may_have_idle() {
-                return;
+            if found.is_some() || core::ptr::eq(&*cache, here) || !cache.may_have_idle() {
+                continue;
             }
             let mut state = cache.lock();
             if cache.has_exited() {
@@ -380,7 +380,7 @@ impl CachingAllocator {
                 found = Some(block);
             }
             cache.publish(&state);
-        });
+        }
         found
     }
 

@@ -74,9 +74,10 @@ impl Config {
     }
 
     /// A [`Scope`](crate::Scope) serves requests of at most [`SCOPE_BUMP_MAX`] bytes (and
-    /// alignment) by bumping a pointer through a chunk of this many bytes taken from the cache
-    /// as one block, as an arena does: a few nanoseconds each instead of a cache round trip.
-    /// The chunk goes back when the scope drops. `0` turns chunks off (every request is a block
+    /// alignment) by bumping a pointer through a chunk taken from the cache as one block, as an
+    /// arena does: a few nanoseconds each instead of a cache round trip. The first chunk of a
+    /// scope has this many bytes, each further one twice the last (up to 16 times the first);
+    /// they go back when the scope drops. `0` turns chunks off (every request is a block
     /// of its own); values are raised to at least twice [`SCOPE_BUMP_MAX`]. With debug checks
     /// on, chunks are off too: each block needs its own canary.
     pub fn scope_chunk_bytes(mut self, bytes: usize) -> Self {

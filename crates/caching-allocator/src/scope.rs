@@ -41,9 +41,15 @@ pub struct Scope<'a> {
     /// length. Empty until the first small request.
     bump: Cell<*mut u8>,
     bump_left: Cell<usize>,
+    /// Chunks taken so far: each is twice the last, up to 16 times the first, so a scope that
+    /// makes many small requests takes few chunks (as bumpalo's chunks grow).
+    chunks: Cell<u32>,
     /// Explicit, though `Local` already makes the scope `!Send`.
     _not_send: PhantomData<*mut ()>,
 }
+
+/// A scope's chunks double up to `2^MAX_CHUNK_DOUBLINGS` times the first.
+const MAX_CHUNK_DOUBLINGS: u32 = 4;
 
 impl CachingAllocator {
     /// Opens a [`Scope`]: allocations made through it go back to the cache when it is dropped.
@@ -58,6 +64,7 @@ impl CachingAllocator {
             blocks: Cell::new(0),
             bump: Cell::new(core::ptr::null_mut()),
             bump_left: Cell::new(0),
+            chunks: Cell::new(0),
             _not_send: PhantomData,
         }
     }
@@ -124,13 +131,18 @@ impl<'a> Scope<'a> {
 
     #[cold]
     fn bump_slow(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
-        let class = self.alloc.scope_chunk?;
+        if self.alloc.scope_chunk == 0 {
+            return None;
+        }
+        let n = self.chunks.get();
+        let class = SizeClass::for_size(self.alloc.scope_chunk << n.min(MAX_CHUNK_DOUBLINGS))?;
         let req = Request {
             size: class.size(),
             align: MIN_ALIGN,
             class: Some(class),
         };
         let chunk = self.take_block(class, &req).ok()?;
+        self.chunks.set(n + 1);
         // A new chunk is 64-aligned and at least twice `SCOPE_BUMP_MAX` long, so a request of
         // at most `SCOPE_BUMP_MAX` bytes and alignment fits with its padding.
         self.bump.set(chunk.as_ptr());

@@ -1,10 +1,15 @@
 //! The synchronisation primitives, in one module so that a model checker can swap them.
 //!
-//! Normal builds use `std`. Under `RUSTFLAGS="--cfg loom"` the locks, atomics and the spin
-//! lock's cell come from [loom](https://docs.rs/loom), which explores every interleaving of the
-//! threads of a model (see `tests/loom.rs`). The thread caches' [`SpinLock`] is the same code in
-//! both builds: loom checks the lock that really runs. Two things stay `std` under loom, on
-//! purpose:
+//! Normal builds use `std`. Under `RUSTFLAGS="--cfg loom"` the locks and atomics come from
+//! [loom](https://docs.rs/loom), which explores every interleaving of the threads of a model
+//! (see `tests/loom.rs`): every lock the allocator takes, in the order it takes them, and every
+//! atomic it reads. One primitive is swapped: the thread caches' [`SpinLock`] waits by spinning,
+//! and loom 0.7 cannot bound a spin loop (its model lets a waiting thread's swap read the old
+//! `true` forever, even with `yield_now`: a two-thread model of the bare lock exceeds loom's
+//! branch limit). Under loom the spin lock is therefore a loom `Mutex` with the same interface
+//! and the same acquire/release edges (lock = acquire, unlock = release); the spinning itself
+//! is checked by the multi-thread test below under Miri and by ThreadSanitizer
+//! (`scripts/sanitizers.sh`). Two things stay `std` under loom, on purpose:
 //!
 //! - `AtomicU64`: it numbers allocators from a `static` and ticks the eviction clock, and loom
 //!   atomics cannot be built in a `const` context (nor outlive one model execution). The
@@ -43,29 +48,27 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// on slow paths, so it is almost never contended, and then cheaper than `std::sync::Mutex`
 /// (whose unlock is a second read-modify-write). A waiter spins briefly, then yields: the
 /// holder keeps it for a few dozen instructions, but may have been preempted.
+#[cfg(not(loom))]
 pub(crate) struct SpinLock<T> {
     locked: AtomicBool,
-    #[cfg(not(loom))]
     data: core::cell::UnsafeCell<T>,
-    #[cfg(loom)]
-    data: loom::cell::UnsafeCell<T>,
 }
 
 // SAFETY: the lock hands out access to `data` to one thread at a time (the swap in `lock` is
 // the only way to a guard), so sharing the lock shares `T` only by moving access between
 // threads: `T: Send` is enough, as for `std::sync::Mutex`.
+#[cfg(not(loom))]
 unsafe impl<T: Send> Sync for SpinLock<T> {}
 // SAFETY: the lock owns its `T`.
+#[cfg(not(loom))]
 unsafe impl<T: Send> Send for SpinLock<T> {}
 
+#[cfg(not(loom))]
 impl<T> SpinLock<T> {
     pub(crate) fn new(value: T) -> Self {
         SpinLock {
             locked: AtomicBool::new(false),
-            #[cfg(not(loom))]
             data: core::cell::UnsafeCell::new(value),
-            #[cfg(loom)]
-            data: loom::cell::UnsafeCell::new(value),
         }
     }
 
@@ -75,16 +78,23 @@ impl<T> SpinLock<T> {
         if self.locked.swap(true, Ordering::Acquire) {
             self.lock_contended();
         }
-        SpinGuard::new(self)
+        SpinGuard { lock: self }
     }
 
-    /// Waits with back-off, retrying the swap. (No relaxed pre-check loop: a read-modify-write
-    /// always sees the latest value, which is also what lets loom check this loop as it runs.)
+    /// Waits until the lock looks free (reading only, so the waiter does not bounce the
+    /// holder's cache line), then retries the swap.
     #[cold]
     fn lock_contended(&self) {
         let mut spins = 0u32;
         loop {
-            backoff(&mut spins);
+            while self.locked.load(Ordering::Relaxed) {
+                if spins < 64 {
+                    spins += 1;
+                    core::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
             if !self.locked.swap(true, Ordering::Acquire) {
                 return;
             }
@@ -92,77 +102,79 @@ impl<T> SpinLock<T> {
     }
 }
 
-/// One round of waiting for a lock another thread holds.
-#[inline]
-fn backoff(spins: &mut u32) {
-    #[cfg(loom)]
-    {
-        let _ = spins;
-        loom::thread::yield_now();
-    }
-    #[cfg(not(loom))]
-    {
-        if *spins < 64 {
-            *spins += 1;
-            core::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
-    }
-}
-
 /// Access to a [`SpinLock`]'s data; dropping it unlocks.
+#[cfg(not(loom))]
 pub(crate) struct SpinGuard<'a, T> {
     lock: &'a SpinLock<T>,
-    /// Loom's record of this access to the cell; ended before the unlock.
-    #[cfg(loom)]
-    access: Option<loom::cell::MutPtr<T>>,
 }
 
-impl<'a, T> SpinGuard<'a, T> {
-    #[inline]
-    fn new(lock: &'a SpinLock<T>) -> Self {
-        SpinGuard {
-            lock,
-            #[cfg(loom)]
-            access: Some(lock.data.get_mut()),
-        }
-    }
-
-    #[inline]
-    fn data(&self) -> *mut T {
-        #[cfg(not(loom))]
-        return self.lock.data.get();
-        #[cfg(loom)]
-        // SAFETY: `access` is `Some` from `new` until `drop`.
-        return unsafe { self.access.as_ref().unwrap_unchecked().deref() };
-    }
-}
-
+#[cfg(not(loom))]
 impl<T> Deref for SpinGuard<'_, T> {
     type Target = T;
     #[inline]
     fn deref(&self) -> &T {
         // SAFETY: the guard exists only while this thread holds the lock (see `SpinLock::lock`),
         // so no other reference to the data exists; the borrow of `self` ends before the unlock.
-        unsafe { &*self.data() }
+        unsafe { &*self.lock.data.get() }
     }
 }
 
+#[cfg(not(loom))]
 impl<T> DerefMut for SpinGuard<'_, T> {
     #[inline]
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: as in `deref`, and `&mut self` makes this the only borrow through the guard.
-        unsafe { &mut *self.data() }
+        unsafe { &mut *self.lock.data.get() }
     }
 }
 
+#[cfg(not(loom))]
 impl<T> Drop for SpinGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
-        #[cfg(loom)]
-        drop(self.access.take());
         self.lock.locked.store(false, Ordering::Release);
+    }
+}
+
+/// Under loom: the spin lock's interface over a loom `Mutex` (see the module docs).
+#[cfg(loom)]
+pub(crate) struct SpinLock<T> {
+    inner: Mutex<T>,
+}
+
+#[cfg(loom)]
+impl<T> SpinLock<T> {
+    pub(crate) fn new(value: T) -> Self {
+        SpinLock {
+            inner: Mutex::new(value),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> SpinGuard<'_, T> {
+        SpinGuard {
+            guard: lock(&self.inner),
+        }
+    }
+}
+
+/// Access to a [`SpinLock`]'s data under loom; dropping it unlocks.
+#[cfg(loom)]
+pub(crate) struct SpinGuard<'a, T> {
+    guard: MutexGuard<'a, T>,
+}
+
+#[cfg(loom)]
+impl<T> Deref for SpinGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.guard
+    }
+}
+
+#[cfg(loom)]
+impl<T> DerefMut for SpinGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.guard
     }
 }
 
