@@ -338,3 +338,52 @@ fn scopes_and_stealing() {
         drop_and_check(alloc, &counting);
     });
 }
+
+/// A reset on one thread races with an allocation and a checked release on another (the
+/// pattern of ExecuTorch's thread-safety test: `reset()` while others allocate). Whatever the
+/// interleaving: the released block is either released (`Ok`) or was taken by the reset
+/// (`UnknownPointer`), never both; the second allocation survives or is taken, never lost; and
+/// once both threads are quiet a final reset leaves live 0 and reserved = cached.
+#[test]
+fn reset_races_with_allocation_and_release() {
+    model("reset_races_with_allocation_and_release", || {
+        let cap = 1 << 20;
+        let (alloc, counting) = allocator(cap);
+        let worker = {
+            let alloc = alloc.clone();
+            thread::spawn(move || {
+                let p = alloc.allocate(100, 64).unwrap();
+                // Nothing writes to `p`: the reset may take it back at any moment.
+                // SAFETY: `p` is not used after this call.
+                let released = unsafe { alloc.release(p) };
+                match released {
+                    Ok(()) => {}
+                    Err(caching_allocator::AllocError::UnknownPointer { .. }) => {}
+                    Err(e) => panic!("release racing a reset: {e}"),
+                }
+                let q = alloc.allocate(100, 64).unwrap();
+                (released.is_ok(), q.as_ptr() as usize)
+            })
+        };
+        // SAFETY: the worker never uses a block after it could have been reset (it writes to
+        // none and releases only through the checked `release`).
+        unsafe { alloc.reset_unchecked() };
+        let (released, _q) = worker.join().unwrap();
+        let stats = alloc.stats();
+        // `q` is live (allocated after the reset) or was taken by it; `p` is never live.
+        assert!(stats.live_blocks <= 1, "{stats:?}");
+        assert_eq!(stats.hits + stats.misses, 2, "{stats:?}");
+        if !released {
+            // The reset took `p`, so it ran after the first allocation: the books show it.
+            assert!(stats.system_allocs >= 1, "{stats:?}");
+        }
+        check_books(&stats, &counting, cap);
+        // SAFETY: the worker is joined and its blocks are not used any more.
+        unsafe { alloc.reset_unchecked() };
+        let stats = alloc.stats();
+        assert_eq!((stats.live_blocks, stats.live_bytes), (0, 0), "{stats:?}");
+        assert_eq!(stats.reserved_bytes, stats.cached_bytes, "{stats:?}");
+        check_books(&stats, &counting, cap);
+        drop_and_check(alloc, &counting);
+    });
+}
