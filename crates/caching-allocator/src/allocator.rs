@@ -275,8 +275,9 @@ impl CachingAllocator {
         // the cache is forgotten; dropping needs `&mut self`, which cannot coexist with the
         // `&self` this reference borrows, and only caches of exited threads are forgotten,
         // which `last_cache` never returns (a thread clears `LAST` before it exits). The
-        // pointer is this thread's own cache (from its thread-locals) or the shared fallback.
-        unsafe { Local::new(&*cache) }
+        // pointer came from `Arc::as_ptr` (`find_or_create` stores nothing else in `LAST`, and
+        // the fallback is `Arc::as_ptr` too), and is this thread's own cache or the fallback.
+        unsafe { Local::new(cache) }
     }
 
     #[cold]
@@ -308,7 +309,7 @@ impl CachingAllocator {
             }
             None => {
                 drop(state);
-                let (block, cached) = self.take_slow(local.cache(), class, req)?;
+                let (block, cached) = self.take_slow(local, class, req)?;
                 state = local.lock();
                 if cached {
                     state.counters.hits += 1;
@@ -344,13 +345,13 @@ impl CachingAllocator {
     #[cold]
     fn take_slow(
         &self,
-        here: &ThreadCache,
+        here: Local<'_>,
         class: SizeClass,
         req: &Request,
     ) -> Result<(Block, bool), AllocError> {
         self.clock.advance();
         let pooled = lock(&self.shared).pool_take(class, req.align);
-        if let Some(block) = pooled.or_else(|| self.steal(here, class, req.align)) {
+        if let Some(block) = pooled.or_else(|| self.steal(here.cache(), class, req.align)) {
             // In nobody's books now: we may write its home.
             self.directory.set_home(block.addr(), Some(here.to_arc()));
             return Ok((block, true));

@@ -104,7 +104,7 @@ impl Counters {
 }
 
 impl ThreadCache {
-    /// A new cache. Every cache lives in an `Arc` (what [`to_arc`](Self::to_arc) relies on).
+    /// A new cache. Every cache lives in an `Arc` (what [`Local::to_arc`] relies on).
     pub(crate) fn new_arc(owned: bool) -> Arc<Self> {
         Arc::new(ThreadCache {
             owned,
@@ -124,18 +124,6 @@ impl ThreadCache {
             open_scopes: AtomicUsize::new(0),
             scope_serial: AtomicU64::new(0),
         })
-    }
-
-    /// Another `Arc` of this cache (for the block directory's entries).
-    pub(crate) fn to_arc(&self) -> Arc<ThreadCache> {
-        let ptr: *const ThreadCache = self;
-        // SAFETY: every `ThreadCache` is made by `new_arc`, so `ptr` points into an `Arc`
-        // allocation, and the `&self` borrow proves a strong reference is alive now: adding
-        // one and taking ownership of it is `Arc::clone`.
-        unsafe {
-            Arc::increment_strong_count(ptr);
-            Arc::from_raw(ptr)
-        }
     }
 
     /// Whether this cache's thread has exited.
@@ -202,47 +190,62 @@ impl ThreadCache {
 
 /// The calling thread's own cache: a handle that cannot leave the thread (it is not `Send`),
 /// so the methods that rely on running on the cache's thread need no `unsafe` contract.
+///
+/// It keeps the raw pointer `Arc::as_ptr` gave (which may reach the whole `Arc` allocation,
+/// reference counts included), so it can make another `Arc` of the cache.
 #[derive(Clone, Copy)]
 pub(crate) struct Local<'a> {
-    cache: &'a ThreadCache,
-    _not_send: PhantomData<*mut ()>,
+    cache: *const ThreadCache,
+    _borrow: PhantomData<&'a ThreadCache>,
 }
 
 impl<'a> Local<'a> {
     /// # Safety
-    /// `cache` is the calling thread's own cache (or a shared cache, `owned == false`).
+    /// `cache` came from `Arc::as_ptr` of an `Arc` that stays alive for `'a`, and is the
+    /// calling thread's own cache (or a shared one, `owned == false`).
     #[inline]
-    pub(crate) unsafe fn new(cache: &'a ThreadCache) -> Self {
+    pub(crate) unsafe fn new(cache: *const ThreadCache) -> Self {
         Local {
             cache,
-            _not_send: PhantomData,
+            _borrow: PhantomData,
         }
     }
 
     /// The cache, for what any thread may do with it.
     #[inline]
     pub(crate) fn cache(self) -> &'a ThreadCache {
-        self.cache
+        // SAFETY: `new`'s contract: the cache is alive for `'a`.
+        unsafe { &*self.cache }
+    }
+
+    /// Another `Arc` of this cache (for the block directory's entries).
+    pub(crate) fn to_arc(self) -> Arc<ThreadCache> {
+        // SAFETY: `new`'s contract: the pointer came from `Arc::as_ptr` of an `Arc` alive now,
+        // so adding a strong count and taking ownership of it is `Arc::clone`.
+        unsafe {
+            Arc::increment_strong_count(self.cache);
+            Arc::from_raw(self.cache)
+        }
     }
 
     /// Counts a scope opened by this thread and returns its id.
     #[inline]
     pub(crate) fn scope_opened(self) -> u64 {
-        self.cache.scope_opened()
+        self.cache().scope_opened()
     }
 
     /// Counts a scope closed by this thread.
     #[inline]
     pub(crate) fn scope_closed(self) {
-        self.cache.scope_closed()
+        self.cache().scope_closed()
     }
 }
 
-impl Deref for Local<'_> {
+impl<'a> Deref for Local<'a> {
     type Target = ThreadCache;
     #[inline]
     fn deref(&self) -> &ThreadCache {
-        self.cache
+        self.cache()
     }
 }
 
