@@ -6,10 +6,10 @@
  * code and a message of the calling thread's last failure on a (ca_last_error(NULL): of its
  * last failure without a handle, e.g. ca_create).
  *
- * Threads: any thread may call ca_allocate, ca_release, ca_free_cached, ca_trim, ca_stats and
- * ca_last_error concurrently on one handle. ca_reset and ca_destroy need exclusive access: no
- * other call on the handle runs concurrently, and no block handed out before them is used
- * after them. */
+ * Threads: any thread may call ca_allocate, ca_release, ca_reset, ca_free_cached, ca_trim,
+ * ca_stats and ca_last_error concurrently on one handle. No block handed out before a ca_reset
+ * may be used or released after it (a block allocated while it runs may or may not be reset:
+ * order such allocations after the reset). ca_destroy needs exclusive access. */
 
 #ifndef CACHING_ALLOCATOR_H
 #define CACHING_ALLOCATOR_H
@@ -263,9 +263,12 @@ enum CaStatus ca_release(struct CaAllocator *a, void *ptr);
  * they go back to the system, every other block is still reset, and the result is
  * `CA_STATUS_CORRUPTED`.
  *
+ * Other threads may be inside any call on `a` meanwhile (see the crate docs for which of
+ * their concurrent allocations survive).
+ *
  * # Safety
- * `a` is NULL or a live handle from `ca_create`. Exclusive access: no other call on `a` runs
- * concurrently, and no block handed out before this call is used or released after it.
+ * `a` is NULL or a live handle from `ca_create`. No block handed out before this call is
+ * used or released after it.
  */
 enum CaStatus ca_reset(struct CaAllocator *a);
 

@@ -14,13 +14,16 @@
 //!   checks found an overrun during `ca_reset`).
 //!
 //! # Threads
-//! Any thread may call `ca_allocate`, `ca_release`, `ca_free_cached`, `ca_trim`, `ca_stats`
-//! and `ca_last_error` at the same time as other threads call them on the same handle. A block
+//! Any thread may call `ca_allocate`, `ca_release`, `ca_reset`, `ca_free_cached`, `ca_trim`,
+//! `ca_stats` and `ca_last_error` at the same time as other threads call them on the same
+//! handle, as ExecuTorch's own thread-safety test does with its allocator's `reset()`. A block
 //! may be released on another thread than the one that allocated it.
 //!
-//! `ca_reset` and `ca_destroy` need **exclusive access**: no other call on the same handle may
-//! run concurrently, and no block handed out before them may be used or released after them.
-//! This is the contract of the Rust `CachingAllocator::reset_unchecked`.
+//! No block handed out before a `ca_reset` may be used or released after it; a block allocated
+//! on another thread *while* the reset runs may or may not be reset, so a runtime orders such
+//! allocations after the reset (this is the contract of the Rust
+//! `CachingAllocator::reset_unchecked`). `ca_destroy` needs **exclusive access**: no other call
+//! on the handle may run concurrently or after it.
 
 use core::ffi::{c_char, c_int, c_void, CStr};
 use core::ptr::NonNull;
@@ -448,9 +451,12 @@ pub unsafe extern "C" fn ca_release(a: *mut CaAllocator, ptr: *mut c_void) -> Ca
 /// they go back to the system, every other block is still reset, and the result is
 /// `CA_STATUS_CORRUPTED`.
 ///
+/// Other threads may be inside any call on `a` meanwhile (see the crate docs for which of
+/// their concurrent allocations survive).
+///
 /// # Safety
-/// `a` is NULL or a live handle from `ca_create`. Exclusive access: no other call on `a` runs
-/// concurrently, and no block handed out before this call is used or released after it.
+/// `a` is NULL or a live handle from `ca_create`. No block handed out before this call is
+/// used or released after it.
 #[no_mangle]
 pub unsafe extern "C" fn ca_reset(a: *mut CaAllocator) -> CaStatus {
     const FUNCTION: &str = "ca_reset";
@@ -460,10 +466,9 @@ pub unsafe extern "C" fn ca_reset(a: *mut CaAllocator) -> CaStatus {
         Err(code) => return code,
     };
     status(a.call(FUNCTION, |inner| {
-        // SAFETY: the caller guarantees exclusive access and that no block handed out before
-        // is used or released after: `reset_unchecked`'s contract (there are no `Scope`s, as C
-        // cannot make them). An overrun found by debug checks comes back as `Corrupted`, after
-        // every other block was reset.
+        // SAFETY: the caller guarantees that no block handed out before is used or released
+        // after: `reset_unchecked`'s contract. An overrun found by debug checks comes back as
+        // `Corrupted`, after every other block was reset.
         unsafe { inner.try_reset_unchecked() }.map_err(Failure::from)
     }))
 }
