@@ -43,7 +43,7 @@ pub struct CachingAllocator {
     pub(crate) shared: Mutex<SharedCache>,
     pub(crate) registry: Registry,
     directory: Directory,
-    clock: Clock,
+    pub(crate) clock: Clock,
 }
 
 /// A validated request: the size and alignment asked for, the class serving it.
@@ -538,82 +538,6 @@ impl CachingAllocator {
         self.evict(&mut shared, block);
     }
 
-    /// Grants credit for `need` idle bytes, making room under the cap if needed: first by
-    /// reclaiming the credit threads hold beyond their idle blocks, then by evicting the least
-    /// recently used idle blocks of the whole allocator, one at a time. `None` if even an
-    /// empty cache could not hold `need` bytes, or nothing is left to evict.
-    fn make_room(&self, need: usize) -> Option<usize> {
-        if need > self.config.max_cached_bytes {
-            return None;
-        }
-        let mut reclaimed = false;
-        loop {
-            if let Some(grant) = lock(&self.shared).grant(need) {
-                return Some(grant);
-            }
-            if !reclaimed {
-                reclaimed = true;
-                self.reclaim_spare_credit();
-                continue;
-            }
-            if !self.evict_oldest() {
-                return None;
-            }
-        }
-    }
-
-    /// Takes back every thread's credit beyond its idle blocks.
-    fn reclaim_spare_credit(&self) {
-        self.registry.for_each(|cache| {
-            let mut state = cache.lock();
-            let spare = state.credit - state.idle.bytes();
-            if spare > 0 {
-                state.credit -= spare;
-                lock(&self.shared).return_credit(spare);
-            }
-        });
-    }
-
-    /// Evicts the least recently used idle block of the whole allocator (pool or any thread
-    /// cache; see `eviction` for how exact the order is). `false` if nothing is idle.
-    fn evict_oldest(&self) -> bool {
-        self.clock.advance();
-        let mut oldest: Option<(u64, Option<Arc<ThreadCache>>)> =
-            lock(&self.shared).pool_oldest().map(|stamp| (stamp, None));
-        self.registry.for_each(|cache| {
-            if !cache.may_have_idle() {
-                return;
-            }
-            if let Some(stamp) = cache.lock().idle.oldest_stamp() {
-                if oldest.as_ref().is_none_or(|(s, _)| stamp < *s) {
-                    oldest = Some((stamp, Some(cache.clone())));
-                }
-            }
-        });
-        match oldest {
-            None => false,
-            Some((_, None)) => {
-                let mut shared = lock(&self.shared);
-                if let Some((_, block)) = shared.pool_pop_lru() {
-                    self.evict(&mut shared, block);
-                }
-                true
-            }
-            Some((_, Some(cache))) => {
-                // Another thread may have emptied it meanwhile: then the caller looks again.
-                let mut state = cache.lock();
-                if let Some((_, block)) = state.idle.pop_lru() {
-                    state.credit -= block.size();
-                    let mut shared = lock(&self.shared);
-                    shared.return_credit(block.size());
-                    self.evict(&mut shared, block);
-                }
-                cache.publish(&state);
-                true
-            }
-        }
-    }
-
     /// A released pointer is not live in this thread's cache: the directory says which
     /// cache's books hold it, if any.
     #[cold]
@@ -659,7 +583,7 @@ impl CachingAllocator {
     }
 
     /// Gives a block back to the system because of the cap, the limit or a trim.
-    fn evict(&self, shared: &mut SharedCache, block: Block) {
+    pub(crate) fn evict(&self, shared: &mut SharedCache, block: Block) {
         shared.evictions += 1;
         self.system_free(shared, block);
     }

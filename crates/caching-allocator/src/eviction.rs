@@ -9,9 +9,14 @@
 //! be evicted in either order. In a runtime that resets after every kernel call, a tick is at
 //! most one kernel call. (A global counter bumped on every release would make the order exact
 //! at the price of a shared read-modify-write on the fast path.)
+//!
+//! The policy that uses it lives here too: when a release does not fit its cache's credit,
+//! [`CachingAllocator::make_room`] reclaims the spare credit of every thread, then evicts the
+//! oldest idle block of the whole allocator, one at a time, until the cap has room.
 
-use crate::sync::{AtomicU64, Ordering};
-use crate::thread_cache::CacheState;
+use crate::allocator::CachingAllocator;
+use crate::sync::{lock, Arc, AtomicU64, Ordering};
+use crate::thread_cache::{CacheState, ThreadCache};
 
 /// Bits of a stamp that count blocks within one tick; past `2^SEQ_BITS - 1` blocks in one tick
 /// a cache's later blocks share the last stamp (still ordered by their place in each list).
@@ -47,5 +52,114 @@ impl Clock {
             state.stamp_seq += 1;
         }
         (state.stamp_tick << SEQ_BITS) | state.stamp_seq
+    }
+}
+
+impl CachingAllocator {
+    /// Grants credit for `need` idle bytes, making room under the cap if needed: first by
+    /// reclaiming the credit threads hold beyond their idle blocks, then by evicting the least
+    /// recently used idle blocks of the whole allocator, one at a time. `None` if even an
+    /// empty cache could not hold `need` bytes, or nothing is left to evict.
+    pub(crate) fn make_room(&self, need: usize) -> Option<usize> {
+        if need > self.config().max_cached_bytes {
+            return None;
+        }
+        let mut reclaimed = false;
+        loop {
+            if let Some(grant) = lock(&self.shared).grant(need) {
+                return Some(grant);
+            }
+            if !reclaimed {
+                reclaimed = true;
+                self.reclaim_spare_credit();
+                continue;
+            }
+            if !self.evict_oldest() {
+                return None;
+            }
+        }
+    }
+
+    /// Takes back every thread's credit beyond its idle blocks.
+    fn reclaim_spare_credit(&self) {
+        self.registry.for_each(|cache| {
+            let mut state = cache.lock();
+            let spare = state.credit - state.idle.bytes();
+            if spare > 0 {
+                state.credit -= spare;
+                lock(&self.shared).return_credit(spare);
+            }
+        });
+    }
+
+    /// Evicts the least recently used idle block of the whole allocator (pool or any thread
+    /// cache; see `eviction` for how exact the order is). `false` if nothing is idle.
+    pub(crate) fn evict_oldest(&self) -> bool {
+        self.clock.advance();
+        let mut oldest: Option<(u64, Option<Arc<ThreadCache>>)> =
+            lock(&self.shared).pool_oldest().map(|stamp| (stamp, None));
+        self.registry.for_each(|cache| {
+            if !cache.may_have_idle() {
+                return;
+            }
+            if let Some(stamp) = cache.lock().idle.oldest_stamp() {
+                if oldest.as_ref().is_none_or(|(s, _)| stamp < *s) {
+                    oldest = Some((stamp, Some(cache.clone())));
+                }
+            }
+        });
+        match oldest {
+            None => false,
+            Some((_, None)) => {
+                let mut shared = lock(&self.shared);
+                if let Some((_, block)) = shared.pool_pop_lru() {
+                    self.evict(&mut shared, block);
+                }
+                true
+            }
+            Some((_, Some(cache))) => {
+                // Another thread may have emptied it meanwhile: then the caller looks again.
+                let mut state = cache.lock();
+                if let Some((_, block)) = state.idle.pop_lru() {
+                    state.credit -= block.size();
+                    let mut shared = lock(&self.shared);
+                    shared.return_credit(block.size());
+                    self.evict(&mut shared, block);
+                }
+                cache.publish(&state);
+                true
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::thread_cache::ThreadCache;
+
+    #[test]
+    fn stamps_grow_within_a_cache_and_across_ticks() {
+        let clock = Clock::new();
+        let a = ThreadCache::new_arc(true);
+        let b = ThreadCache::new_arc(true);
+        let mut sa = a.lock();
+        let mut sb = b.lock();
+        let a1 = clock.stamp(&mut sa);
+        let a2 = clock.stamp(&mut sa);
+        let b1 = clock.stamp(&mut sb);
+        assert!(a1 < a2, "a cache's stamps grow");
+        // Same tick on two threads: ordered within each, not across (the stated bound).
+        assert_eq!(a1 >> SEQ_BITS, b1 >> SEQ_BITS);
+        clock.advance();
+        let b2 = clock.stamp(&mut sb);
+        let a3 = clock.stamp(&mut sa);
+        // After a tick, every new stamp is newer than every stamp before it, on any thread.
+        assert!(b2 > a2 && a3 > a2 && b2 > b1);
+        // Past 2^SEQ_BITS stamps in one tick, a cache's stamps stop growing but never shrink.
+        sa.stamp_seq = SEQ_MAX - 1;
+        let x = clock.stamp(&mut sa);
+        let y = clock.stamp(&mut sa);
+        assert!(x <= y && y >> SEQ_BITS == a3 >> SEQ_BITS);
     }
 }
