@@ -26,8 +26,8 @@ pub(crate) struct ThreadCache {
     /// Set when the allocator is dropped, so threads forget their entry.
     closed: AtomicBool,
     /// How many idle blocks the cache held when last unlocked: lets other threads skip empty
-    /// caches without locking them (and without bouncing their lock's cache line). Only a hint: a stale
-    /// value costs a wasted lock or a missed steal, never a wrong result.
+    /// caches without locking them (and without bouncing their lock's cache line). Only a
+    /// hint: a stale value costs a wasted lock or a missed steal, never a wrong result.
     idle_hint: AtomicUsize,
     /// The thread exited (its thread-locals were dropped): nobody takes the fast path of this
     /// cache any more, and once it holds no live block and no open scope it can be forgotten.
