@@ -365,10 +365,10 @@ impl CachingAllocator {
     /// blocks of exited threads to the shared pool. A block taken gives its credit back.
     fn steal(&self, here: &ThreadCache, class: SizeClass, align: usize) -> Option<Block> {
         let mut found = None;
-        for cache in self.registry.snapshot() {
+        self.registry.for_each(|cache| {
             // Our own cache was just searched; empty ones are not worth a lock.
-            if found.is_some() || core::ptr::eq(&*cache, here) || !cache.may_have_idle() {
-                continue;
+            if found.is_some() || core::ptr::eq(&**cache, here) || !cache.may_have_idle() {
+                return;
             }
             let mut state = cache.lock();
             if cache.has_exited() {
@@ -381,7 +381,7 @@ impl CachingAllocator {
                 found = Some(block);
             }
             cache.publish(&state);
-        }
+        });
         found
     }
 

@@ -69,12 +69,6 @@ impl Registry {
         }
     }
 
-    /// The caches as they are now, for work that must not hold the registry's lock (it may
-    /// need it again, through eviction).
-    pub(crate) fn snapshot(&self) -> Vec<Arc<ThreadCache>> {
-        lock(&self.caches).clone()
-    }
-
     pub(crate) fn len(&self) -> usize {
         lock(&self.caches).len()
     }

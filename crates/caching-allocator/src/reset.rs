@@ -16,7 +16,9 @@
 //! (a scope may be open on another thread while a reset runs).
 
 use crate::allocator::CachingAllocator;
-use crate::thread_cache::Live;
+use crate::block::Block;
+use crate::sync::Arc;
+use crate::thread_cache::{Live, ThreadCache};
 use crate::AllocError;
 
 impl CachingAllocator {
@@ -82,28 +84,33 @@ impl CachingAllocator {
     fn reset_all(&self) -> Vec<AllocError> {
         self.tick();
         let mut overruns = Vec::new();
-        // A snapshot: blocks that do not fit the cap need eviction, which walks the registry.
-        for cache in self.registry.snapshot() {
+        // Blocks that do not fit their cache's credit need eviction, which walks the registry:
+        // they wait until the walk is over (rare: a reset usually returns what the cache held).
+        let mut spilled: Vec<(Arc<ThreadCache>, Block)> = Vec::new();
+        self.registry.for_each(|cache| {
             let mut state = cache.lock();
             let mut returning: Vec<Live> = core::mem::take(&mut state.returning);
             state.live.drain_into(&mut returning);
-            let mut spilled = Vec::new();
+            let before = spilled.len();
             for live in returning.drain(..) {
                 state.counters.remove_live(&live);
                 match self.checked(live) {
-                    Ok(block) => spilled.extend(self.cache_locked(&mut state, block)),
+                    Ok(block) => {
+                        if let Some(block) = self.cache_locked(&mut state, block) {
+                            spilled.push((cache.clone(), block));
+                        }
+                    }
                     Err(overrun) => overruns.push(overrun),
                 }
             }
             state.returning = returning;
-            if spilled.is_empty() {
+            if spilled.len() == before {
                 self.trim_credit(&mut state);
             }
             cache.publish(&state);
-            drop(state);
-            for block in spilled {
-                self.cache_slow(&cache, block);
-            }
+        });
+        for (cache, block) in spilled {
+            self.cache_slow(&cache, block);
         }
         overruns
     }
