@@ -37,6 +37,8 @@ pub struct CachingAllocator {
     /// `config.limit_bytes`, or `usize::MAX` without a limit.
     limit: usize,
     debug: bool,
+    /// `config.max_oversize`: the best-fit bound.
+    oversize: f64,
     /// The size of a scope's first bump chunk; 0 when chunks are off (or debug checks on).
     pub(crate) scope_chunk: usize,
     system: Arc<dyn GlobalAlloc + Send + Sync>,
@@ -82,6 +84,7 @@ impl CachingAllocator {
             id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
             limit: config.limit_bytes.unwrap_or(usize::MAX),
             debug: config.debug_checks,
+            oversize: config.max_oversize,
             scope_chunk: if config.debug_checks {
                 0
             } else {
@@ -197,6 +200,7 @@ impl CachingAllocator {
             let state = cache.lock();
             let c = &state.counters;
             stats.hits += c.hits;
+            stats.oversize_hits += c.oversize_hits;
             stats.misses += c.misses;
             stats.live_bytes += c.live_bytes;
             stats.live_blocks += c.live_blocks;
@@ -207,6 +211,7 @@ impl CachingAllocator {
         });
         let shared = lock(&self.shared);
         stats.hits += shared.retired_hits;
+        stats.oversize_hits += shared.retired_oversize_hits;
         stats.misses += shared.retired_misses;
         peak_live = peak_live.saturating_add(shared.retired_peak_live);
         stats.cached_bytes += shared.pool_bytes();
@@ -302,23 +307,29 @@ impl CachingAllocator {
         record: impl FnOnce(&mut CacheState, Live),
     ) -> Result<Block, AllocError> {
         let mut state = local.lock();
-        let block = match state.idle.take(class, req.align) {
-            Some(block) => {
-                state.counters.hits += 1;
-                block
-            }
-            None => {
-                drop(state);
-                let (block, cached) = self.take_slow(local, class, req)?;
-                state = local.lock();
-                if cached {
-                    state.counters.hits += 1;
-                } else {
-                    state.counters.misses += 1;
+        let (block, cached) = match state.idle.take(class, req.align) {
+            Some(block) => (block, true),
+            None => match self
+                .larger_class(class)
+                .and_then(|largest| state.idle.take_larger(class, largest, req.align))
+            {
+                Some(block) => (block, true),
+                None => {
+                    drop(state);
+                    let found = self.take_slow(local, class, req)?;
+                    state = local.lock();
+                    found
                 }
-                block
-            }
+            },
         };
+        if !cached {
+            state.counters.misses += 1;
+        } else {
+            state.counters.hits += 1;
+            if block.class != class {
+                state.counters.oversize_hits += 1;
+            }
+        }
         if self.debug {
             // Poisoned before it is booked live: from then on a reset on another thread may
             // take it back (and check its canary) at any moment.
@@ -350,7 +361,13 @@ impl CachingAllocator {
         req: &Request,
     ) -> Result<(Block, bool), AllocError> {
         self.clock.advance();
-        let pooled = lock(&self.shared).pool_take(class, req.align);
+        let pooled = {
+            let mut shared = lock(&self.shared);
+            shared.pool_take(class, req.align).or_else(|| {
+                let largest = self.larger_class(class)?;
+                shared.pool_take_larger(class, largest, req.align)
+            })
+        };
         if let Some(block) = pooled.or_else(|| self.steal(here.cache(), class, req.align)) {
             // In nobody's books now: we may write its home.
             self.directory.set_home(block.addr(), Some(here.to_arc()));
@@ -359,6 +376,17 @@ impl CachingAllocator {
         let block = self.system_alloc(class, req)?;
         self.directory.insert(block.addr(), Some(here.to_arc()));
         Ok((block, false))
+    }
+
+    /// The largest class best fit may serve a request of `class` with (`None`: exact only).
+    #[inline]
+    fn larger_class(&self, class: SizeClass) -> Option<SizeClass> {
+        if self.oversize <= 1.0 {
+            return None;
+        }
+        let bound = class.size() as f64 * self.oversize;
+        let largest = SizeClass::largest_within(bound.min(usize::MAX as f64) as usize)?;
+        (largest > class).then_some(largest)
     }
 
     /// Looks for an idle block of `class` in other threads' caches; on the way, moves the idle
@@ -578,6 +606,7 @@ impl CachingAllocator {
         let mut shared = lock(&self.shared);
         // Keep the forgotten cache's counters: stats must not go backwards.
         shared.retired_hits += state.counters.hits;
+        shared.retired_oversize_hits += state.counters.oversize_hits;
         shared.retired_misses += state.counters.misses;
         shared.retired_peak_live += state.counters.peak_live_bytes;
     }

@@ -147,6 +147,47 @@ impl IdleLists {
         Some(block)
     }
 
+    /// Best fit: the most recently used idle block of the smallest class above `class` and at
+    /// most `largest` that has one aligned to `align`.
+    pub(crate) fn take_larger(
+        &mut self,
+        class: SizeClass,
+        largest: SizeClass,
+        align: usize,
+    ) -> Option<Block> {
+        let (first, last) = (class.index() + 1, largest.index());
+        let mut i = first;
+        while i <= last {
+            let word = self.occupied[i / 64] >> (i % 64);
+            if word == 0 {
+                // Nothing in the rest of this word.
+                i = (i / 64 + 1) * 64;
+                continue;
+            }
+            i += word.trailing_zeros() as usize;
+            if i > last {
+                break;
+            }
+            let list = &mut self.lists[i];
+            let pos = if align <= MIN_ALIGN {
+                Some(list.len() - 1)
+            } else {
+                list.iter().rposition(|(_, b)| b.addr() & (align - 1) == 0)
+            };
+            if let Some(pos) = pos {
+                let (_, block) = list.remove(pos);
+                if list.is_empty() {
+                    self.occupied[i / 64] &= !(1 << (i % 64));
+                }
+                self.bytes -= block.size();
+                self.blocks -= 1;
+                return Some(block);
+            }
+            i += 1;
+        }
+        None
+    }
+
     /// The stamp of the least recently used idle block and its class index.
     fn lru(&self) -> Option<(u64, usize)> {
         let mut best: Option<(u64, usize)> = None;
@@ -231,6 +272,36 @@ mod tests {
         assert!(idle.pop_lru().is_none());
         assert_eq!(idle.oldest_stamp(), None);
         assert_eq!((idle.bytes(), idle.blocks()), (0, 0));
+    }
+
+    #[test]
+    fn take_larger_finds_the_smallest_larger_class_within_the_bound() {
+        let c = |size| SizeClass::for_size(size).unwrap();
+        let mut idle = IdleLists::new();
+        idle.push(fake(64 * 100, 100_000), 1); // class 106496
+        idle.push(fake(64 * 200, 6000), 2); // class 6144
+        idle.push(fake(64 * 300, 9000), 3); // class 9216
+                                            // 4 KiB's class is empty: 6144 is the smallest larger one.
+        assert_eq!(
+            idle.take_larger(c(4096), c(8192), 64).unwrap().addr(),
+            64 * 200
+        );
+        // Next: 9216 is past the bound of 8192, so nothing.
+        assert!(idle.take_larger(c(4096), c(8192), 64).is_none());
+        assert_eq!(
+            idle.take_larger(c(4096), c(9216), 64).unwrap().addr(),
+            64 * 300
+        );
+        // Alignment is honoured: 6400 is not 4096-aligned.
+        assert!(idle.take_larger(c(4096), c(1 << 20), 4096).is_none());
+        assert_eq!(
+            idle.take_larger(c(4096), c(1 << 20), 64).unwrap().addr(),
+            6400
+        );
+        // The exact class is never "larger".
+        idle.push(fake(64 * 400, 4096), 4);
+        assert!(idle.take_larger(c(4096), c(1 << 20), 64).is_none());
+        assert_eq!((idle.blocks(), idle.bytes()), (1, 4096));
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub struct Config {
     pub(crate) limit_bytes: Option<usize>,
     pub(crate) debug_checks: bool,
     pub(crate) scope_chunk_bytes: usize,
+    pub(crate) max_oversize: f64,
     pub(crate) system: Arc<dyn GlobalAlloc + Send + Sync>,
 }
 
@@ -33,14 +34,15 @@ pub const DEFAULT_SCOPE_CHUNK_BYTES: usize = 32 << 10;
 pub const SCOPE_BUMP_MAX: usize = 4 << 10;
 
 impl Default for Config {
-    /// 64 MiB cached, no limit, no debug checks, 32 KiB scope chunks, `std::alloc::System`
-    /// underneath.
+    /// 64 MiB cached, no limit, no debug checks, 32 KiB scope chunks, best fit up to 2x,
+    /// `std::alloc::System` underneath.
     fn default() -> Self {
         Config {
             max_cached_bytes: 64 << 20,
             limit_bytes: None,
             debug_checks: false,
             scope_chunk_bytes: DEFAULT_SCOPE_CHUNK_BYTES,
+            max_oversize: 2.0,
             system: Arc::new(System),
         }
     }
@@ -70,6 +72,17 @@ impl Config {
     /// requested end when the block comes back. Costs a memset per allocation.
     pub fn debug_checks(mut self, on: bool) -> Self {
         self.debug_checks = on;
+        self
+    }
+
+    /// Best fit: a request that finds no idle block of its own class may take the smallest idle
+    /// block of a larger class, up to `factor` times its class's size, before asking the
+    /// system (counted in `Stats::oversize_hits`). A runtime whose shapes change (attention
+    /// scratch grows every decode token) then reuses what it has instead of holding one block
+    /// per class. The waste of such a block is below `factor` times the request (plus the class
+    /// rounding); `1.0` serves only exact classes. Values below 1 (or NaN) count as 1.
+    pub fn max_oversize(mut self, factor: f64) -> Self {
+        self.max_oversize = if factor >= 1.0 { factor } else { 1.0 };
         self
     }
 
@@ -111,6 +124,11 @@ impl Config {
         self.debug_checks
     }
 
+    /// The best-fit bound (see [`Config::max_oversize`]).
+    pub fn get_max_oversize(&self) -> f64 {
+        self.max_oversize
+    }
+
     /// The size of a scope's bump chunk, 0 when chunks are off.
     pub fn get_scope_chunk_bytes(&self) -> usize {
         self.scope_chunk_bytes
@@ -124,6 +142,7 @@ impl fmt::Debug for Config {
             .field("limit_bytes", &self.limit_bytes)
             .field("debug_checks", &self.debug_checks)
             .field("scope_chunk_bytes", &self.scope_chunk_bytes)
+            .field("max_oversize", &self.max_oversize)
             .finish_non_exhaustive()
     }
 }

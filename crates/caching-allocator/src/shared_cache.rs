@@ -42,6 +42,7 @@ pub(crate) struct SharedCache {
     pub(crate) corrupted_blocks: u64,
     /// Counters of thread caches forgotten after their thread exited.
     pub(crate) retired_hits: u64,
+    pub(crate) retired_oversize_hits: u64,
     pub(crate) retired_misses: u64,
     pub(crate) retired_peak_live: usize,
 }
@@ -60,6 +61,7 @@ impl SharedCache {
             oom_retries: 0,
             corrupted_blocks: 0,
             retired_hits: 0,
+            retired_oversize_hits: 0,
             retired_misses: 0,
             retired_peak_live: 0,
         }
@@ -109,6 +111,16 @@ impl SharedCache {
     /// The most recently used pooled block of `class` aligned to `align`.
     pub(crate) fn pool_take(&mut self, class: SizeClass, align: usize) -> Option<Block> {
         self.pool.take(class, align)
+    }
+
+    /// Best fit in the pool: the smallest class above `class`, up to `largest`.
+    pub(crate) fn pool_take_larger(
+        &mut self,
+        class: SizeClass,
+        largest: SizeClass,
+        align: usize,
+    ) -> Option<Block> {
+        self.pool.take_larger(class, largest, align)
     }
 
     /// The pool's least recently used block, with its stamp.

@@ -81,6 +81,17 @@ impl SizeClass {
         }
     }
 
+    /// The largest class whose size is at most `bytes` (`None` below 64 bytes).
+    pub(crate) fn largest_within(bytes: usize) -> Option<SizeClass> {
+        let bytes = bytes.min(LARGEST_SIZE);
+        let c = SizeClass::for_size(bytes)?;
+        if c.size() <= bytes {
+            Some(c)
+        } else {
+            c.0.checked_sub(1).map(SizeClass)
+        }
+    }
+
     /// The class's position in the table, from 0 to `COUNT - 1`, smallest first.
     #[inline]
     pub const fn index(self) -> usize {
@@ -176,6 +187,30 @@ mod tests {
             LARGEST_SIZE
         );
         assert_eq!(SizeClass::for_size(LARGEST_SIZE + 1), None);
+    }
+
+    #[test]
+    fn largest_within_is_the_last_class_that_fits() {
+        assert_eq!(SizeClass::largest_within(63), None);
+        assert_eq!(SizeClass::largest_within(64).map(SizeClass::size), Some(64));
+        assert_eq!(
+            SizeClass::largest_within(1151).map(SizeClass::size),
+            Some(1024)
+        );
+        assert_eq!(
+            SizeClass::largest_within(1152).map(SizeClass::size),
+            Some(1152)
+        );
+        // Twice 4608 (the class of 4097 B) is 9216: the classes there are 9216 exactly.
+        assert_eq!(
+            SizeClass::largest_within(9216).map(SizeClass::size),
+            Some(9216)
+        );
+        assert_eq!(
+            SizeClass::largest_within(9215).map(SizeClass::size),
+            Some(8192)
+        );
+        assert!(SizeClass::largest_within(usize::MAX).is_some());
     }
 
     #[test]

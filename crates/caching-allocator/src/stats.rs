@@ -14,6 +14,9 @@ pub struct Stats {
     pub hits: u64,
     /// Requests that needed a new block from the system.
     pub misses: u64,
+    /// Hits served by an idle block of a larger class than the request's, because none of its
+    /// own class was idle (best fit, `Config::max_oversize`). Counted in `hits` too.
+    pub oversize_hits: u64,
     /// Bytes of the blocks live now.
     pub live_bytes: usize,
     /// How many blocks are live now.
@@ -95,9 +98,10 @@ impl fmt::Display for Stats {
         )?;
         write!(
             f,
-            "hits {} / misses {} ({:.1}% hit rate), system allocs {} / frees {}, evictions {}, \
-             OOM retries {}, corrupted blocks {}",
+            "hits {} ({} oversize) / misses {} ({:.1}% hit rate), system allocs {} / frees {}, \
+             evictions {}, OOM retries {}, corrupted blocks {}",
             self.hits,
+            self.oversize_hits,
             self.misses,
             self.hit_rate() * 100.0,
             self.system_allocs,

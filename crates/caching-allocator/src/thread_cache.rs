@@ -59,6 +59,8 @@ pub(crate) struct Scoped {
 #[derive(Default, Clone, Copy, Debug)]
 pub(crate) struct Counters {
     pub(crate) hits: u64,
+    /// Hits served by a block of a larger class (best fit).
+    pub(crate) oversize_hits: u64,
     pub(crate) misses: u64,
     pub(crate) live_bytes: usize,
     pub(crate) live_blocks: usize,

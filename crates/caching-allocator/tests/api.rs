@@ -545,6 +545,87 @@ fn dropping_gives_every_block_back() {
     assert_eq!(counting.outstanding.load(Ordering::SeqCst), 0);
 }
 
+// ---- best fit ------------------------------------------------------------------------
+
+#[test]
+fn a_miss_takes_the_smallest_larger_idle_block_within_twice_its_class() {
+    let alloc = CachingAllocator::new(1 << 20);
+    let big = alloc.allocate(16 << 10, 64).unwrap();
+    let mid = alloc.allocate(6000, 64).unwrap(); // class 6144
+                                                 // SAFETY: released once, not used after.
+    unsafe {
+        alloc.release(big).unwrap();
+        alloc.release(mid).unwrap();
+    }
+    let before = alloc.stats();
+    // 4 KiB: its class is empty; 6144 is within 2 x 4096, 16 KiB is not.
+    let p = alloc.allocate(4096, 64).unwrap();
+    assert_eq!(addr(p), addr(mid));
+    let s = alloc.stats();
+    assert_eq!(s.oversize_hits, before.oversize_hits + 1);
+    assert_eq!(s.hits, before.hits + 1);
+    assert_eq!(s.system_allocs, before.system_allocs);
+    assert_eq!(s.live_bytes, 6144, "the block keeps its own class");
+    write_read(p, 4096, 7);
+    // Nothing else fits within the bound: the next 4 KiB request goes to the system.
+    let q = alloc.allocate(4096, 64).unwrap();
+    assert_ne!(addr(q), addr(big));
+    assert_eq!(alloc.stats().system_allocs, before.system_allocs + 1);
+    // Released, the 6 KiB block goes back to its own class and serves a 6000-byte request.
+    // SAFETY: released once, not used after.
+    unsafe { alloc.release(p).unwrap() };
+    assert_eq!(addr(alloc.allocate(6000, 64).unwrap()), addr(mid));
+    assert_eq!(alloc.stats().oversize_hits, before.oversize_hits + 1);
+}
+
+#[test]
+fn best_fit_can_be_turned_off() {
+    let alloc = CachingAllocator::with_config(Config::default().max_oversize(1.0));
+    let mid = alloc.allocate(6000, 64).unwrap();
+    // SAFETY: released once, not used after.
+    unsafe { alloc.release(mid).unwrap() };
+    let p = alloc.allocate(4096, 64).unwrap();
+    assert_ne!(addr(p), addr(mid));
+    let s = alloc.stats();
+    assert_eq!((s.oversize_hits, s.system_allocs), (0, 2));
+    assert_eq!(Config::default().max_oversize(0.5).get_max_oversize(), 1.0);
+}
+
+#[test]
+fn best_fit_keeps_a_capped_decode_from_going_back_to_the_system() {
+    // Attention decode's scratch grows every token and starts small again with the next
+    // prompt; a runtime resets after every kernel. Under a cap the small classes of the first
+    // round are evicted (least recently used) while larger blocks stay idle: with exact classes
+    // every later round goes back to the system for them, with best fit the larger blocks serve.
+    let rounds = |factor: f64| {
+        let mut alloc = CachingAllocator::with_config(
+            Config::default()
+                .max_cached_bytes(1 << 20)
+                .max_oversize(factor),
+        );
+        let mut after_first = 0;
+        for round in 0..3 {
+            for token in 0..141 {
+                let _ = alloc.allocate(160_000 + token * 1_000, 64).unwrap();
+                alloc.reset();
+            }
+            if round == 0 {
+                after_first = alloc.stats().system_allocs;
+            }
+        }
+        (after_first, alloc.stats())
+    };
+    let (first, s) = rounds(2.0);
+    assert_eq!(
+        s.system_allocs, first,
+        "later rounds went to the system: {s:?}"
+    );
+    assert!(s.oversize_hits > 0, "{s:?}");
+    assert!(s.cached_bytes <= 1 << 20);
+    let (first, exact) = rounds(1.0);
+    assert!(exact.system_allocs > first, "{exact:?}");
+}
+
 // ---- Scope ---------------------------------------------------------------------------
 
 #[test]

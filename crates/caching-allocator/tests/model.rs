@@ -2,7 +2,7 @@
 
 use std::ptr::NonNull;
 
-use caching_allocator::{CachingAllocator, Config, SizeClass};
+use caching_allocator::{CachingAllocator, Config, SizeClass, Stats};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -34,6 +34,37 @@ struct Held {
     size: usize,
     align: usize,
     tag: u8,
+    /// The size of the block that serves it: its class, or a larger one (best fit).
+    block: usize,
+}
+
+/// The block a successful allocation took, from the stats around it: its own class, or (best
+/// fit, counted in `oversize_hits`) an idle block of a larger class up to twice that, never
+/// a new system block.
+fn block_taken(size: usize, debug: bool, before: &Stats, after: &Stats) -> usize {
+    if size == 0 {
+        return 0;
+    }
+    let block = after.live_bytes - before.live_bytes;
+    let class = class_size(size, debug);
+    if after.oversize_hits == before.oversize_hits {
+        assert_eq!(
+            block, class,
+            "no best fit, so the request's own class: {after}"
+        );
+    } else {
+        assert_eq!(after.oversize_hits, before.oversize_hits + 1);
+        assert!(
+            block > class && block <= 2 * class,
+            "best fit {block} for class {class}"
+        );
+        assert_eq!(
+            after.system_allocs, before.system_allocs,
+            "best fit is a hit"
+        );
+        assert_eq!(after.hits, before.hits + 1);
+    }
+    block
 }
 
 fn fill(p: NonNull<u8>, len: usize, tag: u8) {
@@ -57,12 +88,12 @@ fn check(alloc: &CachingAllocator, held: &[Held], cap: usize, debug: bool, takes
     let s = alloc.stats();
     let real: Vec<&Held> = held.iter().filter(|h| h.size > 0).collect();
     assert_eq!(s.live_blocks, real.len(), "{s}");
-    assert_eq!(
-        s.live_bytes,
-        real.iter()
-            .map(|h| class_size(h.size, debug))
-            .sum::<usize>()
-    );
+    assert_eq!(s.live_bytes, real.iter().map(|h| h.block).sum::<usize>());
+    // Each block is its request's class or (best fit) at most twice it.
+    for h in &real {
+        let class = class_size(h.size, debug);
+        assert!(h.block >= class && h.block <= 2 * class);
+    }
     assert_eq!(
         s.requested_bytes,
         real.iter().map(|h| h.size).sum::<usize>()
@@ -103,7 +134,9 @@ fn run(ops: Vec<Op>, cap: usize, debug: bool) {
         match op {
             Op::Allocate { size, align_log2 } => {
                 let align = 1 << align_log2;
+                let before = alloc.stats();
                 let ptr = alloc.allocate(size, align).unwrap();
+                let block = block_taken(size, debug, &before, &alloc.stats());
                 fill(ptr, size, tag);
                 takes += u64::from(size > 0);
                 held.push(Held {
@@ -111,6 +144,7 @@ fn run(ops: Vec<Op>, cap: usize, debug: bool) {
                     size,
                     align,
                     tag,
+                    block,
                 });
             }
             Op::Release(i) | Op::ReleaseTwice(i) if !held.is_empty() => {

@@ -176,6 +176,11 @@ typedef struct CaStats {
      * Blocks found written past their requested end (debug checks).
      */
     uint64_t corrupted_blocks;
+    /**
+     * Hits served by an idle block of a larger class, none of the request's own being idle
+     * (best fit, up to twice the class). Counted in `hits` too.
+     */
+    uint64_t oversize_hits;
 } CaStats;
 
 /**

@@ -183,6 +183,9 @@ pub struct CaStats {
     pub oom_retries: u64,
     /// Blocks found written past their requested end (debug checks).
     pub corrupted_blocks: u64,
+    /// Hits served by an idle block of a larger class, none of the request's own being idle
+    /// (best fit, up to twice the class). Counted in `hits` too.
+    pub oversize_hits: u64,
 }
 
 impl From<Stats> for CaStats {
@@ -203,6 +206,7 @@ impl From<Stats> for CaStats {
             evictions: s.evictions,
             oom_retries: s.oom_retries,
             corrupted_blocks: s.corrupted_blocks,
+            oversize_hits: s.oversize_hits,
         }
     }
 }

@@ -298,14 +298,37 @@ impl Model {
     }
 
     /// Records a new live block, checking alignment and overlap, and tags it.
-    fn add(&mut self, addr: usize, requested: usize, align: usize, owner: Owner) {
+    ///
+    /// The block is the request's class, or (best fit: an idle block of a larger class, counted
+    /// in `oversize_hits`, never a system allocation) at most twice that: `before` and `after`
+    /// (the stats around the allocation) tell which.
+    fn add(
+        &mut self,
+        addr: usize,
+        requested: usize,
+        align: usize,
+        owner: Owner,
+        before: &Stats,
+        after: &Stats,
+    ) {
         let step = self.step;
         assert_eq!(
             addr % align.max(64),
             0,
             "op {step}: {addr:#x} not aligned to {align}"
         );
-        let class = self.class_of(requested);
+        let own = self.class_of(requested);
+        let class = after.live_bytes - before.live_bytes;
+        if after.oversize_hits == before.oversize_hits {
+            assert_eq!(class, own, "op {step}: not best fit, so its own class");
+        } else {
+            assert_eq!(after.oversize_hits, before.oversize_hits + 1, "op {step}");
+            assert!(
+                class > own && class <= 2 * own,
+                "op {step}: best fit gave {class} for class {own}"
+            );
+            assert_eq!(after.system_allocs, before.system_allocs, "op {step}");
+        }
         let end = addr + class;
         if let Some((_, prev)) = self.live.range(..=addr).next_back() {
             assert!(
@@ -652,7 +675,17 @@ fn apply<'a>(
                     // SAFETY: a zero-size pointer from `allocate`; releasing it is always Ok.
                     assert_eq!(unsafe { alloc.release(p) }, Ok(()), "op {step}");
                 }
-                Ok(p) => model.add(p.as_ptr() as usize, size, align, Owner::Raw),
+                Ok(p) => {
+                    let after = alloc.stats();
+                    model.add(
+                        p.as_ptr() as usize,
+                        size,
+                        align,
+                        Owner::Raw,
+                        &before,
+                        &after,
+                    )
+                }
                 Err(e) => model.check_alloc_error(&e, size, &before, &alloc.stats()),
             }
         }
@@ -772,7 +805,10 @@ fn apply<'a>(
             });
             match r {
                 Ok(addr) if size == 0 => assert_ne!(addr, 0, "op {step}"),
-                Ok(addr) => model.add(addr, size, 64, Owner::Raw),
+                Ok(addr) => {
+                    let after = alloc.stats();
+                    model.add(addr, size, 64, Owner::Raw, &before, &after)
+                }
                 Err(e) => model.check_alloc_error(&e, size, &before, &alloc.stats()),
             }
         }
@@ -891,7 +927,10 @@ fn scope_alloc(model: &mut Model, id: u64, scope: &Scope<'_>, len: usize, kind: 
             assert_eq!(addr % align, 0, "op {step}");
             assert_eq!(scope.allocator().stats(), before, "op {step}");
         }
-        Ok(addr) => model.add(addr, bytes, align, Owner::Scope(id)),
+        Ok(addr) => {
+            let after = scope.allocator().stats();
+            model.add(addr, bytes, align, Owner::Scope(id), &before, &after)
+        }
         Err(e) => model.check_alloc_error(&e, bytes, &before, &scope.allocator().stats()),
     }
 }
