@@ -12,6 +12,7 @@ use crate::block::{Block, MIN_ALIGN};
 use crate::debug::{self, CANARY_LEN};
 use crate::directory::Directory;
 use crate::eviction::Clock;
+use crate::huge_pages::{self, HUGE_PAGE};
 use crate::registry::Registry;
 use crate::shared_cache::{SharedCache, CREDIT_STEP};
 use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
@@ -37,6 +38,8 @@ pub struct CachingAllocator {
     /// `config.limit_bytes`, or `usize::MAX` without a limit.
     limit: usize,
     debug: bool,
+    /// `config.huge_page_min_bytes`, or `usize::MAX` when off.
+    huge_min: usize,
     /// `config.max_oversize`: the best-fit bound.
     oversize: f64,
     /// The size of a scope's first bump chunk; 0 when chunks are off (or debug checks on).
@@ -85,6 +88,7 @@ impl CachingAllocator {
             limit: config.limit_bytes.unwrap_or(usize::MAX),
             debug: config.debug_checks,
             oversize: config.max_oversize,
+            huge_min: config.huge_page_min_bytes.unwrap_or(usize::MAX),
             scope_chunk: if config.debug_checks {
                 0
             } else {
@@ -224,6 +228,7 @@ impl CachingAllocator {
         stats.evictions = shared.evictions;
         stats.oom_retries = shared.oom_retries;
         stats.corrupted_blocks = shared.corrupted_blocks;
+        stats.huge_page_bytes = shared.huge_page_bytes;
         stats
     }
 
@@ -416,7 +421,12 @@ impl CachingAllocator {
     /// Takes a new block from the system, within `limit_bytes`, retrying once after freeing
     /// the idle cache if the system refuses.
     fn system_alloc(&self, class: SizeClass, req: &Request) -> Result<Block, AllocError> {
-        let align = req.align.max(MIN_ALIGN);
+        let huge = class.size() >= self.huge_min;
+        let align = if huge {
+            req.align.max(HUGE_PAGE)
+        } else {
+            req.align.max(MIN_ALIGN)
+        };
         let layout = Block::layout_for(class, align).ok_or(AllocError::SizeOverflow {
             size: req.size,
             align: req.align,
@@ -427,9 +437,19 @@ impl CachingAllocator {
             // SAFETY: `layout` has a non-zero size (every class is at least 64 bytes).
             let ptr = unsafe { self.system.alloc(layout) };
             if let Some(ptr) = NonNull::new(ptr) {
-                lock(&self.shared).allocated();
+                let advised = if huge {
+                    huge_pages::advise(ptr.as_ptr(), class.size())
+                } else {
+                    0
+                };
+                let mut shared = lock(&self.shared);
+                shared.allocated();
+                shared.huge_page_bytes += advised;
+                drop(shared);
                 // SAFETY: `ptr` came from the system allocator for exactly this layout.
-                return Ok(unsafe { Block::new(ptr, class, align) });
+                let mut block = unsafe { Block::new(ptr, class, align) };
+                block.huge = advised > 0;
+                return Ok(block);
             }
             if !retried && self.cached_blocks() > 0 && !larger_than_memory(class.size()) {
                 // As PyTorch's caching allocators do: give the idle cache back, try once more.
@@ -619,6 +639,12 @@ impl CachingAllocator {
 
     pub(crate) fn system_free(&self, shared: &mut SharedCache, block: Block) {
         self.directory.remove(block.addr());
+        if block.huge {
+            // As `system_alloc` counted it: the whole huge pages inside the block.
+            let (_, advised) = huge_pages::whole_pages(block.ptr.as_ptr(), block.size());
+            debug_assert!(advised <= shared.huge_page_bytes);
+            shared.huge_page_bytes -= advised;
+        }
         // SAFETY: blocks are only built from system allocations of exactly `block.layout()`,
         // and every caller passes a block it just removed from the books, so it is freed once.
         unsafe { self.system.dealloc(block.ptr.as_ptr(), block.layout()) };

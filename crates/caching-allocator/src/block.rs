@@ -17,6 +17,8 @@ pub(crate) struct Block {
     size: usize,
     pub(crate) class: SizeClass,
     align_log2: u8,
+    /// The kernel accepted `MADV_HUGEPAGE` for the block's whole huge pages.
+    pub(crate) huge: bool,
 }
 
 // SAFETY: a `Block` is a unique handle to memory the allocator owns; the memory is not tied to
@@ -33,6 +35,7 @@ impl Block {
             size: class.size(),
             class,
             align_log2: align.trailing_zeros() as u8,
+            huge: false,
         }
     }
 

@@ -24,6 +24,7 @@ pub struct Config {
     pub(crate) debug_checks: bool,
     pub(crate) scope_chunk_bytes: usize,
     pub(crate) max_oversize: f64,
+    pub(crate) huge_page_min_bytes: Option<usize>,
     pub(crate) system: Arc<dyn GlobalAlloc + Send + Sync>,
 }
 
@@ -43,6 +44,7 @@ impl Default for Config {
             debug_checks: false,
             scope_chunk_bytes: DEFAULT_SCOPE_CHUNK_BYTES,
             max_oversize: 2.0,
+            huge_page_min_bytes: Some(2 << 20),
             system: Arc::new(System),
         }
     }
@@ -84,6 +86,20 @@ impl Config {
     pub fn max_oversize(mut self, factor: f64) -> Self {
         self.max_oversize = if factor >= 1.0 { factor } else { 1.0 };
         self
+    }
+
+    /// Blocks of at least `min_bytes` are taken from the system 2 MiB-aligned and, on Linux,
+    /// advised `MADV_HUGEPAGE`, so the kernel may back them with transparent huge pages (one
+    /// page fault per 2 MiB instead of 512, and fewer TLB misses). `None` turns it off. Default
+    /// `Some(2 MiB)`. Bytes so advised are counted in `Stats::huge_page_bytes`.
+    pub fn huge_pages(mut self, min_bytes: Option<usize>) -> Self {
+        self.huge_page_min_bytes = min_bytes;
+        self
+    }
+
+    /// The smallest block given huge pages, if they are on (see [`Config::huge_pages`]).
+    pub fn get_huge_pages(&self) -> Option<usize> {
+        self.huge_page_min_bytes
     }
 
     /// A [`Scope`](crate::Scope) serves requests of at most [`SCOPE_BUMP_MAX`] bytes (and
@@ -143,6 +159,7 @@ impl fmt::Debug for Config {
             .field("debug_checks", &self.debug_checks)
             .field("scope_chunk_bytes", &self.scope_chunk_bytes)
             .field("max_oversize", &self.max_oversize)
+            .field("huge_page_min_bytes", &self.huge_page_min_bytes)
             .finish_non_exhaustive()
     }
 }

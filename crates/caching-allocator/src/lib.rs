@@ -50,6 +50,7 @@ mod debug;
 mod directory;
 mod error;
 mod eviction;
+mod huge_pages;
 mod live_table;
 mod registry;
 mod reset;

@@ -40,6 +40,8 @@ pub(crate) struct SharedCache {
     pub(crate) evictions: u64,
     pub(crate) oom_retries: u64,
     pub(crate) corrupted_blocks: u64,
+    /// Bytes advised `MADV_HUGEPAGE` in the blocks held now.
+    pub(crate) huge_page_bytes: usize,
     /// Counters of thread caches forgotten after their thread exited.
     pub(crate) retired_hits: u64,
     pub(crate) retired_oversize_hits: u64,
@@ -60,6 +62,7 @@ impl SharedCache {
             evictions: 0,
             oom_retries: 0,
             corrupted_blocks: 0,
+            huge_page_bytes: 0,
             retired_hits: 0,
             retired_oversize_hits: 0,
             retired_misses: 0,

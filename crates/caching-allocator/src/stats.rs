@@ -44,6 +44,9 @@ pub struct Stats {
     pub oom_retries: u64,
     /// Blocks found written past their requested end (debug checks).
     pub corrupted_blocks: u64,
+    /// Bytes of the blocks held now (live or idle) that were advised to use huge pages and
+    /// the kernel accepted the advice for (`Config::huge_pages`; Linux only).
+    pub huge_page_bytes: usize,
 }
 
 impl Stats {

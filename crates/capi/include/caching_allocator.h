@@ -181,6 +181,11 @@ typedef struct CaStats {
      * (best fit, up to twice the class). Counted in `hits` too.
      */
     uint64_t oversize_hits;
+    /**
+     * Bytes of the blocks held now that the kernel accepted huge-page advice for (blocks of
+     * 2 MiB and more; Linux).
+     */
+    size_t huge_page_bytes;
 } CaStats;
 
 /**

@@ -186,6 +186,9 @@ pub struct CaStats {
     /// Hits served by an idle block of a larger class, none of the request's own being idle
     /// (best fit, up to twice the class). Counted in `hits` too.
     pub oversize_hits: u64,
+    /// Bytes of the blocks held now that the kernel accepted huge-page advice for (blocks of
+    /// 2 MiB and more; Linux).
+    pub huge_page_bytes: usize,
 }
 
 impl From<Stats> for CaStats {
@@ -207,6 +210,7 @@ impl From<Stats> for CaStats {
             oom_retries: s.oom_retries,
             corrupted_blocks: s.corrupted_blocks,
             oversize_hits: s.oversize_hits,
+            huge_page_bytes: s.huge_page_bytes,
         }
     }
 }
