@@ -373,7 +373,10 @@ impl CachingAllocator {
                 shared.pool_take_larger(class, largest, req.align)
             })
         };
-        if let Some(block) = pooled.or_else(|| self.steal(here.cache(), class, req.align)) {
+        let cached = pooled
+            .or_else(|| self.steal(here.cache(), class, req.align))
+            .or_else(|| self.take_under_pressure(here, class, req.align));
+        if let Some(block) = cached {
             // In nobody's books now: we may write its home.
             self.directory.set_home(block.addr(), Some(here.to_arc()));
             return Ok((block, true));
@@ -381,6 +384,31 @@ impl CachingAllocator {
         let block = self.system_alloc(class, req)?;
         self.directory.insert(block.addr(), Some(here.to_arc()));
         Ok((block, false))
+    }
+
+    /// Best fit under cap pressure: when a new block of `class` could not stay cached without
+    /// evicting another (idle bytes + the class would pass the cap), any larger idle block
+    /// serves instead,
+    /// from this thread's cache or the pool. The memory is held anyway; a new block would only
+    /// push an idle one out (a runtime under ExecuTorch's 10 MiB cap otherwise churns through
+    /// the system every time its shapes start small again). Off with best fit off.
+    fn take_under_pressure(
+        &self,
+        here: Local<'_>,
+        class: SizeClass,
+        align: usize,
+    ) -> Option<Block> {
+        if self.oversize <= 1.0
+            || self.cached_bytes().saturating_add(class.size()) <= self.config.max_cached_bytes
+        {
+            return None;
+        }
+        let any = SizeClass::largest_within(usize::MAX)?;
+        let mut state = here.lock();
+        let found = state.idle.take_larger(class, any, align);
+        here.publish(&state);
+        drop(state);
+        found.or_else(|| lock(&self.shared).pool_take_larger(class, any, align))
     }
 
     /// The largest class best fit may serve a request of `class` with (`None`: exact only).

@@ -83,6 +83,11 @@ impl Config {
     /// scratch grows every decode token) then reuses what it has instead of holding one block
     /// per class. The waste of such a block is below `factor` times the request (plus the class
     /// rounding); `1.0` serves only exact classes. Values below 1 (or NaN) count as 1.
+    ///
+    /// Under cap pressure (when idle bytes plus the request's class would pass
+    /// `max_cached_bytes`, so a new block could not stay cached without evicting another) any
+    /// larger idle block serves, whatever its size: the memory is held anyway, and a new
+    /// block would only push an idle one out.
     pub fn max_oversize(mut self, factor: f64) -> Self {
         self.max_oversize = if factor >= 1.0 { factor } else { 1.0 };
         self

@@ -579,6 +579,27 @@ fn a_miss_takes_the_smallest_larger_idle_block_within_twice_its_class() {
 }
 
 #[test]
+fn under_cap_pressure_any_larger_idle_block_serves() {
+    let big = 200 << 10; // class 212992
+    for (cap, pressured) in [(1 << 20, false), (212_992 + 2048, true)] {
+        let alloc = CachingAllocator::new(cap);
+        let p = alloc.allocate(big, 64).unwrap();
+        // SAFETY: released once, not used after.
+        unsafe { alloc.release(p).unwrap() };
+        let before = alloc.stats();
+        let q = alloc.allocate(4096, 64).unwrap();
+        let s = alloc.stats();
+        // Far beyond twice 4 KiB: only when a new 4 KiB block could not stay cached.
+        assert_eq!(addr(q) == addr(p), pressured, "cap {cap}: {s:?}");
+        assert_eq!(s.oversize_hits - before.oversize_hits, u64::from(pressured));
+        assert_eq!(
+            s.system_allocs - before.system_allocs,
+            u64::from(!pressured)
+        );
+    }
+}
+
+#[test]
 fn best_fit_can_be_turned_off() {
     let alloc = CachingAllocator::with_config(Config::default().max_oversize(1.0));
     let mid = alloc.allocate(6000, 64).unwrap();
