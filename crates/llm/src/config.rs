@@ -137,7 +137,7 @@ impl LlamaConfig {
                 return Err(format!("{name} is 0"));
             }
         }
-        if raw.num_attention_heads % num_kv_heads != 0 {
+        if !raw.num_attention_heads.is_multiple_of(num_kv_heads) {
             return Err(format!(
                 "num_attention_heads ({}) is not a multiple of num_key_value_heads ({num_kv_heads})",
                 raw.num_attention_heads
@@ -146,7 +146,7 @@ impl LlamaConfig {
         let head_dim = match raw.head_dim {
             Some(d) => d,
             None => {
-                if raw.hidden_size % raw.num_attention_heads != 0 {
+                if !raw.hidden_size.is_multiple_of(raw.num_attention_heads) {
                     return Err(format!(
                         "hidden_size ({}) is not a multiple of num_attention_heads ({}) and no \
                          head_dim is given",
@@ -156,7 +156,7 @@ impl LlamaConfig {
                 raw.hidden_size / raw.num_attention_heads
             }
         };
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(format!("head_dim {head_dim} must be even and non-zero"));
         }
         let rope_scaling = match raw.rope_scaling {
@@ -178,8 +178,9 @@ impl LlamaConfig {
                         )?,
                     };
                     if sc.high_freq_factor <= sc.low_freq_factor {
-                        return Err("rope_scaling: high_freq_factor must exceed low_freq_factor"
-                            .into());
+                        return Err(
+                            "rope_scaling: high_freq_factor must exceed low_freq_factor".into()
+                        );
                     }
                     Some(sc)
                 }
@@ -197,7 +198,9 @@ impl LlamaConfig {
         }
         let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
         if !(rms_norm_eps.is_finite() && rms_norm_eps >= 0.0) {
-            return Err(format!("rms_norm_eps {rms_norm_eps} is not a non-negative number"));
+            return Err(format!(
+                "rms_norm_eps {rms_norm_eps} is not a non-negative number"
+            ));
         }
         let qwen2 = model_type == "qwen2";
         let attention_bias = raw.attention_bias.unwrap_or(false);

@@ -71,8 +71,7 @@ pub fn linear<A: TempAllocator + ?Sized>(
         TensorData::F32(d) => d.len(),
         TensorData::BF16(d) | TensorData::F16(d) => d.len(),
     };
-    if wlen != n * k || x.len() < m * k || out.len() < m * n || bias.is_some_and(|b| b.len() != n)
-    {
+    if wlen != n * k || x.len() < m * k || out.len() < m * n || bias.is_some_and(|b| b.len() != n) {
         return Err(LlmError::InvalidArgument {
             message: format!(
                 "linear: weights {wlen} (want {n}x{k}), x {} (want {m}x{k}), out {} (want {m}x{n})",
@@ -287,11 +286,8 @@ unsafe fn gemm_block(
             if !done {
                 for (a, ra) in res.iter_mut().enumerate().take(mr) {
                     for (b, rab) in ra.iter_mut().enumerate().take(nr) {
-                        *rab = dot_portable(
-                            &rows[(j + b) * k..][..k],
-                            &x[(i + a) * k..][..k],
-                            |v| v,
-                        );
+                        *rab =
+                            dot_portable(&rows[(j + b) * k..][..k], &x[(i + a) * k..][..k], |v| v);
                     }
                 }
             }

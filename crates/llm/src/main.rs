@@ -11,8 +11,8 @@ use clap::{Parser, Subcommand};
 use llm::safetensors::DType;
 use llm::tokenizer::{TextStream, Tokenizer};
 use llm::{
-    caching_temp, generate, GenerateOptions, GenerationStats, Llama, LlmError, Module,
-    ModelOptions, Sampler, Weights,
+    caching_temp, generate, GenerateOptions, GenerationStats, Llama, LlmError, ModelOptions,
+    Module, Sampler, Weights,
 };
 
 /// A Llama-family CPU text generator whose kernels take their scratch from a caching temp
@@ -193,7 +193,9 @@ fn run(cli: Cli) -> Result<(), LlmError> {
                 t0.elapsed().as_secs_f64(),
                 rayon::current_num_threads()
             );
-            let context = run.context.unwrap_or(prompt_tokens + run.max_new_tokens + 1);
+            let context = run
+                .context
+                .unwrap_or(prompt_tokens + run.max_new_tokens + 1);
             let mut m = Llama::new(
                 weights,
                 caching_temp(run.temp_cap_mib << 20),

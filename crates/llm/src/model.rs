@@ -225,15 +225,45 @@ impl<A: TempAllocator> Llama<A> {
             })?;
             let kv_rows = start * kvd..(start + m) * kvd;
             rt.run("linear", |s| {
-                kernels::linear(s, &b.xn, m, lw.q.data(), qd, h, lw.q_bias.as_deref(), &mut b.q, false)
+                kernels::linear(
+                    s,
+                    &b.xn,
+                    m,
+                    lw.q.data(),
+                    qd,
+                    h,
+                    lw.q_bias.as_deref(),
+                    &mut b.q,
+                    false,
+                )
             })?;
             rt.run("linear", |s| {
                 let out = &mut kc[kv_rows.clone()];
-                kernels::linear(s, &b.xn, m, lw.k.data(), kvd, h, lw.k_bias.as_deref(), out, false)
+                kernels::linear(
+                    s,
+                    &b.xn,
+                    m,
+                    lw.k.data(),
+                    kvd,
+                    h,
+                    lw.k_bias.as_deref(),
+                    out,
+                    false,
+                )
             })?;
             rt.run("linear", |s| {
                 let out = &mut vc[kv_rows.clone()];
-                kernels::linear(s, &b.xn, m, lw.v.data(), kvd, h, lw.v_bias.as_deref(), out, false)
+                kernels::linear(
+                    s,
+                    &b.xn,
+                    m,
+                    lw.v.data(),
+                    kvd,
+                    h,
+                    lw.v_bias.as_deref(),
+                    out,
+                    false,
+                )
             })?;
             rt.run("rope", |s| {
                 kernels::rope(
@@ -271,13 +301,33 @@ impl<A: TempAllocator> Llama<A> {
             })?;
             // Output projection, added to the residual stream.
             rt.run("linear", |s| {
-                kernels::linear(s, &b.attn, m, lw.o.data(), h, qd, lw.o_bias.as_deref(), &mut b.x, true)
+                kernels::linear(
+                    s,
+                    &b.attn,
+                    m,
+                    lw.o.data(),
+                    h,
+                    qd,
+                    lw.o_bias.as_deref(),
+                    &mut b.x,
+                    true,
+                )
             })?;
             rt.run("rmsnorm", |s| {
                 kernels::rmsnorm(s, &b.x, m, h, &lw.post_norm, c.rms_norm_eps, &mut b.xn)
             })?;
             rt.run("linear", |s| {
-                kernels::linear(s, &b.xn, m, lw.gate.data(), ffn, h, None, &mut b.gate, false)
+                kernels::linear(
+                    s,
+                    &b.xn,
+                    m,
+                    lw.gate.data(),
+                    ffn,
+                    h,
+                    None,
+                    &mut b.gate,
+                    false,
+                )
             })?;
             rt.run("linear", |s| {
                 kernels::linear(s, &b.xn, m, lw.up.data(), ffn, h, None, &mut b.up, false)

@@ -198,17 +198,17 @@ impl Tensor {
             // data is copied into an aligned owned buffer) and `b.len()` is a multiple of it;
             // the bytes live as long as `&self` (the backing is kept alive by the Arc), and
             // every bit pattern is a valid f32 / u16.
-            DType::F32 => TensorData::F32(unsafe {
-                std::slice::from_raw_parts(p.cast::<f32>(), b.len() / 4)
-            }),
+            DType::F32 => {
+                TensorData::F32(unsafe { std::slice::from_raw_parts(p.cast::<f32>(), b.len() / 4) })
+            }
             // SAFETY: as above, for u16.
             DType::BF16 => TensorData::BF16(unsafe {
                 std::slice::from_raw_parts(p.cast::<u16>(), b.len() / 2)
             }),
             // SAFETY: as above, for u16.
-            DType::F16 => TensorData::F16(unsafe {
-                std::slice::from_raw_parts(p.cast::<u16>(), b.len() / 2)
-            }),
+            DType::F16 => {
+                TensorData::F16(unsafe { std::slice::from_raw_parts(p.cast::<u16>(), b.len() / 2) })
+            }
         }
     }
 
@@ -356,11 +356,13 @@ impl File {
             if name == "__metadata__" {
                 continue;
             }
-            let e: RawEntry = serde_json::from_value(v)
-                .map_err(|e| bad(format!("entry `{name}`: {e}")))?;
+            let e: RawEntry =
+                serde_json::from_value(v).map_err(|e| bad(format!("entry `{name}`: {e}")))?;
             let [b, en] = e.data_offsets;
             if b > en {
-                return Err(bad(format!("entry `{name}`: data_offsets [{b}, {en}] reversed")));
+                return Err(bad(format!(
+                    "entry `{name}`: data_offsets [{b}, {en}] reversed"
+                )));
             }
             let end = data_start
                 .checked_add(en)
@@ -565,7 +567,7 @@ pub fn write(path: &Path, tensors: &[(&str, DType, &[usize], &[u8])]) -> Result<
         offset += bytes.len();
     }
     let mut h = serde_json::Value::Object(header).to_string().into_bytes();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = Vec::with_capacity(8 + h.len() + offset);

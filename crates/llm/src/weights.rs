@@ -159,7 +159,12 @@ impl Weights {
         let mut next = 0u64;
         let mut mat = |rows: usize, cols: usize, scale: f32| -> Result<Tensor> {
             next += 1;
-            random_tensor(dtype, &[rows, cols], scale, seed ^ next.wrapping_mul(0x9e37_79b9))
+            random_tensor(
+                dtype,
+                &[rows, cols],
+                scale,
+                seed ^ next.wrapping_mul(0x9e37_79b9),
+            )
         };
         let embed = mat(c.vocab_size, h, 1.0)?;
         let mut layers = Vec::with_capacity(c.num_layers);
@@ -217,16 +222,19 @@ impl Weights {
 pub fn random_tensor(dtype: DType, shape: &[usize], scale: f32, seed: u64) -> Result<Tensor> {
     let numel: usize = shape.iter().product();
     let mut backing = Backing::zeroed(numel * dtype.size());
-    let bytes = backing.bytes_mut().ok_or_else(|| LlmError::InvalidArgument {
-        message: "random tensor backing is not owned".into(),
-    })?;
+    let bytes = backing
+        .bytes_mut()
+        .ok_or_else(|| LlmError::InvalidArgument {
+            message: "random tensor backing is not owned".into(),
+        })?;
     const CHUNK: usize = 1 << 16;
     let es = dtype.size();
     bytes
         .par_chunks_mut(CHUNK * es)
         .enumerate()
         .for_each(|(ci, chunk)| {
-            let mut rng = crate::sample::Rng::new(seed ^ (ci as u64).wrapping_mul(0xa076_1d64_78bd_642f));
+            let mut rng =
+                crate::sample::Rng::new(seed ^ (ci as u64).wrapping_mul(0xa076_1d64_78bd_642f));
             for e in chunk.chunks_exact_mut(es) {
                 let v = (rng.next_f32() * 2.0 - 1.0) * scale;
                 match dtype {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use common::{Spec, TempDir};
 use llm::tokenizer::Tokenizer;
-use llm::{Llama, Module, ModelOptions, Sampler, Weights};
+use llm::{Llama, ModelOptions, Module, Sampler, Weights};
 
 fn greedy_ids(dir: &std::path::Path, prompt: &[u32], n: usize) -> Vec<u32> {
     let w = Arc::new(Weights::load(dir).unwrap());
@@ -50,10 +50,21 @@ fn generate_streams_only_the_generated_text() {
     let out = Command::new(env!("CARGO_BIN_EXE_llm"))
         .args(["generate", "--model"])
         .arg(dir.path())
-        .args(["--prompt", prompt, "--max-new-tokens", "12", "--temperature", "0"])
+        .args([
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            "12",
+            "--temperature",
+            "0",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert_eq!(stdout.trim_end_matches('\n'), want);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -75,10 +86,21 @@ fn generate_on_ids_without_tokenizer() {
     let out = Command::new(env!("CARGO_BIN_EXE_llm"))
         .args(["generate", "--model"])
         .arg(dir.path())
-        .args(["--prompt-ids", "5,6,7", "--max-new-tokens", "6", "--temperature", "0"])
+        .args([
+            "--prompt-ids",
+            "5,6,7",
+            "--max-new-tokens",
+            "6",
+            "--temperature",
+            "0",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let got: Vec<u32> = String::from_utf8(out.stdout)
         .unwrap()
         .split_whitespace()

@@ -9,11 +9,16 @@ use caching_allocator::CachingAllocator;
 use common::{prompt, rel_err, Reference, Spec, TempDir};
 use llm::runtime::Runtime;
 use llm::safetensors::DType;
-use llm::{Llama, LlmError, Module, ModelOptions, Sampler, Weights};
+use llm::{Llama, LlmError, ModelOptions, Module, Sampler, Weights};
 
 fn model(dir: &std::path::Path) -> Llama<CachingAllocator> {
     let w = Arc::new(Weights::load(dir).unwrap());
-    Llama::new(w, llm::caching_temp(llm::DEFAULT_TEMP_CAP), &ModelOptions::default()).unwrap()
+    Llama::new(
+        w,
+        llm::caching_temp(llm::DEFAULT_TEMP_CAP),
+        &ModelOptions::default(),
+    )
+    .unwrap()
 }
 
 /// 16-token prompt (every position's logits), then 8 decode steps, against the reference.
@@ -28,7 +33,10 @@ fn check_against_reference(spec: &Spec, bound: f64) {
     let v = spec.vocab;
     for (i, w) in want.iter().enumerate() {
         let e = rel_err(&got[i * v..][..v], w);
-        assert!(e < bound, "{spec:?}: prompt position {i}: relative error {e:e}");
+        assert!(
+            e < bound,
+            "{spec:?}: prompt position {i}: relative error {e:e}"
+        );
     }
     let extra = prompt(spec.vocab, 8, spec.seed + 200);
     for (step, &t) in extra.iter().enumerate() {
@@ -36,7 +44,10 @@ fn check_against_reference(spec: &Spec, bound: f64) {
         let got = m.forward(&[t]).unwrap().to_vec();
         let want = reference.logits(&tokens);
         let e = rel_err(&got, want.last().unwrap());
-        assert!(e < bound, "{spec:?}: decode step {step}: relative error {e:e}");
+        assert!(
+            e < bound,
+            "{spec:?}: decode step {step}: relative error {e:e}"
+        );
     }
 }
 
@@ -116,7 +127,10 @@ fn decode_with_kv_cache_equals_full_recompute() {
             .zip(&full)
             .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
         let scale = full.iter().fold(0.0f32, |m, y| m.max(y.abs()));
-        assert!(err <= 1e-5 * scale, "cached decode differs from recompute: {err}");
+        assert!(
+            err <= 1e-5 * scale,
+            "cached decode differs from recompute: {err}"
+        );
     }
 }
 
@@ -127,8 +141,16 @@ fn sharded_checkpoint_loads_like_single_file() {
     let ts = spec.write(single.path());
     let sharded = TempDir::new("sharded");
     let (a, b) = ts.split_at(ts.len() / 2);
-    common::write_tensors(&sharded.path().join("model-00001-of-00002.safetensors"), a, DType::F32);
-    common::write_tensors(&sharded.path().join("model-00002-of-00002.safetensors"), b, DType::F32);
+    common::write_tensors(
+        &sharded.path().join("model-00001-of-00002.safetensors"),
+        a,
+        DType::F32,
+    );
+    common::write_tensors(
+        &sharded.path().join("model-00002-of-00002.safetensors"),
+        b,
+        DType::F32,
+    );
     let mut map = serde_json::Map::new();
     for (n, _, _) in a {
         map.insert(n.clone(), "model-00001-of-00002.safetensors".into());
@@ -158,7 +180,10 @@ fn sharded_checkpoint_loads_like_single_file() {
 fn rope_is_rotate_half_hand_checked() {
     let mut rt = Runtime::new(CachingAllocator::new(1 << 20));
     let inv = llm::config::rope_inv_freq(4, 10000.0, None);
-    assert!((inv[0] - 1.0).abs() < 1e-15 && (inv[1] - 0.01).abs() < 1e-15, "{inv:?}");
+    assert!(
+        (inv[0] - 1.0).abs() < 1e-15 && (inv[1] - 0.01).abs() < 1e-15,
+        "{inv:?}"
+    );
     let mut q = vec![1.0f32, 2.0, 3.0, 4.0];
     let mut k = vec![1.0f32, 2.0, 3.0, 4.0];
     rt.run("rope", |s| {
@@ -173,10 +198,15 @@ fn rope_is_rotate_half_hand_checked() {
         4.0 * c1 + 2.0 * s1, //  4.01980
     ];
     for i in 0..4 {
-        assert!((q[i] as f64 - want[i]).abs() < 1e-6, "q[{i}] = {} want {}", q[i], want[i]);
+        assert!(
+            (q[i] as f64 - want[i]).abs() < 1e-6,
+            "q[{i}] = {} want {}",
+            q[i],
+            want[i]
+        );
         assert_eq!(q[i], k[i]);
     }
-    assert!((q[0] + 1.984111).abs() < 1e-5 && (q[3] - 4.019800).abs() < 1e-5);
+    assert!((q[0] + 1.984111).abs() < 1e-5 && (q[3] - 4.0198).abs() < 1e-5);
 }
 
 /// Llama 3 rope_scaling, head_dim 8, theta 10000: base frequencies 1, 0.1, 0.01, 0.001
@@ -228,7 +258,16 @@ fn gqa_head_mapping_hand_checked() {
         start_pos: 0,
     };
     let temp = CachingAllocator::new(1 << 20);
-    sdpa::attention(&q, &k, &v, &mut out, &shape, &sdpa::Params::default(), &temp).unwrap();
+    sdpa::attention(
+        &q,
+        &k,
+        &v,
+        &mut out,
+        &shape,
+        &sdpa::Params::default(),
+        &temp,
+    )
+    .unwrap();
     assert_eq!(out, vec![10.0, 11.0, 10.0, 11.0, 20.0, 21.0, 20.0, 21.0]);
 }
 
@@ -245,7 +284,10 @@ fn sampling_is_seeded_and_respects_top_p() {
     assert!(draw(&mut rt, 0.0, 1.0, 1).iter().all(|&t| t == 1));
     let a = draw(&mut rt, 1.0, 1.0, 42);
     assert_eq!(a, draw(&mut rt, 1.0, 1.0, 42));
-    assert!(a.contains(&1) && a.contains(&2), "temperature 1 samples both top tokens");
+    assert!(
+        a.contains(&1) && a.contains(&2),
+        "temperature 1 samples both top tokens"
+    );
     // top_p 0.5: token 1 alone has probability ~0.5 < 0.5? p1 = e^5 / (e^5 + e^4.9 + ...) ~ 0.51.
     let b = draw(&mut rt, 1.0, 0.5, 7);
     assert!(b.iter().all(|&t| t == 1), "{b:?}");
@@ -270,9 +312,16 @@ fn missing_tensor_is_named() {
     let mut ts = spec.tensors();
     ts.retain(|(n, _, _)| n != "model.layers.1.mlp.up_proj.weight");
     common::write_tensors(&dir.path().join("model.safetensors"), &ts, DType::F32);
-    std::fs::write(dir.path().join("config.json"), spec.config_json().to_string()).unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        spec.config_json().to_string(),
+    )
+    .unwrap();
     let e = load_err(dir.path());
-    assert!(e.contains("missing tensor `model.layers.1.mlp.up_proj.weight`"), "{e}");
+    assert!(
+        e.contains("missing tensor `model.layers.1.mlp.up_proj.weight`"),
+        "{e}"
+    );
     assert!(e.contains("model.safetensors"), "{e}");
 }
 
@@ -288,7 +337,11 @@ fn wrong_shape_is_named() {
         }
     }
     common::write_tensors(&dir.path().join("model.safetensors"), &ts, DType::F32);
-    std::fs::write(dir.path().join("config.json"), spec.config_json().to_string()).unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        spec.config_json().to_string(),
+    )
+    .unwrap();
     let e = load_err(dir.path());
     assert!(
         e.contains("`model.layers.0.self_attn.k_proj.weight` has shape [8, 32]")
@@ -310,7 +363,7 @@ fn unsupported_dtype_is_named() {
     let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     header["model.norm.weight"]["dtype"] = "I32".into();
     let mut h = header.to_string().into_bytes();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();
@@ -333,7 +386,10 @@ fn truncated_file_is_named() {
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
     let e = load_err(dir.path());
-    assert!(e.contains("truncated") && e.contains("model.safetensors"), "{e}");
+    assert!(
+        e.contains("truncated") && e.contains("model.safetensors"),
+        "{e}"
+    );
     assert!(e.contains("tensor `"), "names the tensor: {e}");
     // A file too short for its header.
     std::fs::write(&path, &bytes[..20]).unwrap();
@@ -352,7 +408,9 @@ fn config_contradicting_weights_is_reported() {
     std::fs::write(dir.path().join("config.json"), c.to_string()).unwrap();
     let e = load_err(dir.path());
     assert!(
-        e.contains("contradicts") && e.contains("model.layers.1.") && e.contains("model.safetensors"),
+        e.contains("contradicts")
+            && e.contains("model.layers.1.")
+            && e.contains("model.safetensors"),
         "{e}"
     );
     // A vocabulary size that is not the embedding's.
@@ -360,13 +418,19 @@ fn config_contradicting_weights_is_reported() {
     c["vocab_size"] = 100.into();
     std::fs::write(dir.path().join("config.json"), c.to_string()).unwrap();
     let e = load_err(dir.path());
-    assert!(e.contains("contradicts") && e.contains("model.embed_tokens.weight"), "{e}");
+    assert!(
+        e.contains("contradicts") && e.contains("model.embed_tokens.weight"),
+        "{e}"
+    );
     // Bias promised by a qwen2 config but absent.
     let mut c = spec.config_json();
     c["model_type"] = "qwen2".into();
     std::fs::write(dir.path().join("config.json"), c.to_string()).unwrap();
     let e = load_err(dir.path());
-    assert!(e.contains("missing tensor `model.layers.0.self_attn.q_proj.bias`"), "{e}");
+    assert!(
+        e.contains("missing tensor `model.layers.0.self_attn.q_proj.bias`"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -374,7 +438,10 @@ fn bad_config_and_no_weights() {
     let dir = TempDir::new("cfg");
     std::fs::write(dir.path().join("config.json"), "{\"hidden_size\": 4}").unwrap();
     let e = load_err(dir.path());
-    assert!(e.contains("config.json") && e.contains("missing field"), "{e}");
+    assert!(
+        e.contains("config.json") && e.contains("missing field"),
+        "{e}"
+    );
     Spec::default().write(dir.path());
     std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
     let e = load_err(dir.path());
@@ -394,7 +461,10 @@ fn prompt_longer_than_context_is_an_error() {
     )
     .unwrap();
     let e = m.forward(&prompt(spec.vocab, 9, 1)).unwrap_err();
-    assert!(matches!(e, LlmError::ContextOverflow { capacity: 8, .. }), "{e}");
+    assert!(
+        matches!(e, LlmError::ContextOverflow { capacity: 8, .. }),
+        "{e}"
+    );
     assert!(e.to_string().contains("exceed its capacity of 8"), "{e}");
     let e = m.forward(&[spec.vocab as u32]).unwrap_err();
     assert!(matches!(e, LlmError::BadToken { .. }), "{e}");

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use caching_allocator::{AllocError, TempAllocator};
 use common::{prompt, Spec, TempDir};
-use llm::{Llama, Module, ModelOptions, Sampler, Weights};
+use llm::{Llama, ModelOptions, Module, Sampler, Weights};
 
 struct Counting;
 
@@ -83,7 +83,8 @@ impl Drop for Arena {
 // overlapping (monotonic offset) until `reset` rewinds it.
 unsafe impl TempAllocator for Arena {
     fn allocate(&self, size: usize, align: usize) -> Result<std::ptr::NonNull<u8>, AllocError> {
-        let start = (self.base as usize + self.used.get()).next_multiple_of(align) - self.base as usize;
+        let start =
+            (self.base as usize + self.used.get()).next_multiple_of(align) - self.base as usize;
         if start + size > self.cap {
             return Err(AllocError::SizeOverflow { size, align });
         }
@@ -156,19 +157,32 @@ fn decode_steps_make_no_heap_allocation_outside_the_temp_allocator() {
     // injector).
     pool.install(|| {
         // The arena: counted calls can only come from outside the temp allocator.
-        let mut m = Llama::new(weights.clone(), Arena::new(16 << 20), &ModelOptions::default())
-            .unwrap();
+        let mut m = Llama::new(
+            weights.clone(),
+            Arena::new(16 << 20),
+            &ModelOptions::default(),
+        )
+        .unwrap();
         let mut s = Sampler::new(0.8, 0.9, 1).unwrap();
         let n = count_decode_steps(&mut m, &mut s);
-        assert_eq!(n, 0, "{n} global-allocator calls in 20 decode steps (arena temp)");
-        assert!(m.temp_usage().bytes > 0, "the kernels did use the temp allocator");
+        assert_eq!(
+            n, 0,
+            "{n} global-allocator calls in 20 decode steps (arena temp)"
+        );
+        assert!(
+            m.temp_usage().bytes > 0,
+            "the kernels did use the temp allocator"
+        );
 
         // The runner's default, a CachingAllocator capped at 10 MiB: nothing outside it
         // allocates either (its own bookkeeping, if any, is excluded from the count).
         let temp = Excluding(llm::caching_temp(llm::DEFAULT_TEMP_CAP));
         let mut m = Llama::new(weights.clone(), temp, &ModelOptions::default()).unwrap();
         let n = count_decode_steps(&mut m, &mut Sampler::new(0.8, 0.9, 2).unwrap());
-        assert_eq!(n, 0, "{n} global-allocator calls in 20 decode steps (caching temp)");
+        assert_eq!(
+            n, 0,
+            "{n} global-allocator calls in 20 decode steps (caching temp)"
+        );
     });
     // The counter works: an allocation while counting is seen.
     COUNTING.store(true, Ordering::SeqCst);

@@ -144,23 +144,68 @@ impl Spec {
             out.push((name, shape, v));
         };
         let s = |n: usize| 1.0 / (n as f64).sqrt();
-        mat("model.embed_tokens.weight".into(), vec![self.vocab, h], 1.0, 0.0);
+        mat(
+            "model.embed_tokens.weight".into(),
+            vec![self.vocab, h],
+            1.0,
+            0.0,
+        );
         for i in 0..self.layers {
             let p = format!("model.layers.{i}.");
             mat(format!("{p}input_layernorm.weight"), vec![h], 0.2, 1.0);
-            mat(format!("{p}self_attn.q_proj.weight"), vec![qd, h], 2.0 * s(h), 0.0);
-            mat(format!("{p}self_attn.k_proj.weight"), vec![kvd, h], 2.0 * s(h), 0.0);
-            mat(format!("{p}self_attn.v_proj.weight"), vec![kvd, h], s(h), 0.0);
-            mat(format!("{p}self_attn.o_proj.weight"), vec![h, qd], s(qd), 0.0);
+            mat(
+                format!("{p}self_attn.q_proj.weight"),
+                vec![qd, h],
+                2.0 * s(h),
+                0.0,
+            );
+            mat(
+                format!("{p}self_attn.k_proj.weight"),
+                vec![kvd, h],
+                2.0 * s(h),
+                0.0,
+            );
+            mat(
+                format!("{p}self_attn.v_proj.weight"),
+                vec![kvd, h],
+                s(h),
+                0.0,
+            );
+            mat(
+                format!("{p}self_attn.o_proj.weight"),
+                vec![h, qd],
+                s(qd),
+                0.0,
+            );
             if self.qwen2 {
                 mat(format!("{p}self_attn.q_proj.bias"), vec![qd], 0.5, 0.0);
                 mat(format!("{p}self_attn.k_proj.bias"), vec![kvd], 0.5, 0.0);
                 mat(format!("{p}self_attn.v_proj.bias"), vec![kvd], 0.5, 0.0);
             }
-            mat(format!("{p}post_attention_layernorm.weight"), vec![h], 0.2, 1.0);
-            mat(format!("{p}mlp.gate_proj.weight"), vec![self.ffn, h], s(h), 0.0);
-            mat(format!("{p}mlp.up_proj.weight"), vec![self.ffn, h], s(h), 0.0);
-            mat(format!("{p}mlp.down_proj.weight"), vec![h, self.ffn], s(self.ffn), 0.0);
+            mat(
+                format!("{p}post_attention_layernorm.weight"),
+                vec![h],
+                0.2,
+                1.0,
+            );
+            mat(
+                format!("{p}mlp.gate_proj.weight"),
+                vec![self.ffn, h],
+                s(h),
+                0.0,
+            );
+            mat(
+                format!("{p}mlp.up_proj.weight"),
+                vec![self.ffn, h],
+                s(h),
+                0.0,
+            );
+            mat(
+                format!("{p}mlp.down_proj.weight"),
+                vec![h, self.ffn],
+                s(self.ffn),
+                0.0,
+            );
         }
         mat("model.norm.weight".into(), vec![h], 0.2, 1.0);
         if !self.tied {
@@ -189,8 +234,14 @@ pub fn round_to(dtype: DType, x: f32) -> f32 {
 pub fn encode(dtype: DType, v: &[f32]) -> Vec<u8> {
     match dtype {
         DType::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        DType::BF16 => v.iter().flat_map(|&x| f32_to_bf16(x).to_le_bytes()).collect(),
-        DType::F16 => v.iter().flat_map(|&x| f32_to_f16(x).to_le_bytes()).collect(),
+        DType::BF16 => v
+            .iter()
+            .flat_map(|&x| f32_to_bf16(x).to_le_bytes())
+            .collect(),
+        DType::F16 => v
+            .iter()
+            .flat_map(|&x| f32_to_f16(x).to_le_bytes())
+            .collect(),
     }
 }
 
@@ -324,7 +375,7 @@ impl Reference {
                 let scaled = if wavelen > old / lo { f / factor } else { f };
                 let smooth = (old / wavelen - lo) / (hi - lo);
                 let smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
-                let medium = !(wavelen < old / hi) && !(wavelen > old / lo);
+                let medium = wavelen >= old / hi && wavelen <= old / lo;
                 if medium {
                     smoothed
                 } else {
@@ -340,7 +391,13 @@ impl Reference {
         let inv = self.inv_freq();
         let emb: Vec<f64> = (0..d).map(|j| pos as f64 * inv[j % (d / 2)]).collect();
         let rot: Vec<f64> = (0..d)
-            .map(|j| if j < d / 2 { -x[j + d / 2] } else { x[j - d / 2] })
+            .map(|j| {
+                if j < d / 2 {
+                    -x[j + d / 2]
+                } else {
+                    x[j - d / 2]
+                }
+            })
             .collect();
         (0..d)
             .map(|j| x[j] * emb[j].cos() + rot[j] * emb[j].sin())
@@ -365,9 +422,21 @@ impl Reference {
             let mut vs = Vec::new();
             for (pos, xt) in x.iter().enumerate() {
                 let xn = self.rmsnorm(&format!("{p}input_layernorm.weight"), xt);
-                let q = self.lin(&format!("{p}self_attn.q_proj.weight"), bias(&p, "q").as_deref(), &xn);
-                let k = self.lin(&format!("{p}self_attn.k_proj.weight"), bias(&p, "k").as_deref(), &xn);
-                let v = self.lin(&format!("{p}self_attn.v_proj.weight"), bias(&p, "v").as_deref(), &xn);
+                let q = self.lin(
+                    &format!("{p}self_attn.q_proj.weight"),
+                    bias(&p, "q").as_deref(),
+                    &xn,
+                );
+                let k = self.lin(
+                    &format!("{p}self_attn.k_proj.weight"),
+                    bias(&p, "k").as_deref(),
+                    &xn,
+                );
+                let v = self.lin(
+                    &format!("{p}self_attn.v_proj.weight"),
+                    bias(&p, "v").as_deref(),
+                    &xn,
+                );
                 let q: Vec<f64> = q.chunks(hd).flat_map(|c| self.rope(c, pos)).collect();
                 let k: Vec<f64> = k.chunks(hd).flat_map(|c| self.rope(c, pos)).collect();
                 qs.push(q);
