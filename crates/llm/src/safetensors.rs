@@ -193,22 +193,20 @@ impl Tensor {
     pub fn data(&self) -> TensorData<'_> {
         let b = self.bytes();
         let p = b.as_ptr();
-        match self.dtype {
+        if self.dtype == DType::F32 {
             // SAFETY: construction guarantees `p` is aligned to the element size (misaligned
             // data is copied into an aligned owned buffer) and `b.len()` is a multiple of it;
             // the bytes live as long as `&self` (the backing is kept alive by the Arc), and
-            // every bit pattern is a valid f32 / u16.
-            DType::F32 => {
-                TensorData::F32(unsafe { std::slice::from_raw_parts(p.cast::<f32>(), b.len() / 4) })
-            }
-            // SAFETY: as above, for u16.
-            DType::BF16 => TensorData::BF16(unsafe {
-                std::slice::from_raw_parts(p.cast::<u16>(), b.len() / 2)
-            }),
-            // SAFETY: as above, for u16.
-            DType::F16 => {
-                TensorData::F16(unsafe { std::slice::from_raw_parts(p.cast::<u16>(), b.len() / 2) })
-            }
+            // every bit pattern is a valid f32.
+            let x = unsafe { std::slice::from_raw_parts(p.cast::<f32>(), b.len() / 4) };
+            return TensorData::F32(x);
+        }
+        // SAFETY: as above, for the 2-byte types (every bit pattern is a valid u16).
+        let x = unsafe { std::slice::from_raw_parts(p.cast::<u16>(), b.len() / 2) };
+        if self.dtype == DType::BF16 {
+            TensorData::BF16(x)
+        } else {
+            TensorData::F16(x)
         }
     }
 
