@@ -4,7 +4,8 @@
 //! **Allocator comparison.** One [`llm::Llama`] per source, all sharing one set of weights
 //! (random, seeded, bf16, at a named real shape; or a checkpoint). A *round* is: a prefill of
 //! the prompt (+ sampling the first token) on every source, then `decode_tokens` decode steps
-//! (forward of one token + greedy sampling), each step run on every source back to back in the
+//! (forward of one token + greedy sampling; the prefill is repeated `prefill_reps` times
+//! first), each step run on every source back to back in the
 //! order of [`step_order`] (forward, backward, ...), so machine noise hits every source alike.
 //! One unmeasured round warms every source up (every scratch size of the run seen once).
 //! `x static` is a source's total time over the measured steps over `static`'s; system
@@ -93,6 +94,8 @@ pub struct LlmConfig {
     pub prompt_tokens: usize,
     /// Decode steps per round.
     pub decode_tokens: usize,
+    /// Prefills per measured round (each on every source, interleaved).
+    pub prefill_reps: usize,
     /// Measured rounds (after one warm-up round).
     pub rounds: usize,
     /// Alternating turns of each efficiency measurement.
@@ -109,6 +112,7 @@ impl LlmConfig {
             model_dir: None,
             prompt_tokens: 128,
             decode_tokens: 64,
+            prefill_reps: 3,
             rounds: if quick { 1 } else { 3 },
             eff_reps: if quick { 3 } else { 7 },
             seed: 1,
@@ -483,7 +487,7 @@ pub fn run(
 
 /// Progress units of a run: steps of every round, plus two efficiency figures.
 pub fn progress_units(cfg: &LlmConfig) -> usize {
-    (cfg.rounds + 1) * (cfg.decode_tokens + 1) + 2
+    (cfg.rounds + 1) * cfg.decode_tokens + 1 + cfg.rounds * cfg.prefill_reps.max(1) + 2
 }
 
 fn pct(x: f64) -> String {

@@ -451,10 +451,14 @@ fn run_llm(
     );
     println!();
     let pb = suite::progress_bar(llm::progress_units(&cfg));
-    let (rows, decode_eff, prefill_eff, errors) =
+    // On a rayon worker, as `llm generate` runs: the kernels' parallel sections then start
+    // inside the pool instead of waking the main thread through a latch after each of the
+    // ~240 sections per token.
+    let (rows, decode_eff, prefill_eff, errors) = rayon::scope(|_| {
         llm::run(&cfg, &weights, sources, &SourceConfig::default(), &|| {
             pb.inc(1)
-        });
+        })
+    });
     pb.finish_and_clear();
     let report = LlmReport {
         machine,
