@@ -789,3 +789,91 @@ pub fn find_source(name: &str) -> Option<&'static SourceKind> {
 
 /// The floor's name, for callers that check it is selected.
 pub const FLOOR_SOURCE: &str = FLOOR;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tiny model through the whole run: rows for every (phase, source), ratios against
+    /// static, zero system allocations per token for the cache in steady state, JSON units.
+    #[test]
+    fn smoke_run_on_a_tiny_model() {
+        let mut c = llm::shapes::named("smollm2-135m").unwrap();
+        c.hidden_size = 64;
+        c.num_heads = 4;
+        c.num_kv_heads = 2;
+        c.head_dim = 16;
+        c.intermediate_size = 96;
+        c.num_layers = 2;
+        c.vocab_size = 300;
+        let w = Arc::new(Weights::random(c, DType::BF16, 3).unwrap());
+        let cfg = LlmConfig {
+            model: "tiny".into(),
+            model_dir: None,
+            prompt_tokens: 12,
+            decode_tokens: 4,
+            prefill_reps: 2,
+            rounds: 1,
+            eff_reps: 1,
+            seed: 1,
+        };
+        let kinds: Vec<&SourceKind> = ["caching", "static", "system"]
+            .iter()
+            .map(|n| find_source(n).unwrap())
+            .collect();
+        let (rows, dec, pre, errors) = run(&cfg, &w, &kinds, &SourceConfig::default(), &|| {});
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(rows.len(), 6);
+        let caching = rows
+            .iter()
+            .find(|r| r.m.workload == "llm-decode" && r.m.source == "caching")
+            .unwrap();
+        assert_eq!(caching.m.sys_allocs_per_call, Some(0.0));
+        assert!(caching.x_static.is_some() && caching.tok_s > 0.0);
+        assert!(caching.temp_bytes_per_token > 0.0);
+        let system = rows
+            .iter()
+            .find(|r| r.m.workload == "llm-decode" && r.m.source == "system")
+            .unwrap();
+        assert!(
+            system.m.sys_allocs_per_call.unwrap() > 0.0,
+            "system mallocs every kernel's scratch"
+        );
+        let prefill = rows
+            .iter()
+            .find(|r| r.m.workload == "llm-prefill" && r.m.source == "static")
+            .unwrap();
+        assert!(prefill.m.ns_per_call.median > 0.0);
+        assert!(dec.is_some() && pre.is_some());
+        let report = LlmReport {
+            machine: Machine::detect(),
+            command: "test".into(),
+            mode: "quick",
+            config: cfg,
+            arch: "tiny".into(),
+            threads: 2,
+            sgemm_threads: None,
+            isa: "test".into(),
+            rows,
+            decode_eff: dec,
+            prefill_eff: pre,
+            errors,
+            elapsed_s: 0.0,
+            load_avg_end: 0.0,
+        };
+        let j = report.to_json();
+        assert_eq!(j["measurements"][0]["time"]["median"]["unit"], "ns/prefill");
+        assert_eq!(
+            j["measurements"][0]["minor_page_faults_per_token"]["unit"],
+            "faults/token"
+        );
+        let t = report.targets();
+        assert!(t
+            .iter()
+            .any(|c| c.target.contains("within 1.01x of static on llm-decode")));
+        assert!(report
+            .headline()
+            .iter()
+            .any(|h| h.contains("as fast as system")));
+    }
+}

@@ -237,8 +237,8 @@ impl LlamaConfig {
         rope_inv_freq(self.head_dim, self.rope_theta, self.rope_scaling.as_ref())
     }
 
-    /// Bytes of the weights per token read by a decode step at `bytes_per_weight` bytes per
-    /// parameter: every matrix once, the head once (the embedding row is negligible).
+    /// Parameters of the matrices a decode step reads: every layer's seven and the head (the
+    /// embedding row it also reads is negligible).
     pub fn matrix_params(&self) -> usize {
         let h = self.hidden_size;
         let q = self.num_heads * self.head_dim;

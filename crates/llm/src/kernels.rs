@@ -773,6 +773,21 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
 
 /// Embedding lookup: row `tokens[i]` of `table` (`[vocab, dim]`) widened into `out[i]`.
 pub fn embed(table: TensorData<'_>, dim: usize, tokens: &[u32], out: &mut [f32]) -> Result<()> {
+    let rows = match table {
+        TensorData::F32(d) => d.len(),
+        TensorData::BF16(d) | TensorData::F16(d) => d.len(),
+    } / dim.max(1);
+    if out.len() < tokens.len() * dim {
+        return Err(LlmError::InvalidArgument {
+            message: "embed: output too short".into(),
+        });
+    }
+    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= rows) {
+        return Err(LlmError::BadToken {
+            token: t,
+            vocab: rows,
+        });
+    }
     for (i, &t) in tokens.iter().enumerate() {
         let t = t as usize;
         let o = &mut out[i * dim..][..dim];

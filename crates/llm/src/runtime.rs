@@ -64,7 +64,6 @@ impl<A: TempAllocator> Runtime<A> {
         self.usage.kernel_calls += 1;
         self.usage.allocations += scratch.allocations.get();
         self.usage.bytes += scratch.bytes.get();
-        let _ = scratch;
         // SAFETY: every block handed out since the last reset was handed out through a
         // `Scratch` borrowed for one `f` call only: slices from it carry the `'t` lifetime,
         // which `f`'s higher-ranked signature keeps from escaping, so nothing refers to them
