@@ -160,6 +160,148 @@ pub fn linear<A: TempAllocator + ?Sized>(
     Ok(())
 }
 
+/// One matrix of [`linear_many`]: `out (+)= w x + bias`, `w` of `n` rows.
+pub struct LinearJob<'a> {
+    /// The weights, `[n, k]`.
+    pub w: TensorData<'a>,
+    /// Output rows.
+    pub n: usize,
+    /// Optional bias of `n`.
+    pub bias: Option<&'a [f32]>,
+    /// `n` outputs.
+    pub out: &'a mut [f32],
+    /// Add to `out` instead of overwriting it.
+    pub accumulate: bool,
+}
+
+/// Rows of one parallel task of the decode matvec over `n` rows.
+fn decode_chunk(n: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    (n / (threads * 8)).clamp(4, 256).next_multiple_of(4)
+}
+
+/// `x` de-interleaved per 16-element block into scratch (8 even elements, then 8 odd), for the
+/// AVX2 bf16 decode path; empty when that path is not taken.
+fn deinterleave<'t, A: TempAllocator + ?Sized>(
+    s: &Scratch<'t, A>,
+    isa: Isa,
+    bf16: bool,
+    x: &[f32],
+) -> Result<&'t [f32]> {
+    if isa != Isa::Avx2 || !bf16 {
+        return Ok(&[]);
+    }
+    let kb = x.len() / 16 * 16;
+    let xd = s.f32s(kb)?;
+    for (d, src) in xd.chunks_exact_mut(16).zip(x.chunks_exact(16)) {
+        for j in 0..8 {
+            d[j] = src[2 * j];
+            d[8 + j] = src[2 * j + 1];
+        }
+    }
+    Ok(xd)
+}
+
+/// Several decode matvecs over the same `x` (`k` floats) in **one** parallel section (q, k
+/// and v of a layer): fewer fork/join points per token, and `x` prepared once.
+pub fn linear_many<A: TempAllocator + ?Sized, const J: usize>(
+    s: &Scratch<'_, A>,
+    x: &[f32],
+    k: usize,
+    jobs: [LinearJob<'_>; J],
+) -> Result<()> {
+    let x = x.get(..k).ok_or_else(|| LlmError::InvalidArgument {
+        message: format!("linear_many: x has {} floats, want {k}", x.len()),
+    })?;
+    let mut bf16 = true;
+    for j in &jobs {
+        let wlen = match j.w {
+            TensorData::F32(d) => d.len(),
+            TensorData::BF16(d) | TensorData::F16(d) => d.len(),
+        };
+        bf16 &= matches!(j.w, TensorData::BF16(_));
+        if wlen != j.n * k || j.out.len() < j.n || j.bias.is_some_and(|b| b.len() != j.n) {
+            return Err(LlmError::InvalidArgument {
+                message: format!(
+                    "linear_many: weights {wlen} (want {}x{k}), out {}",
+                    j.n,
+                    j.out.len()
+                ),
+            });
+        }
+    }
+    let isa = isa();
+    let xd = deinterleave(s, isa, bf16, x)?;
+    let chunk: [usize; J] = core::array::from_fn(|i| decode_chunk(jobs[i].n));
+    let counts: [usize; J] = core::array::from_fn(|i| jobs[i].n.div_ceil(chunk[i]));
+    let total: usize = counts.iter().sum();
+    let outs: [SharedOut; J] = core::array::from_fn(|i| SharedOut(jobs[i].out.as_ptr().cast_mut()));
+    let jobs = &jobs;
+    (0..total).into_par_iter().for_each(|mut ci| {
+        let mut j = 0;
+        while ci >= counts[j] {
+            ci -= counts[j];
+            j += 1;
+        }
+        let job = &jobs[j];
+        let r0 = ci * chunk[j];
+        let len = chunk[j].min(job.n - r0);
+        // SAFETY: `outs[j]` points to job j's output of at least `n` floats (checked above),
+        // borrowed mutably by `jobs` for the whole call and not otherwise accessed during the
+        // parallel section; task (j, ci) writes only rows r0 .. r0 + len < n, and the row
+        // ranges of the tasks of one job are disjoint.
+        let o = unsafe { core::slice::from_raw_parts_mut(outs[j].0.add(r0), len) };
+        matvec_rows(isa, job.w, k, r0, x, xd, o, job.accumulate);
+        if let Some(b) = job.bias {
+            for (oi, bi) in o.iter_mut().zip(&b[r0..]) {
+                *oi += bi;
+            }
+        }
+    });
+    Ok(())
+}
+
+/// The decode MLP's first half in one parallel section: `out[r] = silu(gate[r] . x) *
+/// (up[r] . x)` for `r < n` (`gate`, `up`: `[n, k]`).
+pub fn linear_swiglu<A: TempAllocator + ?Sized>(
+    s: &Scratch<'_, A>,
+    x: &[f32],
+    k: usize,
+    gate: TensorData<'_>,
+    up: TensorData<'_>,
+    n: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let len = |w: TensorData<'_>| match w {
+        TensorData::F32(d) => d.len(),
+        TensorData::BF16(d) | TensorData::F16(d) => d.len(),
+    };
+    if len(gate) != n * k || len(up) != n * k || x.len() < k || out.len() < n {
+        return Err(LlmError::InvalidArgument {
+            message: "linear_swiglu: length mismatch".into(),
+        });
+    }
+    let isa = isa();
+    let x = &x[..k];
+    let bf16 = matches!(gate, TensorData::BF16(_)) && matches!(up, TensorData::BF16(_));
+    let xd = deinterleave(s, isa, bf16, x)?;
+    let chunk = decode_chunk(n);
+    out[..n]
+        .par_chunks_mut(chunk)
+        .enumerate()
+        .for_each(|(ci, o)| {
+            let r0 = ci * chunk;
+            for (i, oi) in o.iter_mut().enumerate() {
+                let (mut g, mut u) = ([0f32], [0f32]);
+                matvec_rows(isa, gate, k, r0 + i, x, xd, &mut g, false);
+                matvec_rows(isa, up, k, r0 + i, x, xd, &mut u, false);
+                let g = g[0];
+                *oi = g / (1.0 + (-g).exp()) * u[0];
+            }
+        });
+    Ok(())
+}
+
 /// Rows `r0 .. r0 + o.len()` of `w` (`[n, k]`) times `x`, into `o`. `xd` is `x`
 /// de-interleaved (see `linear`) when the AVX2 bf16 path is taken, else empty.
 #[allow(clippy::too_many_arguments)]

@@ -224,47 +224,81 @@ impl<A: TempAllocator> Llama<A> {
                 kernels::rmsnorm(s, &b.x, m, h, &lw.input_norm, c.rms_norm_eps, &mut b.xn)
             })?;
             let kv_rows = start * kvd..(start + m) * kvd;
-            rt.run("linear", |s| {
-                kernels::linear(
-                    s,
-                    &b.xn,
-                    m,
-                    lw.q.data(),
-                    qd,
-                    h,
-                    lw.q_bias.as_deref(),
-                    &mut b.q,
-                    false,
-                )
-            })?;
-            rt.run("linear", |s| {
-                let out = &mut kc[kv_rows.clone()];
-                kernels::linear(
-                    s,
-                    &b.xn,
-                    m,
-                    lw.k.data(),
-                    kvd,
-                    h,
-                    lw.k_bias.as_deref(),
-                    out,
-                    false,
-                )
-            })?;
-            rt.run("linear", |s| {
-                let out = &mut vc[kv_rows.clone()];
-                kernels::linear(
-                    s,
-                    &b.xn,
-                    m,
-                    lw.v.data(),
-                    kvd,
-                    h,
-                    lw.v_bias.as_deref(),
-                    out,
-                    false,
-                )
-            })?;
+            if m == 1 {
+                // Decode: q, k and v in one parallel section.
+                rt.run("linear_qkv", |s| {
+                    kernels::linear_many(
+                        s,
+                        &b.xn,
+                        h,
+                        [
+                            kernels::LinearJob {
+                                w: lw.q.data(),
+                                n: qd,
+                                bias: lw.q_bias.as_deref(),
+                                out: &mut b.q[..qd],
+                                accumulate: false,
+                            },
+                            kernels::LinearJob {
+                                w: lw.k.data(),
+                                n: kvd,
+                                bias: lw.k_bias.as_deref(),
+                                out: &mut kc[kv_rows.clone()],
+                                accumulate: false,
+                            },
+                            kernels::LinearJob {
+                                w: lw.v.data(),
+                                n: kvd,
+                                bias: lw.v_bias.as_deref(),
+                                out: &mut vc[kv_rows.clone()],
+                                accumulate: false,
+                            },
+                        ],
+                    )
+                })?;
+            } else {
+                rt.run("linear", |s| {
+                    kernels::linear(
+                        s,
+                        &b.xn,
+                        m,
+                        lw.q.data(),
+                        qd,
+                        h,
+                        lw.q_bias.as_deref(),
+                        &mut b.q,
+                        false,
+                    )
+                })?;
+                rt.run("linear", |s| {
+                    let out = &mut kc[kv_rows.clone()];
+                    kernels::linear(
+                        s,
+                        &b.xn,
+                        m,
+                        lw.k.data(),
+                        kvd,
+                        h,
+                        lw.k_bias.as_deref(),
+                        out,
+                        false,
+                    )
+                })?;
+                rt.run("linear", |s| {
+                    let out = &mut vc[kv_rows.clone()];
+                    kernels::linear(
+                        s,
+                        &b.xn,
+                        m,
+                        lw.v.data(),
+                        kvd,
+                        h,
+                        lw.v_bias.as_deref(),
+                        out,
+                        false,
+                    )
+                })?;
+            }
             rt.run("rope", |s| {
                 kernels::rope(
                     s,
@@ -316,26 +350,41 @@ impl<A: TempAllocator> Llama<A> {
             rt.run("rmsnorm", |s| {
                 kernels::rmsnorm(s, &b.x, m, h, &lw.post_norm, c.rms_norm_eps, &mut b.xn)
             })?;
-            rt.run("linear", |s| {
-                kernels::linear(
-                    s,
-                    &b.xn,
-                    m,
-                    lw.gate.data(),
-                    ffn,
-                    h,
-                    None,
-                    &mut b.gate,
-                    false,
-                )
-            })?;
-            rt.run("linear", |s| {
-                kernels::linear(s, &b.xn, m, lw.up.data(), ffn, h, None, &mut b.up, false)
-            })?;
-            rt.run("swiglu", |_| {
-                kernels::swiglu(&mut b.gate[..m * ffn], &b.up[..m * ffn]);
-                Ok(())
-            })?;
+            if m == 1 {
+                // Decode: gate, up and SwiGLU in one parallel section.
+                rt.run("linear_swiglu", |s| {
+                    kernels::linear_swiglu(
+                        s,
+                        &b.xn,
+                        h,
+                        lw.gate.data(),
+                        lw.up.data(),
+                        ffn,
+                        &mut b.gate[..ffn],
+                    )
+                })?;
+            } else {
+                rt.run("linear", |s| {
+                    kernels::linear(
+                        s,
+                        &b.xn,
+                        m,
+                        lw.gate.data(),
+                        ffn,
+                        h,
+                        None,
+                        &mut b.gate,
+                        false,
+                    )
+                })?;
+                rt.run("linear", |s| {
+                    kernels::linear(s, &b.xn, m, lw.up.data(), ffn, h, None, &mut b.up, false)
+                })?;
+                rt.run("swiglu", |_| {
+                    kernels::swiglu(&mut b.gate[..m * ffn], &b.up[..m * ffn]);
+                    Ok(())
+                })?;
+            }
             rt.run("linear", |s| {
                 kernels::linear(s, &b.gate, m, lw.down.data(), h, ffn, None, &mut b.x, true)
             })?;
