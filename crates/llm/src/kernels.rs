@@ -35,8 +35,19 @@ pub enum Isa {
     Portable,
 }
 
+static FORCE_PORTABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes every kernel take the portable path (`true`) or the detected one (`false`), process
+/// wide: for tests of the fallback on machines that have AVX2.
+pub fn force_portable(on: bool) {
+    FORCE_PORTABLE.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The SIMD path the kernels use here (detected once per call; `std` caches the CPUID).
 pub fn isa() -> Isa {
+    if FORCE_PORTABLE.load(std::sync::atomic::Ordering::Relaxed) {
+        return Isa::Portable;
+    }
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2")
