@@ -11,9 +11,11 @@
 //! - [`suite`]: which (workload, threads) runs a subcommand makes, and running them;
 //! - [`report`] and [`plot`]: table, targets, JSON and SVG;
 //! - [`sdpa`]: the attention kernel over a model with every source, and its efficiency;
+//! - [`llm`]: a whole Llama-family model generating with every temp-memory source;
 //! - [`soak`]: random kernel-like traffic on one shared allocator, every block's tag checked.
 
 pub mod harness;
+pub mod llm;
 pub mod os;
 pub mod plot;
 pub mod report;

@@ -34,7 +34,7 @@ enum Command {
     Decode,
     /// Medium scratch on 1 and on N threads at once: aggregate calls/s and scaling.
     Threads,
-    /// scratch, decode, threads and sdpa (with sdpa's default model).
+    /// scratch, decode, threads, sdpa (with sdpa's default model) and llm (smollm2-135m).
     All,
     /// Soak test: random kernel-like traffic from `--threads` threads (default: all cores) on
     /// one shared caching allocator, every block's tag checked; exits non-zero on any violation.
@@ -53,6 +53,23 @@ enum Command {
         #[arg(long, default_value_t = 32, value_name = "L")]
         layers: usize,
     },
+    /// A whole Llama-family model (crate llm) generating, its kernels' scratch from system,
+    /// fresh-pages, exact-cache (10 MB), caching (10 MiB), caching-unbounded and static; and
+    /// its decode/prefill speed against a streaming read and sgemm.
+    Llm {
+        /// Named shape with random bf16 weights: smollm2-135m or llama-3.2-1b.
+        #[arg(long, default_value = "smollm2-135m")]
+        shape: String,
+        /// A checkpoint directory instead of random weights.
+        #[arg(long, value_name = "DIR")]
+        model: Option<PathBuf>,
+        /// Prompt tokens.
+        #[arg(long, default_value_t = 128)]
+        prompt_tokens: usize,
+        /// Decode tokens per round.
+        #[arg(long, default_value_t = 64)]
+        decode_tokens: usize,
+    },
 }
 
 impl Command {
@@ -63,7 +80,7 @@ impl Command {
             Command::Decode => Some(Bench::Decode),
             Command::Threads => Some(Bench::Threads),
             Command::All => Some(Bench::All),
-            Command::Soak { .. } | Command::Sdpa { .. } => None,
+            Command::Soak { .. } | Command::Sdpa { .. } | Command::Llm { .. } => None,
         }
     }
 }
@@ -340,6 +357,190 @@ fn sdpa(tokens: usize, layers: usize, c: &Common) -> ExitCode {
     }
 }
 
+/// The llm sources selected by `--allocators` (all by default; unknown names are ignored
+/// when `ignore_unknown`, as in `all`, whose list may name sources llm does not run).
+fn select_llm_sources(
+    names: Option<&[String]>,
+    ignore_unknown: bool,
+) -> Result<Vec<&'static SourceKind>, String> {
+    use allocbench::llm::{find_source, LLM_SOURCES};
+    let Some(names) = names else {
+        return Ok(LLM_SOURCES.iter().collect());
+    };
+    let mut out = Vec::new();
+    for n in names {
+        match find_source(n.trim()) {
+            Some(k) => out.push(k),
+            None if ignore_unknown => {}
+            None => {
+                return Err(format!(
+                    "llm runs no source `{n}`; known: {}",
+                    LLM_SOURCES
+                        .iter()
+                        .map(|k| k.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Runs `allocbench llm` and prints its tables; `None` when the weights could not be had.
+fn run_llm(
+    cfg: allocbench::llm::LlmConfig,
+    quick: bool,
+    sources: &[&'static SourceKind],
+) -> Option<allocbench::llm::LlmReport> {
+    use allocbench::llm::{self, LlmReport};
+    let machine = Machine::detect();
+    let command: Vec<String> = std::env::args().collect();
+    println!("# allocbench llm: {}", command.join(" "));
+    let started = Instant::now();
+    let weights = match llm::weights(&cfg) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("allocbench llm: {e}");
+            return None;
+        }
+    };
+    let c = &weights.config;
+    let arch = format!(
+        "{}: hidden {}, {} layers, {} heads, {} kv heads, head_dim {}, FFN {}, vocab {}, {}, \
+         rope_theta {}{}; {:?} weights, {:.1} MiB read per decode token",
+        cfg.model,
+        c.hidden_size,
+        c.num_layers,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.intermediate_size,
+        c.vocab_size,
+        if c.tie_word_embeddings {
+            "tied"
+        } else {
+            "separate head"
+        },
+        c.rope_theta,
+        if c.rope_scaling.is_some() {
+            " (llama3 scaling)"
+        } else {
+            ""
+        },
+        weights.embed.dtype(),
+        weights.decode_weight_bytes() as f64 / (1 << 20) as f64
+    );
+    println!(
+        "machine: {} cores, {}, Linux {}, load average {:.2} at start; {} run ({} measured \
+         rounds after 1 warm-up); {} rayon threads, kernels {:?}; weights ready in {:.1} s",
+        machine.cores,
+        machine.cpu,
+        machine.kernel,
+        machine.load_avg_1m_at_start,
+        if quick { "quick" } else { "full" },
+        cfg.rounds,
+        rayon::current_num_threads(),
+        ::llm::kernels::isa(),
+        started.elapsed().as_secs_f64()
+    );
+    println!("model: {arch}");
+    println!(
+        "round: prefill of {} tokens, then {} decode tokens, interleaved across sources",
+        cfg.prompt_tokens, cfg.decode_tokens
+    );
+    println!();
+    let pb = suite::progress_bar(llm::progress_units(&cfg));
+    // On a rayon worker, as `llm generate` runs: the kernels' parallel sections then start
+    // inside the pool instead of waking the main thread through a latch after each of the
+    // ~240 sections per token.
+    let (rows, decode_eff, prefill_eff, errors) = rayon::scope(|_| {
+        llm::run(&cfg, &weights, sources, &SourceConfig::default(), &|| {
+            pb.inc(1)
+        })
+    });
+    pb.finish_and_clear();
+    let report = LlmReport {
+        machine,
+        command: command.join(" "),
+        mode: if quick { "quick" } else { "full" },
+        config: cfg,
+        arch,
+        threads: rayon::current_num_threads(),
+        sgemm_threads: ::sdpa::baseline::sgemm_threads(),
+        isa: format!("{:?}", ::llm::kernels::isa()),
+        rows,
+        decode_eff,
+        prefill_eff,
+        errors,
+        elapsed_s: started.elapsed().as_secs_f64(),
+        load_avg_end: allocbench::os::load_avg(),
+    };
+    println!("Allocator comparison (median step; x static / x caching: total time over the same interleaved steps; temp bytes, faults and system allocations per token):");
+    println!();
+    println!("{}", report.table());
+    println!();
+    println!("Headline (what the cache buys):");
+    for h in report.headline() {
+        println!("  {h}");
+    }
+    println!();
+    println!("Efficiency (caching source, alternating turns with the baseline):");
+    println!();
+    println!("{}", report.efficiency_table());
+    for e in &report.errors {
+        println!("not measured: {e}");
+    }
+    println!();
+    println!("llm targets (goals, not assertions):");
+    println!();
+    println!("{}", report.targets_table());
+    println!(
+        "\nllm finished in {:.1} s; load average {:.2} at the end",
+        report.elapsed_s, report.load_avg_end
+    );
+    Some(report)
+}
+
+/// `allocbench llm`.
+fn llm_cmd(
+    shape: String,
+    model: Option<PathBuf>,
+    prompt_tokens: usize,
+    decode_tokens: usize,
+    c: &Common,
+) -> ExitCode {
+    let sources = match select_llm_sources(c.allocators.as_deref(), false) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("allocbench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut cfg = allocbench::llm::LlmConfig::new(c.quick, &shape);
+    if let Some(dir) = model {
+        cfg.model = dir.display().to_string();
+        cfg.model_dir = Some(dir);
+    }
+    cfg.prompt_tokens = prompt_tokens.max(1);
+    cfg.decode_tokens = decode_tokens;
+    let Some(report) = run_llm(cfg, c.quick, &sources) else {
+        return ExitCode::FAILURE;
+    };
+    let mut ok = true;
+    if let Some(path) = &c.json {
+        ok &= write_json(path, &report.to_json());
+    }
+    if let Some(path) = &c.plot {
+        ok &= write_plot(&report.as_report(), path);
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 fn source_config(c: &Common) -> SourceConfig {
     SourceConfig {
         exact_cap: c.exact_cap,
@@ -366,6 +567,20 @@ fn main() -> ExitCode {
         None => (Bench::All, true),
         Some(Command::Soak { seconds }) => return soak(*seconds, c),
         Some(Command::Sdpa { tokens, layers }) => return sdpa(*tokens, *layers, c),
+        Some(Command::Llm {
+            shape,
+            model,
+            prompt_tokens,
+            decode_tokens,
+        }) => {
+            return llm_cmd(
+                shape.clone(),
+                model.clone(),
+                *prompt_tokens,
+                *decode_tokens,
+                c,
+            )
+        }
         Some(cmd) => match cmd.bench() {
             Some(b) => (b, c.quick),
             None => unreachable!("every other command is a harness benchmark"),
@@ -465,6 +680,20 @@ fn main() -> ExitCode {
         print_sdpa(&r);
         r
     });
+    // ... and the whole model (smollm2-135m), last.
+    let llm_report = if bench == Bench::All {
+        println!();
+        match select_llm_sources(c.allocators.as_deref(), true) {
+            Ok(s) if !s.is_empty() => run_llm(
+                allocbench::llm::LlmConfig::new(quick, "smollm2-135m"),
+                quick,
+                &s,
+            ),
+            _ => None,
+        }
+    } else {
+        None
+    };
     if sdpa_report.is_some() {
         println!("\nall finished in {:.1} s", started.elapsed().as_secs_f64());
     }
@@ -475,11 +704,19 @@ fn main() -> ExitCode {
         if let Some(r) = &sdpa_report {
             json["sdpa"] = r.to_json();
         }
+        if let Some(r) = &llm_report {
+            json["llm"] = r.to_json();
+        }
         ok &= write_json(path, &json);
     }
     if let Some(path) = &c.plot {
         let mut plotted = report.clone();
         if let Some(r) = &sdpa_report {
+            plotted
+                .measurements
+                .extend(r.rows.iter().map(|row| row.m.clone()));
+        }
+        if let Some(r) = &llm_report {
             plotted
                 .measurements
                 .extend(r.rows.iter().map(|row| row.m.clone()));

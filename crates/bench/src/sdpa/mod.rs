@@ -280,15 +280,20 @@ pub struct SdpaReport {
     pub load_avg_end: f64,
 }
 
-/// Per-source state of the comparison.
-struct Acc {
+/// Per-source state of the comparison (also used by [`crate::llm`]).
+pub(crate) struct Acc {
     /// Time of each step (seconds), NaN where the source had failed.
-    steps: Vec<f64>,
-    faults: u64,
-    calls: u64,
-    before: Counters,
-    peak_rss_growth: u64,
-    error: Option<String>,
+    pub(crate) steps: Vec<f64>,
+    /// Minor page faults over the measured steps.
+    pub(crate) faults: u64,
+    /// Units (calls, tokens) over the measured steps: the divisor of the per-call figures.
+    pub(crate) calls: u64,
+    /// The source's counters after warm-up.
+    pub(crate) before: Counters,
+    /// Peak RSS growth during warm-up, bytes.
+    pub(crate) peak_rss_growth: u64,
+    /// The first error, after which the source is skipped.
+    pub(crate) error: Option<String>,
 }
 
 /// Runs the comparison (every source) and the efficiency measurements. `tick` is called after
@@ -511,7 +516,7 @@ pub fn run(
 
 /// Turns per-source step times into rows: `per_unit` maps a source's step times to the
 /// samples of its reported time (ns per token or per prefill).
-fn finish(
+pub(crate) fn finish(
     label: &str,
     kinds: &[&SourceKind],
     acc: &[Acc],

@@ -1,0 +1,238 @@
+//! `llm`: generate text with a Llama-family checkpoint on the CPU, or benchmark a named shape
+//! with random weights. See `llm --help`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+
+use llm::safetensors::DType;
+use llm::tokenizer::{TextStream, Tokenizer};
+use llm::{
+    caching_temp, generate, GenerateOptions, GenerationStats, Llama, LlmError, ModelOptions,
+    Module, Sampler, Weights,
+};
+
+/// A Llama-family CPU text generator whose kernels take their scratch from a caching temp
+/// allocator.
+#[derive(Parser, Debug)]
+#[command(name = "llm", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Generate from a checkpoint directory (config.json, *.safetensors, tokenizer.json).
+    /// Only the generated text goes to stdout; timings go to stderr.
+    Generate {
+        /// The model directory.
+        #[arg(long, value_name = "DIR")]
+        model: PathBuf,
+        /// The prompt text (needs tokenizer.json).
+        #[arg(long, value_name = "TEXT", conflicts_with = "prompt_ids")]
+        prompt: Option<String>,
+        /// The prompt as comma-separated token ids (output is ids too).
+        #[arg(long, value_name = "IDS", value_delimiter = ',')]
+        prompt_ids: Option<Vec<u32>>,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Run a named shape with random bf16 weights (seeded): prefill and decode tokens/s.
+    Bench {
+        /// smollm2-135m or llama-3.2-1b.
+        #[arg(long, default_value = "smollm2-135m")]
+        shape: String,
+        /// Prompt length.
+        #[arg(long, default_value_t = 128)]
+        prompt_tokens: usize,
+        /// Weight dtype: bf16, f16 or f32.
+        #[arg(long, default_value = "bf16")]
+        dtype: String,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Tokens to generate at most.
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Nucleus sampling threshold (1 keeps every token).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Sampling (and, for bench, weight) seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// KV-cache positions (default: min(max_position_embeddings, 4096)).
+    #[arg(long)]
+    context: Option<usize>,
+    /// Cap of the caching temp allocator, in MiB (ExecuTorch's runner: 10).
+    #[arg(long, default_value_t = 10)]
+    temp_cap_mib: usize,
+}
+
+fn print_stats(st: &GenerationStats) {
+    eprintln!(
+        "prefill: {} tokens in {:.3} s = {:.1} tok/s; time to first token {:.1} ms; decode: {} \
+         tokens in {:.3} s = {:.2} tok/s; stop: {:?}",
+        st.prompt_tokens,
+        st.prefill_s,
+        st.prefill_tok_s(),
+        st.time_to_first_token_s * 1e3,
+        st.decode_steps,
+        st.decode_s,
+        st.decode_tok_s(),
+        st.stop
+    );
+}
+
+fn run(cli: Cli) -> Result<(), LlmError> {
+    match cli.command {
+        Command::Generate {
+            model,
+            prompt,
+            prompt_ids,
+            run,
+        } => {
+            let weights = Arc::new(Weights::load(&model)?);
+            let tok_path = model.join("tokenizer.json");
+            let tokenizer = if tok_path.exists() {
+                Some(Tokenizer::from_file(&tok_path)?)
+            } else {
+                None
+            };
+            let (ids, as_text) = match (&prompt, prompt_ids) {
+                (Some(text), None) => match &tokenizer {
+                    Some(t) => (t.encode(text)?, true),
+                    None => {
+                        return Err(LlmError::InvalidArgument {
+                            message: format!(
+                                "{} has no tokenizer.json: pass --prompt-ids instead of --prompt",
+                                model.display()
+                            ),
+                        })
+                    }
+                },
+                (None, Some(ids)) => (ids, false),
+                _ => {
+                    return Err(LlmError::InvalidArgument {
+                        message: "give --prompt TEXT or --prompt-ids 1,2,3".into(),
+                    })
+                }
+            };
+            let stop = weights.config.eos_token_ids.clone();
+            let temp = caching_temp(run.temp_cap_mib << 20);
+            let mut m = Llama::new(
+                weights,
+                temp,
+                &ModelOptions {
+                    context: run.context,
+                },
+            )?;
+            let mut sampler = Sampler::new(run.temperature, run.top_p, run.seed)?;
+            let opts = GenerateOptions {
+                max_new_tokens: run.max_new_tokens,
+                stop_tokens: stop,
+            };
+            let mut stream = tokenizer.as_ref().map(TextStream::new);
+            let stdout = std::io::stdout();
+            let io = |e: std::io::Error| LlmError::Io {
+                path: "<stdout>".into(),
+                source: e,
+            };
+            // Run on a rayon worker, so kernels' parallel sections start from inside the pool.
+            let st = rayon::scope(|_| {
+                generate(&mut m, &ids, &mut sampler, &opts, |t| {
+                    let mut out = stdout.lock();
+                    match (&mut stream, as_text) {
+                        (Some(s), true) => write!(out, "{}", s.push(t)?).map_err(io)?,
+                        _ => write!(out, "{t} ").map_err(io)?,
+                    }
+                    out.flush().map_err(io)
+                })
+            })?;
+            println!();
+            print_stats(&st);
+            Ok(())
+        }
+        Command::Bench {
+            shape,
+            prompt_tokens,
+            dtype,
+            run,
+        } => {
+            let config = llm::shapes::named(&shape).ok_or_else(|| LlmError::InvalidArgument {
+                message: format!("unknown shape `{shape}`; known: {:?}", llm::shapes::NAMES),
+            })?;
+            let dtype = match dtype.as_str() {
+                "bf16" => DType::BF16,
+                "f16" => DType::F16,
+                "f32" => DType::F32,
+                d => {
+                    return Err(LlmError::InvalidArgument {
+                        message: format!("dtype `{d}`: use bf16, f16 or f32"),
+                    })
+                }
+            };
+            let vocab = config.vocab_size;
+            let t0 = std::time::Instant::now();
+            let weights = Arc::new(Weights::random(config, dtype, run.seed)?);
+            let wbytes = weights.decode_weight_bytes();
+            eprintln!(
+                "{shape}: random {dtype:?} weights ({:.1} MiB read per decode step) generated in \
+                 {:.1} s; {} rayon threads",
+                wbytes as f64 / (1 << 20) as f64,
+                t0.elapsed().as_secs_f64(),
+                rayon::current_num_threads()
+            );
+            let context = run
+                .context
+                .unwrap_or(prompt_tokens + run.max_new_tokens + 1);
+            let mut m = Llama::new(
+                weights,
+                caching_temp(run.temp_cap_mib << 20),
+                &ModelOptions {
+                    context: Some(context),
+                },
+            )?;
+            let mut rng = llm::sample::Rng::new(run.seed ^ 0x5eed);
+            let ids: Vec<u32> = (0..prompt_tokens)
+                .map(|_| (rng.next_u64() % vocab as u64) as u32)
+                .collect();
+            let mut sampler = Sampler::new(run.temperature, run.top_p, run.seed)?;
+            let opts = GenerateOptions {
+                max_new_tokens: run.max_new_tokens,
+                stop_tokens: Vec::new(),
+            };
+            let st = rayon::scope(|_| generate(&mut m, &ids, &mut sampler, &opts, |_| Ok(())))?;
+            print_stats(&st);
+            println!(
+                "{shape} {dtype:?}: prefill {:.1} tok/s, decode {:.2} tok/s ({:.2} GB/s of \
+                 weights), time to first token {:.1} ms",
+                st.prefill_tok_s(),
+                st.decode_tok_s(),
+                wbytes as f64 * st.decode_tok_s() / 1e9,
+                st.time_to_first_token_s * 1e3
+            );
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("llm: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,422 @@
+//! The Llama-family module: built from weights and a temp allocator; holds its KV cache and
+//! activation buffers (the "planned memory"), and runs every kernel through the runtime.
+
+use std::sync::Arc;
+
+use caching_allocator::{CachingAllocator, Config, TempAllocator};
+
+use crate::error::{LlmError, Result};
+use crate::kernels;
+use crate::runtime::{Runtime, TempUsage};
+use crate::sample::Sampler;
+use crate::weights::Weights;
+use crate::LlamaConfig;
+
+/// The default temp-allocator cap: ExecuTorch's LLM runner uses `1024 * 1024 * 10`.
+pub const DEFAULT_TEMP_CAP: usize = 10 << 20;
+
+/// The runner's default temp allocator: a [`CachingAllocator`] keeping at most `cap` idle
+/// bytes (use [`DEFAULT_TEMP_CAP`] for ExecuTorch's 10 MiB).
+pub fn caching_temp(cap: usize) -> CachingAllocator {
+    CachingAllocator::with_config(Config::default().max_cached_bytes(cap))
+}
+
+/// Options of a module.
+#[derive(Clone, Debug, Default)]
+pub struct ModelOptions {
+    /// KV-cache positions (the context); `None`: `min(max_position_embeddings, 4096)`.
+    pub context: Option<usize>,
+}
+
+/// The constructor shape every model type shares (ExecuTorch's uniform `Module` constructors):
+/// weights plus the temp allocator the kernels take their scratch from.
+pub trait Module<A: TempAllocator>: Sized {
+    /// The weights this module type runs.
+    type Weights;
+
+    /// Builds the module. Allocates the KV cache; activations are allocated at the first
+    /// forward pass (and grow only for a longer prefill).
+    fn new(weights: Arc<Self::Weights>, temp: A, options: &ModelOptions) -> Result<Self>;
+}
+
+/// Activation buffers, sized for `rows` positions at a time.
+#[derive(Default)]
+struct Buffers {
+    rows: usize,
+    logit_rows: usize,
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    attn: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+/// A Llama-family model (Llama 3.x, SmolLM2, Qwen2-style) with its KV cache.
+pub struct Llama<A> {
+    w: Arc<Weights>,
+    rt: Runtime<A>,
+    inv_freq: Vec<f64>,
+    k_cache: Vec<Vec<f32>>,
+    v_cache: Vec<Vec<f32>>,
+    capacity: usize,
+    pos: usize,
+    bufs: Buffers,
+    /// Rows of logits the last forward produced.
+    last_logit_rows: usize,
+}
+
+impl<A: TempAllocator> Module<A> for Llama<A> {
+    type Weights = Weights;
+
+    fn new(weights: Arc<Weights>, temp: A, options: &ModelOptions) -> Result<Self> {
+        let c = &weights.config;
+        let capacity = options
+            .context
+            .unwrap_or(c.max_position_embeddings.min(4096));
+        if capacity == 0 {
+            return Err(LlmError::InvalidArgument {
+                message: "context of 0 positions".into(),
+            });
+        }
+        let kv = capacity
+            .checked_mul(c.num_kv_heads * c.head_dim)
+            .ok_or_else(|| LlmError::InvalidArgument {
+                message: format!("context {capacity} too large"),
+            })?;
+        Ok(Llama {
+            inv_freq: c.inv_freq(),
+            k_cache: (0..c.num_layers).map(|_| vec![0.0; kv]).collect(),
+            v_cache: (0..c.num_layers).map(|_| vec![0.0; kv]).collect(),
+            capacity,
+            pos: 0,
+            bufs: Buffers::default(),
+            last_logit_rows: 0,
+            rt: Runtime::new(temp),
+            w: weights,
+        })
+    }
+}
+
+impl<A: TempAllocator> Llama<A> {
+    /// The architecture.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.w.config
+    }
+
+    /// The weights.
+    pub fn weights(&self) -> &Arc<Weights> {
+        &self.w
+    }
+
+    /// The temp allocator.
+    pub fn temp(&self) -> &A {
+        self.rt.temp()
+    }
+
+    /// What the kernels asked of the temp allocator so far.
+    pub fn temp_usage(&self) -> TempUsage {
+        self.rt.usage()
+    }
+
+    /// Positions in the KV cache.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// KV-cache capacity (the context).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Forgets the sequence: the next forward starts at position 0.
+    pub fn clear(&mut self) {
+        self.pos = 0;
+        self.last_logit_rows = 0;
+    }
+
+    /// Grows the activation buffers for `rows` positions (no-op once large enough).
+    fn ensure(&mut self, rows: usize, logit_rows: usize) {
+        let c = &self.w.config;
+        let b = &mut self.bufs;
+        if b.rows < rows {
+            let h = c.hidden_size;
+            b.x.resize(rows * h, 0.0);
+            b.xn.resize(rows * h, 0.0);
+            b.q.resize(rows * c.num_heads * c.head_dim, 0.0);
+            b.attn.resize(rows * c.num_heads * c.head_dim, 0.0);
+            b.gate.resize(rows * c.intermediate_size, 0.0);
+            b.up.resize(rows * c.intermediate_size, 0.0);
+            b.rows = rows;
+        }
+        if b.logit_rows < logit_rows {
+            b.logits.resize(logit_rows * c.vocab_size, 0.0);
+            b.logit_rows = logit_rows;
+        }
+    }
+
+    /// Appends `tokens` to the sequence and returns the logits of the last one (`vocab`).
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        self.run(tokens, false)?;
+        Ok(&self.bufs.logits[..self.w.config.vocab_size])
+    }
+
+    /// Appends `tokens` and returns the logits of every one (`tokens.len() * vocab`).
+    pub fn forward_all(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        self.run(tokens, true)?;
+        Ok(&self.bufs.logits[..tokens.len() * self.w.config.vocab_size])
+    }
+
+    /// Chooses the next token from the last forward's last logits (a kernel call: top-p's
+    /// sort takes its scratch from the temp allocator).
+    pub fn sample(&mut self, sampler: &mut Sampler) -> Result<u32> {
+        if self.last_logit_rows == 0 {
+            return Err(LlmError::InvalidArgument {
+                message: "sample before any forward pass".into(),
+            });
+        }
+        let v = self.w.config.vocab_size;
+        let logits = &self.bufs.logits[(self.last_logit_rows - 1) * v..][..v];
+        self.rt.run("sample", |s| sampler.sample(s, logits))
+    }
+
+    fn run(&mut self, tokens: &[u32], all_logits: bool) -> Result<()> {
+        let m = tokens.len();
+        if m == 0 {
+            return Err(LlmError::InvalidArgument {
+                message: "forward of no tokens".into(),
+            });
+        }
+        if self.pos + m > self.capacity {
+            return Err(LlmError::ContextOverflow {
+                used: self.pos,
+                requested: m,
+                capacity: self.capacity,
+            });
+        }
+        let vocab = self.w.config.vocab_size;
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(LlmError::BadToken { token: t, vocab });
+        }
+        let logit_rows = if all_logits { m } else { 1 };
+        self.ensure(m, logit_rows);
+        let w = self.w.clone();
+        let c = &w.config;
+        let (h, hd, nh, nkv, ffn) = (
+            c.hidden_size,
+            c.head_dim,
+            c.num_heads,
+            c.num_kv_heads,
+            c.intermediate_size,
+        );
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let start = self.pos;
+        let b = &mut self.bufs;
+        let rt = &mut self.rt;
+        rt.run("embed", |_| {
+            kernels::embed(w.embed.data(), h, tokens, &mut b.x[..m * h])
+        })?;
+        for (li, lw) in w.layers.iter().enumerate() {
+            let kc = &mut self.k_cache[li];
+            let vc = &mut self.v_cache[li];
+            rt.run("rmsnorm", |s| {
+                kernels::rmsnorm(s, &b.x, m, h, &lw.input_norm, c.rms_norm_eps, &mut b.xn)
+            })?;
+            let kv_rows = start * kvd..(start + m) * kvd;
+            if m == 1 {
+                // Decode: q, k and v in one parallel section.
+                rt.run("linear_qkv", |s| {
+                    kernels::linear_many(
+                        s,
+                        &b.xn,
+                        h,
+                        [
+                            kernels::LinearJob {
+                                w: lw.q.data(),
+                                n: qd,
+                                bias: lw.q_bias.as_deref(),
+                                out: &mut b.q[..qd],
+                                accumulate: false,
+                            },
+                            kernels::LinearJob {
+                                w: lw.k.data(),
+                                n: kvd,
+                                bias: lw.k_bias.as_deref(),
+                                out: &mut kc[kv_rows.clone()],
+                                accumulate: false,
+                            },
+                            kernels::LinearJob {
+                                w: lw.v.data(),
+                                n: kvd,
+                                bias: lw.v_bias.as_deref(),
+                                out: &mut vc[kv_rows.clone()],
+                                accumulate: false,
+                            },
+                        ],
+                    )
+                })?;
+            } else {
+                rt.run("linear", |s| {
+                    kernels::linear(
+                        s,
+                        &b.xn,
+                        m,
+                        lw.q.data(),
+                        qd,
+                        h,
+                        lw.q_bias.as_deref(),
+                        &mut b.q,
+                        false,
+                    )
+                })?;
+                rt.run("linear", |s| {
+                    let out = &mut kc[kv_rows.clone()];
+                    kernels::linear(
+                        s,
+                        &b.xn,
+                        m,
+                        lw.k.data(),
+                        kvd,
+                        h,
+                        lw.k_bias.as_deref(),
+                        out,
+                        false,
+                    )
+                })?;
+                rt.run("linear", |s| {
+                    let out = &mut vc[kv_rows.clone()];
+                    kernels::linear(
+                        s,
+                        &b.xn,
+                        m,
+                        lw.v.data(),
+                        kvd,
+                        h,
+                        lw.v_bias.as_deref(),
+                        out,
+                        false,
+                    )
+                })?;
+            }
+            rt.run("rope", |s| {
+                kernels::rope(
+                    s,
+                    &mut b.q,
+                    nh,
+                    &mut kc[kv_rows.clone()],
+                    nkv,
+                    hd,
+                    m,
+                    start,
+                    &self.inv_freq,
+                )
+            })?;
+            rt.run("attention", |s| {
+                let shape = sdpa::Shape {
+                    batch: 1,
+                    q_len: m,
+                    heads: nh,
+                    kv_heads: nkv,
+                    head_dim: hd,
+                    kv_capacity: self.capacity,
+                    start_pos: start,
+                };
+                sdpa::attention(
+                    &b.q[..m * qd],
+                    kc,
+                    vc,
+                    &mut b.attn[..m * qd],
+                    &shape,
+                    &sdpa::Params::default(),
+                    &s.allocator(),
+                )
+                .map_err(LlmError::from)
+            })?;
+            // Output projection, added to the residual stream.
+            rt.run("linear", |s| {
+                kernels::linear(
+                    s,
+                    &b.attn,
+                    m,
+                    lw.o.data(),
+                    h,
+                    qd,
+                    lw.o_bias.as_deref(),
+                    &mut b.x,
+                    true,
+                )
+            })?;
+            rt.run("rmsnorm", |s| {
+                kernels::rmsnorm(s, &b.x, m, h, &lw.post_norm, c.rms_norm_eps, &mut b.xn)
+            })?;
+            if m == 1 {
+                // Decode: gate, up and SwiGLU in one parallel section.
+                rt.run("linear_swiglu", |s| {
+                    kernels::linear_swiglu(
+                        s,
+                        &b.xn,
+                        h,
+                        lw.gate.data(),
+                        lw.up.data(),
+                        ffn,
+                        &mut b.gate[..ffn],
+                    )
+                })?;
+            } else {
+                rt.run("linear", |s| {
+                    kernels::linear(
+                        s,
+                        &b.xn,
+                        m,
+                        lw.gate.data(),
+                        ffn,
+                        h,
+                        None,
+                        &mut b.gate,
+                        false,
+                    )
+                })?;
+                rt.run("linear", |s| {
+                    kernels::linear(s, &b.xn, m, lw.up.data(), ffn, h, None, &mut b.up, false)
+                })?;
+                rt.run("swiglu", |_| {
+                    kernels::swiglu(&mut b.gate[..m * ffn], &b.up[..m * ffn]);
+                    Ok(())
+                })?;
+            }
+            rt.run("linear", |s| {
+                kernels::linear(s, &b.gate, m, lw.down.data(), h, ffn, None, &mut b.x, true)
+            })?;
+        }
+        // Final norm and head over the rows whose logits are wanted.
+        let first = m - logit_rows;
+        rt.run("rmsnorm", |s| {
+            kernels::rmsnorm(
+                s,
+                &b.x[first * h..m * h],
+                logit_rows,
+                h,
+                &w.norm,
+                c.rms_norm_eps,
+                &mut b.xn,
+            )
+        })?;
+        rt.run("logits", |s| {
+            kernels::linear(
+                s,
+                &b.xn,
+                logit_rows,
+                w.head.data(),
+                vocab,
+                h,
+                None,
+                &mut b.logits,
+                false,
+            )
+        })?;
+        self.pos += m;
+        self.last_logit_rows = logit_rows;
+        Ok(())
+    }
+}

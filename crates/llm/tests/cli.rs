@@ -1,0 +1,120 @@
+//! The `llm` binary: `generate` prints exactly the greedy continuation the library computes,
+//! text with a tokenizer, ids without one; timings go to stderr only.
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+
+use common::{Spec, TempDir};
+use llm::tokenizer::Tokenizer;
+use llm::{Llama, ModelOptions, Module, Sampler, Weights};
+
+fn greedy_ids(dir: &std::path::Path, prompt: &[u32], n: usize) -> Vec<u32> {
+    let w = Arc::new(Weights::load(dir).unwrap());
+    let stop = w.config.eos_token_ids.clone();
+    let mut m = Llama::new(w, llm::caching_temp(1 << 20), &ModelOptions::default()).unwrap();
+    let mut out = Vec::new();
+    llm::generate(
+        &mut m,
+        prompt,
+        &mut Sampler::greedy(),
+        &llm::GenerateOptions {
+            max_new_tokens: n,
+            stop_tokens: stop,
+        },
+        |t| {
+            out.push(t);
+            Ok(())
+        },
+    )
+    .unwrap();
+    out
+}
+
+#[test]
+fn generate_streams_only_the_generated_text() {
+    let spec = Spec {
+        vocab: 261,
+        seed: 21,
+        ..Spec::default()
+    };
+    let dir = TempDir::new("cli");
+    spec.write(dir.path());
+    common::write_tokenizer(dir.path());
+    let tok = Tokenizer::from_file(&dir.path().join("tokenizer.json")).unwrap();
+    let prompt = "hi there";
+    let ids = greedy_ids(dir.path(), &tok.encode(prompt).unwrap(), 12);
+    assert!(!ids.is_empty());
+    let want = tok.decode(&ids).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_llm"))
+        .args(["generate", "--model"])
+        .arg(dir.path())
+        .args([
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            "12",
+            "--temperature",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.trim_end_matches('\n'), want);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("tok/s") && stderr.contains("time to first token"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn generate_on_ids_without_tokenizer() {
+    let spec = Spec {
+        seed: 22,
+        ..Spec::default()
+    };
+    let dir = TempDir::new("cli-ids");
+    spec.write(dir.path());
+    let ids = greedy_ids(dir.path(), &[5, 6, 7], 6);
+    let out = Command::new(env!("CARGO_BIN_EXE_llm"))
+        .args(["generate", "--model"])
+        .arg(dir.path())
+        .args([
+            "--prompt-ids",
+            "5,6,7",
+            "--max-new-tokens",
+            "6",
+            "--temperature",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Vec<u32> = String::from_utf8(out.stdout)
+        .unwrap()
+        .split_whitespace()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    assert_eq!(got, ids);
+    // Text without a tokenizer is a clear error.
+    let out = Command::new(env!("CARGO_BIN_EXE_llm"))
+        .args(["generate", "--model"])
+        .arg(dir.path())
+        .args(["--prompt", "hello"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no tokenizer.json"));
+    assert!(out.stdout.is_empty());
+}
