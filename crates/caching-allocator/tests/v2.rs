@@ -543,6 +543,12 @@ fn a_16_tib_request_the_system_refuses_evicts_nothing() {
         }
     );
     let after = balance(&alloc, &sys, "after the refused 16 TiB");
+    // The allocator knows a request is larger than the machine's memory from /proc/meminfo;
+    // where it cannot read it (other systems, Miri's isolation) it frees the cache and retries
+    // once, as documented: then only the books are checked.
+    if !cfg!(all(target_os = "linux", not(miri))) {
+        return;
+    }
     assert_eq!(
         (
             after.cached_bytes,
