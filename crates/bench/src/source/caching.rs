@@ -154,6 +154,11 @@ unsafe impl TempAllocator for ScopeWorker<'_> {
     }
 }
 
+/// One cache line: what the scope worker allocates, so its blocks are 64-byte aligned.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct CacheLine(#[allow(dead_code)] [u8; CACHING_MIN_ALIGN]);
+
 // SAFETY: scope slices are distinct live blocks of `size` bytes, at least 64-byte aligned
 // (the allocator's guarantee; larger alignments go through `allocate`), owned by the scope
 // until it is dropped after the kernel returns; the TempAllocator path hands out live blocks
@@ -179,7 +184,8 @@ unsafe impl ScratchWorker for ScopeWorker<'_> {
             *slot = if size == 0 {
                 Block::new(super::dangling(align), 0)
             } else {
-                let s = scope.alloc_uninit::<u8>(size)?;
+                // Cache lines, so the scope aligns them to 64 bytes even inside a bump chunk.
+                let s = scope.alloc_uninit::<CacheLine>(size.div_ceil(CACHING_MIN_ALIGN))?;
                 let p = NonNull::new(s.as_mut_ptr().cast::<u8>()).unwrap_or(NonNull::dangling());
                 debug_assert_eq!(p.as_ptr() as usize % align, 0);
                 Block::new(p, size)
