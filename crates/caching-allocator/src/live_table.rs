@@ -9,7 +9,12 @@
 use crate::thread_cache::Live;
 
 pub(crate) struct LiveTable {
+    /// The block inserted last, kept out of the table: scratch is mostly released in the
+    /// order it was taken, newest first, so a release usually finds its block here without
+    /// hashing or probing.
+    recent: Option<Live>,
     slots: Vec<Option<Live>>,
+    /// Entries in `slots` (not counting `recent`).
     len: usize,
     /// `64 - log2(slots.len())`: the hash's top bits index the table.
     shift: u32,
@@ -20,6 +25,7 @@ const MIN_SLOTS: usize = 16;
 impl LiveTable {
     pub(crate) const fn new() -> Self {
         LiveTable {
+            recent: None,
             slots: Vec::new(),
             len: 0,
             shift: 64,
@@ -39,16 +45,32 @@ impl LiveTable {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.len
+        self.len + usize::from(self.recent.is_some())
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len == 0 && self.recent.is_none()
     }
 
     /// Adds a live block. Its address must not be in the table.
     #[inline]
     pub(crate) fn insert(&mut self, live: Live) {
+        if let Some(older) = self.recent.replace(live) {
+            self.insert_slot(older);
+        }
+    }
+
+    /// Removes and returns the live block at `addr`, if there is one.
+    #[inline]
+    pub(crate) fn remove(&mut self, addr: usize) -> Option<Live> {
+        match self.recent {
+            Some(live) if live.block.addr() == addr => self.recent.take(),
+            _ => self.remove_slot(addr),
+        }
+    }
+
+    #[inline]
+    fn insert_slot(&mut self, live: Live) {
         if (self.len + 1) * 8 > self.slots.len() * 7 {
             self.grow();
         }
@@ -61,9 +83,7 @@ impl LiveTable {
         self.len += 1;
     }
 
-    /// Removes and returns the live block at `addr`, if there is one.
-    #[inline]
-    pub(crate) fn remove(&mut self, addr: usize) -> Option<Live> {
+    fn remove_slot(&mut self, addr: usize) -> Option<Live> {
         if self.len == 0 {
             return None;
         }
@@ -97,6 +117,7 @@ impl LiveTable {
 
     /// Removes every entry, keeping the table's memory for the next round.
     pub(crate) fn drain_into(&mut self, out: &mut Vec<Live>) {
+        out.extend(self.recent.take());
         if self.len == 0 {
             return;
         }
@@ -111,7 +132,7 @@ impl LiveTable {
         self.shift = 64 - new_len.trailing_zeros();
         self.len = 0;
         for live in old.into_iter().flatten() {
-            self.insert(live);
+            self.insert_slot(live);
         }
     }
 }
