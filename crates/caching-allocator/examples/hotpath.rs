@@ -1,6 +1,7 @@
 //! Instruction counts of the cache-hit paths, for `valgrind --tool=callgrind` (counts do not
 //! depend on the machine's load): `cargo build --release -p caching-allocator --example
-//! hotpath && valgrind --tool=callgrind target/release/examples/hotpath release 100000`.
+//! hotpath && valgrind --tool=callgrind target/release/examples/hotpath release 100000`
+//! (modes: `release`, `scope`, `reset16`).
 
 use std::hint::black_box;
 
@@ -23,7 +24,15 @@ fn main() {
                 let s = scope.alloc_uninit::<u8>(black_box(4096)).unwrap();
                 black_box(s.as_mut_ptr());
             }
-            _ => panic!("release or scope"),
+            "reset16" => {
+                // allocbench's scratch-small call: 16 blocks of 64 B - 4 KiB, then a reset.
+                for k in 0..16 {
+                    black_box(alloc.allocate(black_box(64 << (k % 7)), 64).unwrap());
+                }
+                // SAFETY: nothing handed out above is used after this.
+                unsafe { alloc.reset_unchecked() };
+            }
+            _ => panic!("release, scope or reset16"),
         }
     }
 }
