@@ -227,10 +227,11 @@ impl IdleLists {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn fake(addr: usize, size: usize) -> Block {
+    /// A block for bookkeeping tests: never given to (or taken from) the system allocator.
+    pub(crate) fn fake(addr: usize, size: usize) -> Block {
         let ptr = NonNull::new(core::ptr::without_provenance_mut(addr)).unwrap();
         // SAFETY: these blocks are never given to the system allocator: only bookkeeping runs.
         unsafe { Block::new(ptr, SizeClass::for_size(size).unwrap(), 64) }

@@ -179,13 +179,7 @@ impl SharedCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use core::ptr::NonNull;
-
-    fn fake(addr: usize, size: usize) -> Block {
-        let ptr = NonNull::new(core::ptr::without_provenance_mut(addr)).unwrap();
-        // SAFETY: bookkeeping only; never given to the system allocator.
-        unsafe { Block::new(ptr, SizeClass::for_size(size).unwrap(), 64) }
-    }
+    use crate::block::tests::fake;
 
     #[test]
     fn credit_and_pool_share_the_cap() {
