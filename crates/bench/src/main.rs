@@ -343,18 +343,7 @@ fn sdpa(tokens: usize, layers: usize, c: &Common) -> ExitCode {
     let cfg = allocbench::sdpa::SdpaConfig::new(c.quick, tokens, layers);
     let report = run_sdpa(cfg, c.quick, &sources, &source_config(c));
     print_sdpa(&report);
-    let mut ok = true;
-    if let Some(path) = &c.json {
-        ok &= write_json(path, &report.to_json());
-    }
-    if let Some(path) = &c.plot {
-        ok &= write_plot(&report.as_report(), path);
-    }
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    write_outputs(c, || report.to_json(), || report.as_report())
 }
 
 /// The llm sources selected by `--allocators` (all by default; unknown names are ignored
@@ -527,18 +516,7 @@ fn llm_cmd(
     let Some(report) = run_llm(cfg, c.quick, &sources) else {
         return ExitCode::FAILURE;
     };
-    let mut ok = true;
-    if let Some(path) = &c.json {
-        ok &= write_json(path, &report.to_json());
-    }
-    if let Some(path) = &c.plot {
-        ok &= write_plot(&report.as_report(), path);
-    }
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    write_outputs(c, || report.to_json(), || report.as_report())
 }
 
 fn source_config(c: &Common) -> SourceConfig {
@@ -549,6 +527,27 @@ fn source_config(c: &Common) -> SourceConfig {
 }
 
 /// Writes the SVG plot of `report` to `path`; reports the outcome on stderr.
+/// Writes the `--json` and `--plot` files a command was asked for (each built only if asked);
+/// failure if either could not be written.
+fn write_outputs(
+    c: &Common,
+    json: impl FnOnce() -> serde_json::Value,
+    plot: impl FnOnce() -> Report,
+) -> ExitCode {
+    let mut ok = true;
+    if let Some(path) = &c.json {
+        ok &= write_json(path, &json());
+    }
+    if let Some(path) = &c.plot {
+        ok &= write_plot(&plot(), path);
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 fn write_plot(report: &Report, path: &std::path::Path) -> bool {
     report_write(path, allocbench::plot::write_svg(report, path))
 }

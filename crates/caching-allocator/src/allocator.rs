@@ -479,7 +479,7 @@ impl CachingAllocator {
                 block.huge = advised > 0;
                 return Ok(block);
             }
-            if !retried && self.cached_blocks() > 0 && !larger_than_memory(class.size()) {
+            if !retried && self.cached_bytes() > 0 && !larger_than_memory(class.size()) {
                 // As PyTorch's caching allocators do: give the idle cache back, try once more.
                 lock(&self.shared).oom_retries += 1;
                 self.free_cached();
@@ -686,14 +686,6 @@ impl CachingAllocator {
         self.registry
             .for_each(|cache| bytes += cache.lock().idle.bytes());
         bytes + lock(&self.shared).pool_bytes()
-    }
-
-    /// Idle blocks, in every cache.
-    fn cached_blocks(&self) -> usize {
-        let mut blocks = 0;
-        self.registry
-            .for_each(|cache| blocks += cache.lock().idle.blocks());
-        blocks + lock(&self.shared).pool_blocks()
     }
 
     /// Advances the eviction clock (resets do).

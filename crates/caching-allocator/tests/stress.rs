@@ -15,16 +15,9 @@ const ROUNDS: usize = 20;
 /// The largest block a holder asks for.
 const MAX_LEN: usize = if cfg!(miri) { 4_000 } else { 20_000 };
 
-/// A tiny xorshift so the test needs no RNG crate and replays the same per seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
+#[path = "common/rng.rs"]
+mod rng;
+use rng::Rng;
 
 fn tag(p: NonNull<u8>, len: usize, t: u8) {
     // SAFETY: `p` is a live block of at least `len` bytes held by this holder alone.

@@ -125,16 +125,9 @@ fn release(alloc: &CachingAllocator, p: NonNull<u8>) {
     unsafe { alloc.release(p) }.unwrap();
 }
 
-/// A tiny xorshift, as in `stress.rs`.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
+#[path = "common/rng.rs"]
+mod rng;
+use rng::Rng;
 
 /// Sets its flag when dropped, panicking or not.
 struct SetOnDrop<'a>(&'a AtomicBool);
