@@ -54,6 +54,7 @@ mod huge_pages;
 mod live_table;
 mod registry;
 mod reset;
+mod retention;
 mod scope;
 mod shared_cache;
 mod size_class;
@@ -63,7 +64,7 @@ mod temp;
 mod thread_cache;
 
 pub use allocator::CachingAllocator;
-pub use config::{Config, DEFAULT_SCOPE_CHUNK_BYTES, SCOPE_BUMP_MAX};
+pub use config::{Config, DEFAULT_SCOPE_CHUNK_BYTES, DEFAULT_WORKING_SET_SLACK, SCOPE_BUMP_MAX};
 pub use error::AllocError;
 pub use scope::Scope;
 pub use size_class::SizeClass;

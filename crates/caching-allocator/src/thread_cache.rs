@@ -66,6 +66,9 @@ pub(crate) struct Counters {
     pub(crate) live_blocks: usize,
     pub(crate) requested_bytes: usize,
     pub(crate) peak_live_bytes: usize,
+    /// The most bytes requested by live blocks at once: the working set as the runtime sees
+    /// it (`retention` budgets from it, so best fit's larger blocks do not raise the budget).
+    pub(crate) peak_requested_bytes: usize,
 }
 
 /// What a thread cache's lock protects.
@@ -95,6 +98,7 @@ impl Counters {
         self.live_blocks += 1;
         self.requested_bytes += live.requested;
         self.peak_live_bytes = self.peak_live_bytes.max(self.live_bytes);
+        self.peak_requested_bytes = self.peak_requested_bytes.max(self.requested_bytes);
     }
 
     #[inline]
