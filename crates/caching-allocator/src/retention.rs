@@ -16,7 +16,8 @@
 //!   `Config::working_set_slack`);
 //! - **usefulness**: once anything has been evicted (by this budget or by the cap), a miss
 //!   takes the smallest idle block of a larger class before asking the system, of any size
-//!   that keeps the thread's live bytes within the budget of its own working set (wide fit):
+//!   that keeps what the thread's live blocks asked for within the budget of its own working
+//!   set (wide fit):
 //!   the blocks worth keeping are the large recent ones, which serve every smaller request; an
 //!   exact class that never comes back is worth nothing. Before that, nothing the runtime
 //!   asked for was dropped, and best fit stays within `max_oversize`. The thread's budget
@@ -65,15 +66,17 @@ impl Retention {
         self.slack.is_some() && !self.engaged.swap(true, Ordering::Relaxed)
     }
 
-    /// How large a block wide fit may hand to a thread whose counters are `c`: what keeps its
-    /// live bytes within the budget of its own working set. `None` if nothing does. Bounding
-    /// by the thread's budget keeps wide fit from inflating live memory where many blocks
-    /// live at once: a small request may not take the large block a later one needs.
+    /// How large a block wide fit may hand to a thread whose counters are `c`: what keeps the
+    /// bytes its live blocks asked for, plus the block, within the budget of its own working
+    /// set. `None` if nothing does. So a small request takes a large idle block only while the
+    /// thread is far from its peak (as at the start of a decode round), not while the blocks
+    /// it holds already ask for most of its working set and a later request may need it.
+    /// (Wide fit never grows reserved bytes: the blocks it hands out are held anyway.)
     #[inline]
     pub(crate) fn headroom(&self, c: &Counters) -> Option<usize> {
         let room = self
             .budget(c.peak_requested_bytes)
-            .checked_sub(c.live_bytes)?;
+            .checked_sub(c.requested_bytes)?;
         (room > 0).then_some(room)
     }
 
