@@ -143,9 +143,6 @@ fn build_and_run(source: &str, name: &str, sanitize: bool) -> String {
     run(&mut cc);
 
     let mut program = Command::new(&binary);
-    // The core reports overruns found during a reset with a panic, which the library catches
-    // and returns as CA_STATUS_CORRUPTED; Rust's panic hook still prints it. No backtrace.
-    program.env("RUST_BACKTRACE", "0");
     if sanitize {
         // allocator_may_return_null=1: the CA_STATUS_OUT_OF_MEMORY check asks for 4 PiB, which
         // malloc refuses with NULL; ASan instead aborts on any request over its maximum size
