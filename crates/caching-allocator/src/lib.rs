@@ -76,9 +76,10 @@ pub const MAX_ALIGN: usize = 2 << 20;
 /// The smallest alignment of every block handed out (one cache line).
 pub const MIN_ALIGN: usize = block::MIN_ALIGN;
 
-/// The README's examples, compiled and run as doc-tests.
+/// The crate README's examples, compiled and run as doc-tests (the README is inside the
+/// package, so they also run from a packaged crate).
 #[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
+#[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
 // SAFETY: `allocate` hands out distinct live blocks of at least `size` bytes, aligned as asked
