@@ -82,15 +82,12 @@ fn install() {
 pub(crate) struct Inside(());
 
 impl Inside {
-    /// Enters the boundary (installing the hook on first use) and forgets any earlier location.
+    /// Enters the boundary, installing the hook on first use. (`LOCATION` is not cleared here,
+    /// to keep `ca_allocate`'s path short: the hook overwrites it on every panic inside, and a
+    /// caught panic takes it right away, so it never names an older panic.)
     pub(crate) fn enter() -> Self {
         install();
         let _ = DEPTH.try_with(|d| d.set(d.get() + 1));
-        let _ = LOCATION.try_with(|slot| {
-            if let Ok(mut slot) = slot.try_borrow_mut() {
-                *slot = None;
-            }
-        });
         Inside(())
     }
 
