@@ -39,7 +39,10 @@
 //! alloc.reset(); // every live block back to the cache; `p` must not be used any more
 //! # Ok::<(), caching_allocator::AllocError>(())
 //! ```
-
+//!
+// How it works (the data path, the cap, reset, size classes, errors, stats, debug checks): kept
+// in a file inside the crate so it is part of the published docs.
+#![doc = include_str!("../docs/how-it-works.md")]
 #![warn(missing_docs)]
 
 mod allocator;
