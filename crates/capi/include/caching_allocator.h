@@ -118,6 +118,14 @@ typedef struct CaConfig {
      * when it comes back (`CA_STATUS_CORRUPTED`). Costs a memset per allocation. Default off.
      */
     bool debug_checks;
+    /**
+     * Keep the working set, for a temp allocator reset after every kernel: after every block
+     * from the system, idle blocks are evicted until live + cached bytes are at most this
+     * many times the peak of the bytes live blocks asked for, and a miss may take any larger
+     * idle block within that budget. 1.25 is recommended (the ExecuTorch adapter uses it);
+     * 0 (the default) turns it off; values between 0 and 1 count as 1.
+     */
+    double working_set_slack;
 } CaConfig;
 
 /**
@@ -197,6 +205,10 @@ typedef struct CaStats {
      * 2 MiB and more; Linux).
      */
     size_t huge_page_bytes;
+    /**
+     * The working-set budget (`CaConfig::working_set_slack`) has evicted: wide fit is on.
+     */
+    bool working_set_mode;
 } CaStats;
 
 /**

@@ -48,12 +48,14 @@ namespace caching_allocator {
 class ExecuTorchTempAllocator : public executorch::runtime::MemoryAllocator {
  public:
   /* Keeps up to max_cached_bytes of idle blocks between resets (the argument of
-   * CPUCachingAllocator's constructor); no limit on live memory. */
+   * CPUCachingAllocator's constructor), and only its working set under that (working_set_slack
+   * 1.25: a decode whose scratch grows every token holds its two blocks plus a quarter, not a
+   * block per size class); no limit on live memory. */
   explicit ExecuTorchTempAllocator(size_t max_cached_bytes)
       : ExecuTorchTempAllocator(config_with_cap(max_cached_bytes)) {}
 
-  /* Full configuration: cap, hard limit, debug checks (see CaConfig). If the allocator cannot
-   * be created, ok() is false, every allocate() returns nullptr and
+  /* Full configuration: cap, hard limit, debug checks, working set (see CaConfig). If the
+   * allocator cannot be created, ok() is false, every allocate() returns nullptr and
    * ca_last_error(nullptr) says why. */
   explicit ExecuTorchTempAllocator(const CaConfig& config)
       // No arena of its own: the base class's bump allocator is never used.
@@ -129,6 +131,9 @@ class ExecuTorchTempAllocator : public executorch::runtime::MemoryAllocator {
   static CaConfig config_with_cap(size_t max_cached_bytes) {
     CaConfig config = ca_config_default();
     config.max_cached_bytes = max_cached_bytes;
+    // A temp allocator reset after every kernel: keep the working set, not one block per
+    // size class the runner ever asked for (see CaConfig::working_set_slack).
+    config.working_set_slack = 1.25;
     return config;
   }
 

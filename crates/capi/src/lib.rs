@@ -126,7 +126,7 @@ pub struct CaError {
 
 /// How an allocator behaves; start from `ca_config_default()`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CaConfig {
     /// At most this many idle bytes stay cached (over all threads); past it the least recently
     /// used idle blocks go back to the system. Default 64 MiB.
@@ -136,13 +136,22 @@ pub struct CaConfig {
     /// Fill every block with 0xFF when handed out and check a canary behind its requested end
     /// when it comes back (`CA_STATUS_CORRUPTED`). Costs a memset per allocation. Default off.
     pub debug_checks: bool,
+    /// Keep the working set, for a temp allocator reset after every kernel: after every block
+    /// from the system, idle blocks are evicted until live + cached bytes are at most this
+    /// many times the peak of the bytes live blocks asked for, and a miss may take any larger
+    /// idle block within that budget. 1.25 is recommended (the ExecuTorch adapter uses it);
+    /// 0 (the default) turns it off; values between 0 and 1 count as 1.
+    pub working_set_slack: f64,
 }
 
 impl From<CaConfig> for Config {
     fn from(c: CaConfig) -> Config {
+        // NaN and values <= 0 are off (NaN: `0.0 < NaN` is false).
+        let slack = (c.working_set_slack > 0.0).then_some(c.working_set_slack);
         let config = Config::new()
             .max_cached_bytes(c.max_cached_bytes)
-            .debug_checks(c.debug_checks);
+            .debug_checks(c.debug_checks)
+            .working_set_slack(slack);
         if c.limit_bytes == 0 {
             config
         } else {
@@ -194,6 +203,8 @@ pub struct CaStats {
     /// Bytes of the blocks held now that the kernel accepted huge-page advice for (blocks of
     /// 2 MiB and more; Linux).
     pub huge_page_bytes: usize,
+    /// The working-set budget (`CaConfig::working_set_slack`) has evicted: wide fit is on.
+    pub working_set_mode: bool,
 }
 
 impl From<Stats> for CaStats {
@@ -216,6 +227,7 @@ impl From<Stats> for CaStats {
             corrupted_blocks: s.corrupted_blocks,
             oversize_hits: s.oversize_hits,
             huge_page_bytes: s.huge_page_bytes,
+            working_set_mode: s.working_set_mode,
         }
     }
 }
@@ -331,6 +343,7 @@ pub extern "C" fn ca_config_default() -> CaConfig {
         max_cached_bytes: d.get_max_cached_bytes(),
         limit_bytes: d.get_limit_bytes().unwrap_or(0),
         debug_checks: d.get_debug_checks(),
+        working_set_slack: d.get_working_set_slack().unwrap_or(0.0),
     }
 }
 

@@ -284,10 +284,25 @@ fn config_maps_zero_limit_to_none_and_defaults_match_the_core() {
         (d.max_cached_bytes, d.limit_bytes, d.debug_checks),
         (64 << 20, 0, false)
     );
+    assert_eq!(d.working_set_slack, 0.0, "off, as in the core");
+    assert_eq!(Config::from(d).get_working_set_slack(), None);
+    for (slack, core) in [
+        (1.25, Some(1.25)),
+        (0.5, Some(1.0)),
+        (-1.0, None),
+        (f64::NAN, None),
+    ] {
+        let c = Config::from(CaConfig {
+            working_set_slack: slack,
+            ..d
+        });
+        assert_eq!(c.get_working_set_slack(), core, "{slack}");
+    }
     let c: Config = CaConfig {
         max_cached_bytes: 5,
         limit_bytes: 7,
         debug_checks: true,
+        working_set_slack: 0.0,
     }
     .into();
     assert_eq!(
