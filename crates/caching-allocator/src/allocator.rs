@@ -323,19 +323,18 @@ impl CachingAllocator {
         let mut state = local.lock();
         let (block, cached) = match state.idle.take(class, req.align) {
             Some(block) => (block, true),
-            None => match self
-                .fit_bound(class, &state)
-                .and_then(|largest| state.idle.take_larger(class, largest, req.align))
-            {
-                Some(block) => (block, true),
-                None => {
-                    let bound = self.fit_bound(class, &state);
-                    drop(state);
-                    let found = self.take_slow(local, class, bound, req)?;
-                    state = local.lock();
-                    found
+            None => {
+                let bound = self.fit_bound(class, &state);
+                match bound.and_then(|largest| state.idle.take_larger(class, largest, req.align)) {
+                    Some(block) => (block, true),
+                    None => {
+                        drop(state);
+                        let found = self.take_slow(local, class, bound, req)?;
+                        state = local.lock();
+                        found
+                    }
                 }
-            },
+            }
         };
         if !cached {
             state.counters.misses += 1;
@@ -424,8 +423,8 @@ impl CachingAllocator {
 
     /// The largest class best fit may serve a request of `class` with, on the thread whose
     /// cache is `state` (`None`: exact only): `max_oversize` times the class, and once
-    /// working-set retention is engaged (wide fit), any class that keeps this thread's live
-    /// bytes within its working-set budget (see `retention`).
+    /// working-set retention is engaged (wide fit), any class that keeps what this thread's
+    /// live blocks asked for within its working-set budget (see `retention`).
     #[inline]
     fn fit_bound(&self, class: SizeClass, state: &CacheState) -> Option<SizeClass> {
         let bounded = self.larger_class(class);
@@ -503,7 +502,7 @@ impl CachingAllocator {
                 shared.allocated();
                 shared.huge_page_bytes += advised;
                 drop(shared);
-                // Reserved bytes grew: keep them within the working set (once engaged).
+                // Reserved bytes grew: keep them within the working set (if that policy is on).
                 self.trim_to_budget();
                 // SAFETY: `ptr` came from the system allocator for exactly this layout.
                 let mut block = unsafe { Block::new(ptr, class, align) };

@@ -101,9 +101,11 @@ impl Config {
 
     /// The working set: after every block taken from the system, idle blocks are evicted
     /// (least recently used first) until reserved bytes (live + idle) are at most `slack`
-    /// times the peak of the bytes live blocks asked for (the working set). Once anything has been evicted (by this or by the cap), a
-    /// miss takes the smallest idle block of any larger class before the system (wide fit,
-    /// counted in `Stats::oversize_hits`; `Stats::working_set_mode` says it is on). So a
+    /// times the peak of the bytes live blocks asked for (the working set). Once anything has
+    /// been evicted (by this or by the cap), a miss takes the smallest idle block of a larger
+    /// class before the system, of any size that keeps what the thread's live blocks asked for
+    /// within that budget (wide fit, counted in `Stats::oversize_hits`;
+    /// `Stats::working_set_mode` says it is on). So a
     /// runtime whose shapes change (decode's attention scratch grows every token) holds its
     /// working set plus `slack - 1` of it, not one block per class it no longer asks for, and
     /// under a small cap it stops churning through the system. A runtime whose blocks all

@@ -17,20 +17,20 @@
 //! - **usefulness**: once anything has been evicted (by this budget or by the cap), a miss
 //!   takes the smallest idle block of a larger class before asking the system, of any size
 //!   that keeps what the thread's live blocks asked for within the budget of its own working
-//!   set (wide fit):
-//!   the blocks worth keeping are the large recent ones, which serve every smaller request; an
-//!   exact class that never comes back is worth nothing. Before that, nothing the runtime
-//!   asked for was dropped, and best fit stays within `max_oversize`. The thread's budget
-//!   bound keeps a small request from taking the large block that another live block of the
-//!   same kernel needs, where many blocks live at once.
+//!   set (wide fit): the blocks worth keeping are the large recent ones, which serve every
+//!   smaller request; an exact class that never comes back is worth nothing. Before that,
+//!   nothing the runtime asked for was dropped, and best fit stays within `max_oversize`. The
+//!   thread's budget bound keeps a small request from taking the large block that another
+//!   live block of the same kernel needs, where many blocks live at once.
 //!
 //! It is a `Config` choice (`working_set_slack`, off by default): it suits a temp allocator
 //! reset after each kernel, not traffic where many blocks of random sizes come and go on their
 //! own (there the budget evicts what comes back soon).
 //!
 //! A runtime whose blocks all live at once (reserved = peak live, at most 19% above what they
-//! asked for by class rounding) never meets the budget and keeps the exact-class fast path. Live memory is never refused: reserved bytes may exceed the
-//! budget by live bytes above the peak and by the block being handed out.
+//! asked for by class rounding) never meets the budget and keeps the exact-class fast path.
+//! Live memory is never refused: reserved bytes may exceed the budget by live bytes above the
+//! peak and by the block being handed out.
 
 use crate::allocator::CachingAllocator;
 use crate::sync::{lock, AtomicBool, Ordering};
@@ -48,6 +48,10 @@ pub(crate) struct Retention {
 
 impl Retention {
     pub(crate) fn new(slack: Option<f64>) -> Self {
+        debug_assert!(
+            slack.is_none_or(|s| s >= 1.0),
+            "Config clamps the slack to at least 1: the budget never asks to free live memory"
+        );
         Retention {
             engaged: AtomicBool::new(false),
             slack,
@@ -108,8 +112,7 @@ impl CachingAllocator {
         // it: wide fit hands out larger blocks, which must not raise the budget that pays for
         // them. Idle blocks are all that is evicted, so live bytes above the budget stay.
         let budget = self.retention.budget(peak_requested);
-        let over = reserved.saturating_sub(budget.max(live));
-        let mut over = over;
+        let mut over = reserved.saturating_sub(budget.max(live));
         if over > 0 {
             self.retention.engage();
         }
