@@ -26,7 +26,8 @@ use serde_json::{json, Value};
 use crate::harness::{Measurement, RunConfig};
 use crate::os::{self, Machine};
 use crate::report::{
-    align_right, fmt_ns, markdown_table, memory_cells, Report, TargetCheck, CACHING, FLOOR,
+    align_right, fmt_ns, held_cell, markdown_table, memory_cells, Report, TargetCheck, CACHING,
+    FLOOR,
 };
 use crate::sdpa::{finish, step_order, Acc};
 use crate::source::{
@@ -356,9 +357,15 @@ pub fn run(
         ("llm-prefill", &pre, &pre_c, prompt.len()),
         ("llm-decode", &dec, &dec_c, 1),
     ] {
-        let phase = |i: usize| Counters {
-            system_allocs: pcs[i].counted.then_some(pcs[i].sys_allocs),
-            ..Counters::default()
+        let phase = |i: usize| {
+            // The peaks are the temp allocator's, over both phases (one allocator serves both).
+            let end = counters(i);
+            Counters {
+                system_allocs: pcs[i].counted.then_some(pcs[i].sys_allocs),
+                peak_reserved: end.peak_reserved,
+                peak_live: end.peak_live,
+                ..Counters::default()
+            }
         };
         let steps_n = accs.first().map_or(0, |a| a.steps.len());
         let out = finish(
@@ -515,6 +522,7 @@ impl LlmReport {
             "faults/token",
             "sys allocs/token",
             "peak RSS +MiB",
+            "peak held/live MiB",
         ]);
         for r in &self.rows {
             let m = &r.m;
@@ -544,9 +552,10 @@ impl LlmReport {
                 faults,
                 sys,
                 rss,
+                held_cell(m),
             ]);
         }
-        align_right(&mut t, 2..10);
+        align_right(&mut t, 2..11);
         t
     }
 
@@ -751,6 +760,8 @@ impl LlmReport {
                     "minor_page_faults_per_token": fig(m.faults_per_call, "faults/token"),
                     "system_allocations_per_token": m.sys_allocs_per_call.map(|x| fig(x, "allocations/token")),
                     "peak_rss_growth_warmup": fig(m.peak_rss_growth as f64, "bytes"),
+                    "peak_reserved": m.peak_reserved.map(|x| fig(x as f64, "bytes (both phases)")),
+                    "peak_live": m.peak_live.map(|x| fig(x as f64, "bytes (both phases)")),
                 })
             })
             .collect();
