@@ -7,6 +7,8 @@
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::harness::{measure_all, Measurement, RunConfig};
+// ExecuTorch's LLM runner gives its temp allocator a 10 MB cap: `all` runs decode under it too.
+use crate::llm::RUNNER_CAP;
 use crate::source::{SourceConfig, SourceKind};
 use crate::workload::{Decode, Mix, Scratch, Workload};
 
@@ -73,9 +75,6 @@ pub struct Job {
     /// The sources this job runs on (of those selected), or all of them.
     pub only: Option<&'static [&'static str]>,
 }
-
-/// ExecuTorch's LLM runner gives its temp allocator a 10 MB cap: `all` runs decode under it too.
-pub const RUNNER_CAP: usize = 10 << 20;
 
 /// The sources of the capped decode job: the caches under the runner's cap, and the baselines.
 const CAPPED_DECODE_SOURCES: &[&str] = &[
