@@ -7,7 +7,10 @@
 //! - packed K panel: `[d][NR]` (NR consecutive KV positions of one head, transposed);
 //! - packed V tile: `[t][d_pad]` row-major, head dim padded to a multiple of NR with zeros.
 
+use crate::convert;
+use crate::elem::{Bf16, F16};
 use crate::plan::{MR, NR};
+use crate::simd::{simd_level, SimdLevel};
 
 /// The kernel set of a call. Every function pointer is `unsafe` because the AVX2 versions
 /// require the CPU features checked by [`Kernels::detect`], on top of each kernel's own
@@ -29,17 +32,33 @@ pub(crate) struct Kernels {
     /// Packs a K tile into panels: see [`scalar::pack_k`].
     pub pack_k: unsafe fn(&[f32], usize, usize, usize, usize, &mut [f32]),
     /// Prefetches rows of a strided tensor towards L2: see [`scalar::prefetch_rows`].
-    pub prefetch_rows: unsafe fn(*const f32, usize, usize, usize, usize, usize),
-    /// Whether these are the AVX2+FMA kernels.
-    pub simd: bool,
+    pub prefetch_rows: unsafe fn(*const u8, usize, usize, usize, usize, usize),
+    /// bf16 to f32: see [`convert::widen_bf16`].
+    pub widen_bf16: unsafe fn(&[Bf16], &mut [f32]),
+    /// f16 to f32: see [`convert::widen_f16`].
+    pub widen_f16: unsafe fn(&[F16], &mut [f32]),
+    /// int8 to f32: see [`convert::dequant`].
+    pub dequant: unsafe fn(&[i8], f32, i8, &mut [f32]),
+    /// Which set this is.
+    pub level: SimdLevel,
 }
 
 impl Kernels {
-    /// The fastest kernel set this CPU supports.
+    /// The kernel set of [`simd_level`]: the best this CPU runs within the caps.
     pub(crate) fn detect() -> Kernels {
+        Kernels::for_level(simd_level())
+    }
+
+    /// The kernel set of `level`, which must be one of `available_simd_levels()` (any other
+    /// gives the portable set).
+    pub(crate) fn for_level(level: SimdLevel) -> Kernels {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            if level == SimdLevel::Avx2
+                && std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+            {
+                let f16c = std::is_x86_feature_detected!("f16c");
                 return Kernels {
                     qk_tile: avx2::qk_tile,
                     pv_tile: avx2::pv_tile,
@@ -49,10 +68,37 @@ impl Kernels {
                     axpy4: avx2::axpy4,
                     pack_k: avx2::pack_k,
                     prefetch_rows: avx2::prefetch_rows,
-                    simd: true,
+                    widen_bf16: convert::avx2::widen_bf16,
+                    widen_f16: if f16c {
+                        convert::avx2::widen_f16
+                    } else {
+                        convert::widen_f16
+                    },
+                    dequant: convert::avx2::dequant,
+                    level,
                 };
             }
         }
+        #[cfg(target_arch = "aarch64")]
+        {
+            if level == SimdLevel::Neon && std::arch::is_aarch64_feature_detected!("neon") {
+                return Kernels {
+                    qk_tile: crate::neon::qk_tile,
+                    pv_tile: crate::neon::pv_tile,
+                    softmax_row: crate::neon::softmax_row,
+                    scale: crate::neon::scale,
+                    dot: crate::neon::dot,
+                    axpy4: crate::neon::axpy4,
+                    pack_k: scalar::pack_k,
+                    prefetch_rows: scalar::prefetch_rows,
+                    widen_bf16: convert::neon::widen_bf16,
+                    widen_f16: convert::widen_f16,
+                    dequant: convert::neon::dequant,
+                    level,
+                };
+            }
+        }
+        let _ = level;
         Kernels::scalar()
     }
 
@@ -67,14 +113,18 @@ impl Kernels {
             axpy4: scalar::axpy4,
             pack_k: scalar::pack_k,
             prefetch_rows: scalar::prefetch_rows,
-            simd: false,
+            widen_bf16: convert::widen_bf16,
+            widen_f16: convert::widen_f16,
+            dequant: convert::dequant,
+            level: SimdLevel::Portable,
         }
     }
 }
 
-/// Whether the kernels of this CPU are the AVX2+FMA ones (for reports).
+/// Whether calls made now on this thread use SIMD kernels (a level above portable), for
+/// reports; [`simd_level`] says which.
 pub fn simd_enabled() -> bool {
-    Kernels::detect().simd
+    Kernels::detect().level != SimdLevel::Portable
 }
 
 pub(crate) mod scalar {
@@ -213,14 +263,14 @@ pub(crate) mod scalar {
         }
     }
 
-    /// Hints that rows `j < n` (floats `start + j * stride..][..d]` of the `len` floats at
+    /// Hints that rows `j < n` (bytes `[start + j * stride..][..d]` of the `len` bytes at
     /// `base`) will be accessed soon. Rows past `len` are ignored. No effect in this version.
     ///
     /// # Safety
     /// None: the memory is never accessed (the AVX2 version issues prefetch hints only, for
     /// addresses it checks are inside `base..base + len`).
     pub(crate) unsafe fn prefetch_rows(
-        _base: *const f32,
+        _base: *const u8,
         _len: usize,
         _start: usize,
         _stride: usize,
@@ -571,15 +621,15 @@ mod avx2 {
         }
     }
 
-    /// AVX2-build version of [`super::scalar::prefetch_rows`]: prefetches each 64-byte line of
-    /// the rows into L2.
+    /// AVX2-build version of [`super::scalar::prefetch_rows`] (all counts in bytes):
+    /// prefetches each 64-byte line of the rows into L2.
     ///
     /// # Safety
     /// The CPU supports AVX2 and FMA. `base..base + len` must be one allocation (so the
     /// offsets computed inside stay in it).
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn prefetch_rows(
-        base: *const f32,
+        base: *const u8,
         len: usize,
         start: usize,
         stride: usize,
@@ -597,7 +647,7 @@ mod avx2 {
                 // `add` is in bounds; a prefetch never faults nor accesses memory
                 // architecturally, so it races with nothing.
                 unsafe { _mm_prefetch::<_MM_HINT_T1>(base.add(row + x).cast::<i8>()) };
-                x += 16;
+                x += 64;
             }
         }
     }

@@ -6,16 +6,19 @@
 
 use rayon::prelude::*;
 
-use crate::plan::{Path, Plan, RowsLayout};
+use crate::elem::Element;
+use crate::plan::{Path, Plan, RowsLayout, V_GROUP};
+use crate::source::as_f32;
 use crate::sync::{Scratch, SharedOut};
 use crate::Args;
 
-/// Positions whose V rows are accumulated in one pass.
-const V_GROUP: usize = 4;
+/// Lanes of the output merged at a time (a stack buffer, so a non-f32 output needs no
+/// scratch).
+const MERGE_LANES: usize = 64;
 /// Merges of at most this many partial floats run on the calling thread.
 const SERIAL_MERGE_FLOATS: usize = 1 << 18;
 
-pub(crate) fn run(a: &Args<'_>, plan: &Plan, scratch: &Scratch, out: &mut [f32]) {
+pub(crate) fn run<T: Element>(a: &Args<'_, T>, plan: &Plan, scratch: &Scratch, out: &mut [T]) {
     let Path::Rows {
         chunks_per_batch: cpb,
         chunk_len,
@@ -25,7 +28,7 @@ pub(crate) fn run(a: &Args<'_>, plan: &Plan, scratch: &Scratch, out: &mut [f32])
         unreachable!("rows::run called with a tiled plan")
     };
     let sh = a.shape;
-    let lay = RowsLayout::new(&sh, tile);
+    let lay = RowsLayout::new(&sh, tile, plan.conv);
     let kv_len = sh.kv_len();
     let run_item = |item: usize| {
         let b = item / cpb;
@@ -68,14 +71,14 @@ pub(crate) fn run(a: &Args<'_>, plan: &Plan, scratch: &Scratch, out: &mut [f32])
 }
 
 /// Merges the partial states of sequence `b`'s chunks for query row `r` into `dst`.
-fn merge(
+fn merge<T: Element>(
     lay: &RowsLayout,
     scratch: &Scratch,
     cpb: usize,
     d: usize,
     b: usize,
     r: usize,
-    dst: &mut [f32],
+    dst: &mut [T],
 ) {
     let part = |c: usize| {
         // SAFETY: the chunk pass has finished and nothing writes chunks any more, so shared
@@ -86,37 +89,46 @@ fn merge(
     for c in 0..cpb {
         mx = mx.max(part(c)[lay.m + r]);
     }
-    dst.fill(0.0);
-    let mut sum = 0.0;
-    for c in 0..cpb {
-        let p = part(c);
-        let mc = p[lay.m + r];
+    let weight = |c: usize| {
+        let mc = part(c)[lay.m + r];
+        // A chunk that saw no position of row r has m = -inf: weight 0.
         if mc == f32::NEG_INFINITY {
-            continue; // this chunk saw no position of row r
+            0.0
+        } else {
+            (mc - mx).exp2()
         }
-        let w = (mc - mx).exp2();
-        sum += p[lay.l + r] * w;
-        for (x, y) in dst
-            .iter_mut()
-            .zip(&p[lay.acc + r * d..lay.acc + (r + 1) * d])
-        {
-            *x += y * w;
-        }
-    }
+    };
+    let sum: f32 = (0..cpb).map(|c| part(c)[lay.l + r] * weight(c)).sum();
     let inv = 1.0 / sum;
-    for x in dst.iter_mut() {
-        *x *= inv;
+    let mut tmp = [0f32; MERGE_LANES];
+    for x0 in (0..d).step_by(MERGE_LANES) {
+        let n = MERGE_LANES.min(d - x0);
+        let tmp = &mut tmp[..n];
+        tmp.fill(0.0);
+        for c in 0..cpb {
+            let w = weight(c);
+            if w == 0.0 {
+                continue;
+            }
+            let acc = &part(c)[lay.acc + r * d + x0..][..n];
+            for (x, y) in tmp.iter_mut().zip(acc) {
+                *x += y * w;
+            }
+        }
+        for (o, x) in dst[x0..x0 + n].iter_mut().zip(tmp.iter()) {
+            *o = T::from_f32(x * inv);
+        }
     }
 }
 
 /// Processes positions `c0..c1` of sequence `b` into the partial state `part`, with the
 /// score tile in the worker slice `s`.
 #[allow(clippy::too_many_arguments)]
-fn chunk(
-    a: &Args<'_>,
+fn chunk<T: Element>(
+    a: &Args<'_, T>,
     lay: &RowsLayout,
     tile: usize,
-    s: &mut [f32],
+    ws: &mut [f32],
     part: &mut [f32],
     b: usize,
     c0: usize,
@@ -133,8 +145,12 @@ fn chunk(
     m.fill(f32::NEG_INFINITY);
     l.fill(0.0);
     acc.fill(0.0);
+    // The worker slice: scores, then the conversion buffers (empty for f32 inputs).
+    let (s, conv) = ws.split_at_mut(lay.qc);
+    let (qbuf, conv) = conv.split_at_mut(lay.kc - lay.qc);
+    let (kbuf, vbuf) = conv.split_at_mut(lay.vc - lay.kc);
     let s = &mut s[..nq * tile];
-    let qb = &a.q[b * nq * d..(b + 1) * nq * d];
+    let qb = as_f32(kern, &a.q[b * nq * d..(b + 1) * nq * d], qbuf);
     let kv_off = |t: usize| (b * sh.kv_capacity + t) * row_len;
 
     let mut t0 = c0;
@@ -142,7 +158,7 @@ fn chunk(
         let nb = tile.min(c1 - t0);
         // Scores: one K position row (all kv heads, contiguous) at a time.
         for u in 0..nb {
-            let krow = &a.k[kv_off(t0 + u)..kv_off(t0 + u) + row_len];
+            let krow = a.k.load(kern, d, kv_off(t0 + u), row_len, kbuf);
             for (r, qr) in qb.chunks_exact(d).enumerate() {
                 let kvh = (r % heads) / group;
                 // SAFETY: slice-based kernel (equal lengths d); kernel set from `detect`.
@@ -171,11 +187,17 @@ fn chunk(
         let mut u = 0;
         while u < nb {
             let w = V_GROUP.min(nb - u);
-            let vrow = |j: usize| {
+            let mut vbufs = vbuf.chunks_mut(row_len.max(1));
+            let vrows: [&[f32]; V_GROUP] = core::array::from_fn(|j| {
                 let t = t0 + u + j.min(w - 1);
-                &a.v[kv_off(t)..kv_off(t) + row_len]
-            };
-            let vrows: [&[f32]; V_GROUP] = core::array::from_fn(vrow);
+                a.v.load(
+                    kern,
+                    d,
+                    kv_off(t),
+                    row_len,
+                    vbufs.next().unwrap_or_default(),
+                )
+            });
             for (r, ar) in acc.chunks_exact_mut(d).enumerate() {
                 let kvh = (r % heads) / group;
                 let p: [f32; V_GROUP] =

@@ -1,0 +1,105 @@
+//! Reading Q, K and V as f32: borrowed as they are when they are f32, otherwise converted (bf16,
+//! f16) or dequantized (int8 cache) into a scratch buffer of the caller's worker slice.
+
+use crate::elem::{Element, Elems};
+use crate::kernels::Kernels;
+use crate::quant::QuantizedKv;
+
+/// One of K or V.
+pub(crate) enum Kv<'a, T> {
+    /// Stored in the element type of the call.
+    Dense(&'a [T]),
+    /// int8 with per-(position, head) scales and zero points.
+    Int8(QuantizedKv<'a>),
+}
+
+/// `src` as f32: borrowed if it already is, else widened into `buf[..src.len()]`.
+#[inline]
+pub(crate) fn as_f32<'s, T: Element>(
+    kern: &Kernels,
+    src: &'s [T],
+    buf: &'s mut [f32],
+) -> &'s [f32] {
+    let n = src.len();
+    match T::elems(src) {
+        Elems::F32(x) => x,
+        Elems::Bf16(x) => {
+            // SAFETY: slice-based kernel (panics if `buf` is short); set chosen for this CPU.
+            unsafe { (kern.widen_bf16)(x, buf) };
+            &buf[..n]
+        }
+        Elems::F16(x) => {
+            // SAFETY: as above.
+            unsafe { (kern.widen_f16)(x, buf) };
+            &buf[..n]
+        }
+    }
+}
+
+impl<T: Element> Kv<'_, T> {
+    /// Whether reading this needs a conversion buffer.
+    pub(crate) fn converts(&self) -> bool {
+        !matches!((self, T::DTYPE), (Kv::Dense(_), crate::Dtype::F32))
+    }
+
+    /// Elements `off..off + n` (whole head vectors: `off` and `n` multiples of `d`) as f32:
+    /// borrowed when f32, else converted into `buf[..n]`.
+    #[inline]
+    pub(crate) fn load<'s>(
+        &'s self,
+        kern: &Kernels,
+        d: usize,
+        off: usize,
+        n: usize,
+        buf: &'s mut [f32],
+    ) -> &'s [f32] {
+        match self {
+            Kv::Dense(x) => as_f32(kern, &x[off..off + n], buf),
+            Kv::Int8(c) => {
+                debug_assert!(off % d == 0 && n % d == 0);
+                let (vals, first) = (&c.values[off..off + n], off / d);
+                for (h, (src, dst)) in vals
+                    .chunks_exact(d)
+                    .zip(buf[..n].chunks_exact_mut(d))
+                    .enumerate()
+                {
+                    let (scale, zp) = (c.scales[first + h], c.zero_points[first + h]);
+                    // SAFETY: slice-based kernel (equal lengths d); set chosen for this CPU.
+                    unsafe { (kern.dequant)(src, scale, zp, dst) };
+                }
+                &buf[..n]
+            }
+        }
+    }
+
+    /// Elements `off..off + n` (whole head vectors) as f32, always written to `dst[..n]`.
+    #[inline]
+    pub(crate) fn load_into(
+        &self,
+        kern: &Kernels,
+        d: usize,
+        off: usize,
+        n: usize,
+        dst: &mut [f32],
+    ) {
+        if let Kv::Dense(x) = self {
+            if let Elems::F32(x) = T::elems(&x[off..off + n]) {
+                dst[..n].copy_from_slice(x);
+                return;
+            }
+        }
+        self.load(kern, d, off, n, dst);
+    }
+
+    /// Prefetch hint for rows `j < n` of `d` elements at element `start + j * stride`.
+    #[inline]
+    pub(crate) fn prefetch(&self, kern: &Kernels, start: usize, stride: usize, n: usize, d: usize) {
+        let (ptr, len, size) = match self {
+            Kv::Dense(x) => (x.as_ptr().cast::<u8>(), x.len(), size_of::<T>()),
+            Kv::Int8(c) => (c.values.as_ptr().cast::<u8>(), c.values.len(), 1),
+        };
+        // SAFETY: a hint only, for addresses the kernel checks lie inside the `len * size`
+        // bytes at `ptr` (one slice); kernel set chosen for this CPU.
+        unsafe { (kern.prefetch_rows)(ptr, len * size, start * size, stride * size, n, d * size) };
+    }
+}
