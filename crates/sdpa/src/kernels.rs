@@ -703,10 +703,54 @@ mod tests {
         }
     }
 
-    /// The detected (SIMD, where available) kernels agree with the scalar ones.
+    /// Every kernel set this CPU runs agrees with the scalar one.
     #[test]
-    fn detected_kernels_match_scalar() {
-        let (f, s) = (Kernels::detect(), Kernels::scalar());
+    fn every_level_matches_scalar() {
+        for level in crate::simd::available_simd_levels() {
+            let f = Kernels::for_level(level);
+            assert_eq!(f.level, level);
+            matches_scalar(f);
+            conversions_match_scalar(f);
+        }
+    }
+
+    /// The conversion kernels of `f` give exactly the scalar results (all lengths 0..40, so
+    /// every vector tail is covered).
+    fn conversions_match_scalar(f: Kernels) {
+        let s = Kernels::scalar();
+        let x = data(40, 21);
+        let bf: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v * 300.0)).collect();
+        let hf: Vec<F16> = x.iter().map(|&v| F16::from_f32(v * 300.0)).collect();
+        let q: Vec<i8> = (0..40).map(|i| (i * 37 % 256) as u8 as i8).collect();
+        for n in 0..40 {
+            let (mut a, mut b) = (vec![f32::NAN; n + 1], vec![f32::NAN; n + 1]);
+            // SAFETY: slice-based kernels on a CPU that runs `f`'s level.
+            unsafe {
+                (f.widen_bf16)(&bf[..n], &mut a);
+                (s.widen_bf16)(&bf[..n], &mut b);
+            }
+            assert_eq!(a[..n], b[..n], "bf16 n {n}");
+            assert!(a[n].is_nan(), "bf16 wrote past n");
+            // SAFETY: as above.
+            unsafe {
+                (f.widen_f16)(&hf[..n], &mut a);
+                (s.widen_f16)(&hf[..n], &mut b);
+            }
+            assert_eq!(a[..n], b[..n], "f16 n {n}");
+            // SAFETY: as above.
+            unsafe {
+                (f.dequant)(&q[..n], 0.037, -5, &mut a);
+                (s.dequant)(&q[..n], 0.037, -5, &mut b);
+            }
+            assert_eq!(a[..n], b[..n], "dequant n {n}");
+            for i in 0..n {
+                assert_eq!(b[i], (f32::from(q[i]) + 5.0) * 0.037);
+            }
+        }
+    }
+
+    fn matches_scalar(f: Kernels) {
+        let s = Kernels::scalar();
         for d in [1, 7, 8, 64, 72, 100, 128] {
             let a = data(d * MR, d as u32);
             let b = data(d * NR, 3 + d as u32);
