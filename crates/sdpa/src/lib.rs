@@ -37,6 +37,7 @@ pub use caching_allocator::{AllocError, TempAllocator};
 #[cfg(feature = "baseline")]
 pub mod baseline;
 mod convert;
+mod dynamic;
 mod elem;
 mod kernels;
 #[cfg(target_arch = "aarch64")]
@@ -49,6 +50,7 @@ mod source;
 mod sync;
 mod tiled;
 
+pub use dynamic::{attention_dyn, KvRef, TensorMut, TensorRef};
 pub use elem::{Bf16, Dtype, Element, F16};
 pub use kernels::simd_enabled;
 pub use plan::{Path, Plan};
@@ -268,6 +270,16 @@ pub enum SdpaError {
         /// The scale that was passed.
         scale: f32,
     },
+    /// A tensor passed to [`attention_dyn`] has another dtype than `q` (or one of K and V is
+    /// an int8 cache and the other is not).
+    DtypeMismatch {
+        /// The tensor whose dtype is wrong.
+        tensor: Tensor,
+        /// The dtype it must have (`None`: an int8 cache, like the other of K and V).
+        expected: Option<Dtype>,
+        /// Its dtype (`None`: an int8 cache).
+        actual: Option<Dtype>,
+    },
     /// The temp allocator could not provide the scratch buffer.
     Scratch(AllocError),
     /// The temp allocator returned a pointer that is not aligned as requested (a broken
@@ -314,6 +326,21 @@ impl fmt::Display for SdpaError {
             ),
             SdpaError::InvalidScale { scale } => {
                 write!(f, "sdpa: scale {scale} is not a finite number")
+            }
+            SdpaError::DtypeMismatch {
+                tensor,
+                expected,
+                actual,
+            } => {
+                let name =
+                    |d: &Option<Dtype>| d.map_or("an int8 cache".to_string(), |d| d.to_string());
+                write!(
+                    f,
+                    "sdpa: `{tensor}` is {} where {} was expected: pass `out` and dense `k`/`v` \
+                     in q's dtype, and `k` and `v` both dense or both int8",
+                    name(actual),
+                    name(expected)
+                )
             }
             SdpaError::Scratch(e) => write!(f, "sdpa: scratch allocation failed: {e}"),
             SdpaError::MisalignedScratch { addr, align } => write!(

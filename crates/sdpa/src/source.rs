@@ -56,7 +56,7 @@ impl<T: Element> Kv<'_, T> {
         match self {
             Kv::Dense(x) => as_f32(kern, &x[off..off + n], buf),
             Kv::Int8(c) => {
-                debug_assert!(off % d == 0 && n % d == 0);
+                debug_assert!(off.is_multiple_of(d) && n.is_multiple_of(d));
                 let (vals, first) = (&c.values[off..off + n], off / d);
                 for (h, (src, dst)) in vals
                     .chunks_exact(d)

@@ -77,7 +77,7 @@ fn prefetch_start<T: Element>(a: &Args<'_, T>, lay: &TiledLayout, blk: Block) {
     unsafe {
         (kern.prefetch_rows)(
             a.q.as_ptr().cast(),
-            a.q.len() * z,
+            size_of_val(a.q),
             q_off * z,
             sh.heads * d * z,
             blk.rows,
