@@ -124,3 +124,33 @@ pub fn with_max_simd<R>(level: SimdLevel, f: impl FnOnce() -> R) -> R {
     let _restore = Restore(THREAD_CAP.with(|c| c.replace(level.rank())));
     f()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_and_caps() {
+        let levels = available_simd_levels();
+        println!("available SIMD levels: {levels:?}");
+        assert_eq!(levels.last(), Some(&SimdLevel::Portable));
+        #[cfg(target_arch = "aarch64")]
+        assert!(
+            levels.contains(&SimdLevel::Neon),
+            "no NEON: an aarch64 run would test only the portable kernels"
+        );
+        for &level in &levels {
+            assert_eq!(SimdLevel::parse(level.name()), Some(level));
+            with_max_simd(level, || {
+                // Nested caps: the inner, lower one wins while it lasts.
+                with_max_simd(SimdLevel::Portable, || {
+                    assert_eq!(simd_level(), SimdLevel::Portable)
+                });
+                if std::env::var_os("SDPA_MAX_SIMD").is_none() {
+                    assert_eq!(simd_level(), level);
+                }
+            });
+        }
+        assert_eq!(SimdLevel::parse("avx9"), None);
+    }
+}
