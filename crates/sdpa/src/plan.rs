@@ -150,8 +150,8 @@ impl TiledLayout {
 }
 
 /// Offsets (in floats) of the row path's regions: the worker slice holds the score tile (and,
-/// when inputs need converting, the converted Q rows, one K position row and `V_GROUP` V
-/// position rows); each chunk's partial result holds the running max, the running sum and the
+/// when inputs need converting, the converted Q rows, one K head vector and `V_GROUP` V head
+/// vectors); each chunk's partial result holds the running max, the running sum and the
 /// accumulator.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RowsLayout {
@@ -160,9 +160,9 @@ pub(crate) struct RowsLayout {
     /// Worker slice: converted Q `[nq, d]` (length 0 without conversion), after the scores
     /// `[nq, tile]` at 0.
     pub qc: usize,
-    /// Worker slice: converted K position row `[kv_heads * d]`.
+    /// Worker slice: one converted K head vector `[d]`.
     pub kc: usize,
-    /// Worker slice: converted V position rows `[V_GROUP][kv_heads * d]`.
+    /// Worker slice: converted V head vectors of `V_GROUP` positions `[V_GROUP][d]`.
     pub vc: usize,
     /// Floats of a worker slice.
     pub thread_floats: usize,
@@ -178,11 +178,10 @@ impl RowsLayout {
         let nq = shape.q_len.saturating_mul(shape.heads);
         let s_floats = round_up(nq.saturating_mul(tile), LINE_FLOATS);
         let d = shape.head_dim;
-        let row = shape.kv_heads.saturating_mul(d);
         let qc = s_floats;
         let q_floats = if conv.q { nq.saturating_mul(d) } else { 0 };
         let kc = qc.saturating_add(round_up(q_floats, LINE_FLOATS));
-        let kv_row = if conv.kv { row } else { 0 };
+        let kv_row = if conv.kv { d } else { 0 }; // one head vector
         let vc = kc.saturating_add(round_up(kv_row, LINE_FLOATS));
         let thread_floats =
             vc.saturating_add(round_up(kv_row.saturating_mul(V_GROUP), LINE_FLOATS));

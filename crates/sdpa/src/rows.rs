@@ -121,6 +121,12 @@ fn merge<T: Element>(
     }
 }
 
+/// The query rows (`i * heads + h` for each query `i`) whose head `h` uses KV head `kvh`.
+#[inline]
+fn group_rows(q_len: usize, heads: usize, group: usize, kvh: usize) -> impl Iterator<Item = usize> {
+    (0..q_len).flat_map(move |i| (0..group).map(move |g| i * heads + kvh * group + g))
+}
+
 /// Processes positions `c0..c1` of sequence `b` into the partial state `part`, with the
 /// score tile in the worker slice `s`.
 #[allow(clippy::too_many_arguments)]
@@ -138,7 +144,7 @@ fn chunk<T: Element>(
     let kern = &a.kernels;
     let (d, heads, nq) = (sh.head_dim, sh.heads, lay.nq);
     let group = heads / sh.kv_heads;
-    let row_len = sh.kv_heads * d;
+    let row_len = sh.kv_heads * d; // one position row of K or V
     let (m, rest) = part.split_at_mut(lay.l);
     let (l, acc) = rest.split_at_mut(lay.acc - lay.l);
     let (m, l, acc) = (&mut m[..nq], &mut l[..nq], &mut acc[..nq * d]);
@@ -156,13 +162,18 @@ fn chunk<T: Element>(
     let mut t0 = c0;
     while t0 < c1 {
         let nb = tile.min(c1 - t0);
-        // Scores: one K position row (all kv heads, contiguous) at a time.
+        // Scores: one K position row (all kv heads, contiguous) at a time, head by head: a
+        // non-f32 head vector is converted into `kbuf` (D floats, so it stays in L1 while the
+        // query heads of its group use it).
         for u in 0..nb {
-            let krow = a.k.load(kern, d, kv_off(t0 + u), row_len, kbuf);
-            for (r, qr) in qb.chunks_exact(d).enumerate() {
-                let kvh = (r % heads) / group;
-                // SAFETY: slice-based kernel (equal lengths d); kernel set from `detect`.
-                s[r * tile + u] = unsafe { (kern.dot)(qr, &krow[kvh * d..(kvh + 1) * d]) };
+            let off = kv_off(t0 + u);
+            for kvh in 0..sh.kv_heads {
+                let kh = a.k.load(kern, d, off + kvh * d, d, kbuf);
+                for r in group_rows(sh.q_len, heads, group, kvh) {
+                    let qr = &qb[r * d..(r + 1) * d];
+                    // SAFETY: slice-based kernel (equal lengths d); kernel set from `detect`.
+                    s[r * tile + u] = unsafe { (kern.dot)(qr, kh) };
+                }
             }
         }
         // Online softmax per query row; P overwrites the scores.
@@ -183,31 +194,26 @@ fn chunk<T: Element>(
             }
             m[r] = mn;
         }
-        // acc += P . V, V_GROUP position rows at a time (each read contiguously).
+        // acc += P . V, V_GROUP position rows at a time (each read contiguously), head by
+        // head (non-f32 heads converted into `vbuf`, V_GROUP x D floats, L1-resident).
         let mut u = 0;
         while u < nb {
             let w = V_GROUP.min(nb - u);
-            let mut vbufs = vbuf.chunks_mut(row_len.max(1));
-            let vrows: [&[f32]; V_GROUP] = core::array::from_fn(|j| {
-                let t = t0 + u + j.min(w - 1);
-                a.v.load(
-                    kern,
-                    d,
-                    kv_off(t),
-                    row_len,
-                    vbufs.next().unwrap_or_default(),
-                )
-            });
-            for (r, ar) in acc.chunks_exact_mut(d).enumerate() {
-                let kvh = (r % heads) / group;
-                let p: [f32; V_GROUP] =
-                    core::array::from_fn(|j| if j < w { s[r * tile + u + j] } else { 0.0 });
-                if p == [0.0; V_GROUP] {
-                    continue;
+            for kvh in 0..sh.kv_heads {
+                let mut vbufs = vbuf.chunks_mut(d);
+                let vs: [&[f32]; V_GROUP] = core::array::from_fn(|j| {
+                    let off = kv_off(t0 + u + j.min(w - 1)) + kvh * d;
+                    a.v.load(kern, d, off, d, vbufs.next().unwrap_or_default())
+                });
+                for r in group_rows(sh.q_len, heads, group, kvh) {
+                    let p: [f32; V_GROUP] =
+                        core::array::from_fn(|j| if j < w { s[r * tile + u + j] } else { 0.0 });
+                    if p == [0.0; V_GROUP] {
+                        continue;
+                    }
+                    // SAFETY: slice-based kernel (equal lengths d); kernel set from `detect`.
+                    unsafe { (kern.axpy4)(&mut acc[r * d..(r + 1) * d], p, vs) };
                 }
-                let vs = vrows.map(|vr| &vr[kvh * d..(kvh + 1) * d]);
-                // SAFETY: slice-based kernel (equal lengths d); kernel set from `detect`.
-                unsafe { (kern.axpy4)(ar, p, vs) };
             }
             u += w;
         }

@@ -82,11 +82,16 @@ fn params() -> [Params; 2] {
     ]
 }
 
-/// Runs `f` once per SIMD level this CPU runs (the test names the level in failures).
+/// Runs `f` once per SIMD level this CPU runs (the test names the level in failures); a
+/// level above an `SDPA_MAX_SIMD` cap is skipped with a note.
 fn each_level(mut f: impl FnMut(&str)) {
     for level in available_simd_levels() {
         with_max_simd(level, || {
-            assert_eq!(sdpa::simd_level(), level);
+            if sdpa::simd_level() != level {
+                assert!(std::env::var_os("SDPA_MAX_SIMD").is_some());
+                println!("{level} skipped: SDPA_MAX_SIMD caps it");
+                return;
+            }
             f(level.name())
         });
     }
