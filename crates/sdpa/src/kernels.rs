@@ -9,6 +9,7 @@
 
 use crate::convert;
 use crate::elem::{Bf16, F16};
+use crate::fused;
 use crate::plan::{MR, NR};
 use crate::simd::{simd_level, SimdLevel};
 
@@ -39,6 +40,14 @@ pub(crate) struct Kernels {
     pub widen_f16: unsafe fn(&[F16], &mut [f32]),
     /// int8 to f32: see [`convert::dequant`].
     pub dequant: unsafe fn(&[i8], f32, i8, &mut [f32]),
+    /// Decode's dot on bf16 K: see [`fused::dot_bf16`].
+    pub dot_bf16: unsafe fn(&[f32], &[Bf16]) -> f32,
+    /// Decode's dot on int8 K: see [`fused::dot_i8`].
+    pub dot_i8: unsafe fn(&[f32], &[i8], i8) -> f32,
+    /// Decode's axpy on bf16 V: see [`fused::axpy4_bf16`].
+    pub axpy4_bf16: unsafe fn(&mut [f32], [f32; 4], [&[Bf16]; 4]),
+    /// Decode's axpy on int8 V: see [`fused::axpy4_i8`].
+    pub axpy4_i8: unsafe fn(&mut [f32], [f32; 4], [&[i8]; 4], [i8; 4]),
     /// Which set this is.
     pub level: SimdLevel,
 }
@@ -75,6 +84,10 @@ impl Kernels {
                         convert::widen_f16
                     },
                     dequant: convert::avx2::dequant,
+                    dot_bf16: fused::avx2::dot_bf16,
+                    dot_i8: fused::avx2::dot_i8,
+                    axpy4_bf16: fused::avx2::axpy4_bf16,
+                    axpy4_i8: fused::avx2::axpy4_i8,
                     level,
                 };
             }
@@ -94,6 +107,10 @@ impl Kernels {
                     widen_bf16: convert::neon::widen_bf16,
                     widen_f16: convert::widen_f16,
                     dequant: convert::neon::dequant,
+                    dot_bf16: fused::dot_bf16,
+                    dot_i8: fused::dot_i8,
+                    axpy4_bf16: fused::axpy4_bf16,
+                    axpy4_i8: fused::axpy4_i8,
                     level,
                 };
             }
@@ -116,6 +133,10 @@ impl Kernels {
             widen_bf16: convert::widen_bf16,
             widen_f16: convert::widen_f16,
             dequant: convert::dequant,
+            dot_bf16: fused::dot_bf16,
+            dot_i8: fused::dot_i8,
+            axpy4_bf16: fused::axpy4_bf16,
+            axpy4_i8: fused::axpy4_i8,
             level: SimdLevel::Portable,
         }
     }
@@ -711,6 +732,7 @@ mod tests {
             assert_eq!(f.level, level);
             matches_scalar(f);
             conversions_match_scalar(f);
+            fused_match_scalar(f);
         }
     }
 
@@ -746,6 +768,56 @@ mod tests {
             for i in 0..n {
                 assert_eq!(b[i], (f32::from(q[i]) + 5.0) * 0.037);
             }
+        }
+    }
+
+    /// The fused decode kernels of `f` agree with the scalar ones (lengths 1..40).
+    fn fused_match_scalar(f: Kernels) {
+        let s = Kernels::scalar();
+        let q = data(40, 31);
+        let bf: Vec<Vec<Bf16>> = (0..4)
+            .map(|u| {
+                data(40, 32 + u)
+                    .iter()
+                    .map(|&x| Bf16::from_f32(x))
+                    .collect()
+            })
+            .collect();
+        let i8s: Vec<Vec<i8>> = (0..4u32)
+            .map(|u| {
+                (0..40u32)
+                    .map(|j| ((j * 37 + u * 11) % 256) as u8 as i8)
+                    .collect()
+            })
+            .collect();
+        for n in 1..40 {
+            // SAFETY: slice-based kernels on a CPU that runs `f`'s level.
+            let (a, b) = unsafe {
+                (
+                    (f.dot_bf16)(&q[..n], &bf[0][..n]),
+                    (s.dot_bf16)(&q[..n], &bf[0][..n]),
+                )
+            };
+            close(&[a], &[b], 1e-5);
+            // SAFETY: as above.
+            let (a, b) = unsafe {
+                (
+                    (f.dot_i8)(&q[..n], &i8s[0][..n], -3),
+                    (s.dot_i8)(&q[..n], &i8s[0][..n], -3),
+                )
+            };
+            close(&[a / 100.0], &[b / 100.0], 1e-5);
+            let (mut a1, mut a2) = (data(n, 33), data(n, 33));
+            let vb: [&[Bf16]; 4] = core::array::from_fn(|u| &bf[u][..n]);
+            let vi: [&[i8]; 4] = core::array::from_fn(|u| &i8s[u][..n]);
+            // SAFETY: as above.
+            unsafe {
+                (f.axpy4_bf16)(&mut a1, [0.5, -1.0, 2.0, 0.25], vb);
+                (s.axpy4_bf16)(&mut a2, [0.5, -1.0, 2.0, 0.25], vb);
+                (f.axpy4_i8)(&mut a1, [0.01, -0.02, 0.005, 0.03], vi, [1, -2, 0, 127]);
+                (s.axpy4_i8)(&mut a2, [0.01, -0.02, 0.005, 0.03], vi, [1, -2, 0, 127]);
+            }
+            close(&a1, &a2, 1e-5);
         }
     }
 

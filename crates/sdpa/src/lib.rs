@@ -39,6 +39,7 @@ pub mod baseline;
 mod convert;
 mod dynamic;
 mod elem;
+mod fused;
 mod kernels;
 #[cfg(target_arch = "aarch64")]
 mod neon;

@@ -12,6 +12,9 @@ use crate::source::as_f32;
 use crate::sync::{Scratch, SharedOut};
 use crate::Args;
 
+/// Converted (bf16/f16/int8) K and V rows are prefetched this many positions ahead: their
+/// per-head conversion loop issues too few loads at a time for the hardware prefetcher alone.
+const PREFETCH_AHEAD: usize = 16;
 /// Lanes of the output merged at a time (a stack buffer, so a non-f32 output needs no
 /// scratch).
 const MERGE_LANES: usize = 64;
@@ -159,6 +162,8 @@ fn chunk<T: Element>(
     let qb = as_f32(kern, &a.q[b * nq * d..(b + 1) * nq * d], qbuf);
     let kv_off = |t: usize| (b * sh.kv_capacity + t) * row_len;
 
+    // bf16 and int8 K/V are read by fused kernels; f16 through the conversion buffers.
+    let fused = a.k.fused();
     let mut t0 = c0;
     while t0 < c1 {
         let nb = tile.min(c1 - t0);
@@ -167,8 +172,19 @@ fn chunk<T: Element>(
         // query heads of its group use it).
         for u in 0..nb {
             let off = kv_off(t0 + u);
+            if a.k.converts() && t0 + u + PREFETCH_AHEAD < c1 {
+                a.k.prefetch(kern, kv_off(t0 + u + PREFETCH_AHEAD), row_len, 1, row_len);
+                a.v.prefetch(kern, kv_off(t0 + u + PREFETCH_AHEAD), row_len, 1, row_len);
+            }
             for kvh in 0..sh.kv_heads {
-                let kh = a.k.load(kern, d, off + kvh * d, d, kbuf);
+                let ko = off + kvh * d;
+                if fused {
+                    for r in group_rows(sh.q_len, heads, group, kvh) {
+                        s[r * tile + u] = a.k.dot(kern, &qb[r * d..(r + 1) * d], ko);
+                    }
+                    continue;
+                }
+                let kh = a.k.load(kern, d, ko, d, kbuf);
                 for r in group_rows(sh.q_len, heads, group, kvh) {
                     let qr = &qb[r * d..(r + 1) * d];
                     // SAFETY: slice-based kernel (equal lengths d); kernel set from `detect`.
@@ -200,10 +216,21 @@ fn chunk<T: Element>(
         while u < nb {
             let w = V_GROUP.min(nb - u);
             for kvh in 0..sh.kv_heads {
+                let offs: [usize; V_GROUP] =
+                    core::array::from_fn(|j| kv_off(t0 + u + j.min(w - 1)) + kvh * d);
+                if fused {
+                    for r in group_rows(sh.q_len, heads, group, kvh) {
+                        let p: [f32; V_GROUP] =
+                            core::array::from_fn(|j| if j < w { s[r * tile + u + j] } else { 0.0 });
+                        if p != [0.0; V_GROUP] {
+                            a.v.axpy4(kern, &mut acc[r * d..(r + 1) * d], p, offs);
+                        }
+                    }
+                    continue;
+                }
                 let mut vbufs = vbuf.chunks_mut(d);
                 let vs: [&[f32]; V_GROUP] = core::array::from_fn(|j| {
-                    let off = kv_off(t0 + u + j.min(w - 1)) + kvh * d;
-                    a.v.load(kern, d, off, d, vbufs.next().unwrap_or_default())
+                    a.v.load(kern, d, offs[j], d, vbufs.next().unwrap_or_default())
                 });
                 for r in group_rows(sh.q_len, heads, group, kvh) {
                     let p: [f32; V_GROUP] =

@@ -72,6 +72,70 @@ impl<T: Element> Kv<'_, T> {
         }
     }
 
+    /// Whether decode's dot and axpy read this storage directly ([`Kv::dot`], [`Kv::axpy4`])
+    /// rather than through a converted buffer: bf16 and int8 (f32 needs no conversion; f16
+    /// has no fused kernel and goes through `load`).
+    pub(crate) fn fused(&self) -> bool {
+        matches!(self, Kv::Int8(_)) || T::DTYPE == crate::Dtype::Bf16
+    }
+
+    /// `q . x` for the head vector `x` at element `off` (`d = q.len()` elements).
+    #[inline]
+    pub(crate) fn dot(&self, kern: &Kernels, q: &[f32], off: usize) -> f32 {
+        let d = q.len();
+        match self {
+            Kv::Int8(c) => {
+                let h = off / d;
+                // SAFETY: slice-based kernel (equal lengths d); set chosen for this CPU.
+                let raw = unsafe { (kern.dot_i8)(q, &c.values[off..off + d], c.zero_points[h]) };
+                c.scales[h] * raw
+            }
+            Kv::Dense(x) => match T::elems(&x[off..off + d]) {
+                // SAFETY: as above.
+                Elems::F32(k) => unsafe { (kern.dot)(q, k) },
+                // SAFETY: as above.
+                Elems::Bf16(k) => unsafe { (kern.dot_bf16)(q, k) },
+                Elems::F16(k) => q.iter().zip(k).map(|(a, b)| a * b.to_f32()).sum(),
+            },
+        }
+    }
+
+    /// `acc += sum_u p[u] * x_u` for the head vectors `x_u` at elements `offs[u]` (`acc.len()`
+    /// elements each).
+    #[inline]
+    pub(crate) fn axpy4(&self, kern: &Kernels, acc: &mut [f32], p: [f32; 4], offs: [usize; 4]) {
+        let d = acc.len();
+        match self {
+            Kv::Int8(c) => {
+                let h = offs.map(|o| o / d);
+                let w = [0, 1, 2, 3].map(|u| p[u] * c.scales[h[u]]);
+                let v = offs.map(|o| &c.values[o..o + d]);
+                // SAFETY: slice-based kernel (equal lengths d); set chosen for this CPU.
+                unsafe { (kern.axpy4_i8)(acc, w, v, h.map(|h| c.zero_points[h])) };
+            }
+            Kv::Dense(x) => {
+                let v = offs.map(|o| T::elems(&x[o..o + d]));
+                match v {
+                    [Elems::F32(a), Elems::F32(b), Elems::F32(c), Elems::F32(e)] => {
+                        // SAFETY: as above.
+                        unsafe { (kern.axpy4)(acc, p, [a, b, c, e]) }
+                    }
+                    [Elems::Bf16(a), Elems::Bf16(b), Elems::Bf16(c), Elems::Bf16(e)] => {
+                        // SAFETY: as above.
+                        unsafe { (kern.axpy4_bf16)(acc, p, [a, b, c, e]) }
+                    }
+                    _ => {
+                        for (u, &o) in offs.iter().enumerate() {
+                            for (a, e) in acc.iter_mut().zip(&x[o..o + d]) {
+                                *a += p[u] * e.to_f32();
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Elements `off..off + n` (whole head vectors) as f32, always written to `dst[..n]`.
     #[inline]
     pub(crate) fn load_into(
