@@ -636,7 +636,7 @@ impl SdpaReport {
         for r in &self.rows {
             let m = &r.m;
             let x = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_else(|| "-".into());
-            let unit = if m.workload == "sdpa-decode" {
+            let unit = if m.workload.starts_with("sdpa-decode") {
                 "/token"
             } else {
                 "/prefill"
@@ -864,7 +864,7 @@ impl SdpaReport {
             .iter()
             .map(|r| {
                 let m = &r.m;
-                let unit = if m.workload == "sdpa-decode" {
+                let unit = if m.workload.starts_with("sdpa-decode") {
                     "ns/token"
                 } else {
                     "ns/prefill"
