@@ -179,8 +179,9 @@ fn chunk<T: Element>(
             for kvh in 0..sh.kv_heads {
                 let ko = off + kvh * d;
                 if fused {
+                    let row = (b * sh.kv_capacity + t0 + u) * sh.kv_heads + kvh;
                     for r in group_rows(sh.q_len, heads, group, kvh) {
-                        s[r * tile + u] = a.k.dot(kern, &qb[r * d..(r + 1) * d], ko);
+                        s[r * tile + u] = a.k.dot(kern, &qb[r * d..(r + 1) * d], row);
                     }
                     continue;
                 }
@@ -219,11 +220,14 @@ fn chunk<T: Element>(
                 let offs: [usize; V_GROUP] =
                     core::array::from_fn(|j| kv_off(t0 + u + j.min(w - 1)) + kvh * d);
                 if fused {
+                    let rows = core::array::from_fn(|j| {
+                        (b * sh.kv_capacity + t0 + u + j.min(w - 1)) * sh.kv_heads + kvh
+                    });
                     for r in group_rows(sh.q_len, heads, group, kvh) {
                         let p: [f32; V_GROUP] =
                             core::array::from_fn(|j| if j < w { s[r * tile + u + j] } else { 0.0 });
                         if p != [0.0; V_GROUP] {
-                            a.v.axpy4(kern, &mut acc[r * d..(r + 1) * d], p, offs);
+                            a.v.axpy4(kern, &mut acc[r * d..(r + 1) * d], p, rows);
                         }
                     }
                     continue;

@@ -76,23 +76,40 @@ fn env_cap() -> u8 {
     })
 }
 
-/// The SIMD levels this CPU can run, best first (always ends with `Portable`).
-pub fn available_simd_levels() -> Vec<SimdLevel> {
-    let mut v = Vec::new();
+/// The best level this CPU runs whose rank is at most `cap`. Allocation-free (called on
+/// every attention call; the feature-detection macros cache their answer).
+fn best_within(cap: u8) -> SimdLevel {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            v.push(SimdLevel::Avx2);
+        if SimdLevel::Avx2.rank() <= cap
+            && std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+        {
+            return SimdLevel::Avx2;
         }
     }
     #[cfg(target_arch = "aarch64")]
     {
-        if std::arch::is_aarch64_feature_detected!("neon") {
-            v.push(SimdLevel::Neon);
+        if SimdLevel::Neon.rank() <= cap && std::arch::is_aarch64_feature_detected!("neon") {
+            return SimdLevel::Neon;
         }
     }
-    v.push(SimdLevel::Portable);
-    v
+    let _ = cap;
+    SimdLevel::Portable
+}
+
+/// The SIMD levels this CPU can run, best first (always ends with `Portable`).
+pub fn available_simd_levels() -> Vec<SimdLevel> {
+    let mut v = Vec::new();
+    let mut cap = UNCAPPED;
+    loop {
+        let l = best_within(cap);
+        v.push(l);
+        if l == SimdLevel::Portable {
+            return v;
+        }
+        cap = l.rank() - 1;
+    }
 }
 
 /// The level a call made now on this thread uses: the best available one within the caps.
@@ -100,10 +117,7 @@ pub fn simd_level() -> SimdLevel {
     let cap = env_cap()
         .min(GLOBAL_CAP.load(Ordering::Relaxed))
         .min(THREAD_CAP.with(Cell::get));
-    available_simd_levels()
-        .into_iter()
-        .find(|l| l.rank() <= cap)
-        .unwrap_or(SimdLevel::Portable)
+    best_within(cap)
 }
 
 /// Caps the level of every later call in the process (`None` removes this cap; the

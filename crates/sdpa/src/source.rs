@@ -79,16 +79,18 @@ impl<T: Element> Kv<'_, T> {
         matches!(self, Kv::Int8(_)) || T::DTYPE == crate::Dtype::Bf16
     }
 
-    /// `q . x` for the head vector `x` at element `off` (`d = q.len()` elements).
+    /// `q . x` for the head vector `x` number `row` (elements `row * d..(row + 1) * d`,
+    /// `d = q.len()`). Taking the row, not an element offset, spares a division per call:
+    /// the per-head scale and zero point are indexed by it.
     #[inline]
-    pub(crate) fn dot(&self, kern: &Kernels, q: &[f32], off: usize) -> f32 {
+    pub(crate) fn dot(&self, kern: &Kernels, q: &[f32], row: usize) -> f32 {
         let d = q.len();
+        let off = row * d;
         match self {
             Kv::Int8(c) => {
-                let h = off / d;
                 // SAFETY: slice-based kernel (equal lengths d); set chosen for this CPU.
-                let raw = unsafe { (kern.dot_i8)(q, &c.values[off..off + d], c.zero_points[h]) };
-                c.scales[h] * raw
+                let raw = unsafe { (kern.dot_i8)(q, &c.values[off..off + d], c.zero_points[row]) };
+                c.scales[row] * raw
             }
             Kv::Dense(x) => match T::elems(&x[off..off + d]) {
                 // SAFETY: as above.
@@ -100,21 +102,21 @@ impl<T: Element> Kv<'_, T> {
         }
     }
 
-    /// `acc += sum_u p[u] * x_u` for the head vectors `x_u` at elements `offs[u]` (`acc.len()`
+    /// `acc += sum_u p[u] * x_u` for the head vectors `x_u` number `rows[u]` (`acc.len()`
     /// elements each).
     #[inline]
-    pub(crate) fn axpy4(&self, kern: &Kernels, acc: &mut [f32], p: [f32; 4], offs: [usize; 4]) {
+    pub(crate) fn axpy4(&self, kern: &Kernels, acc: &mut [f32], p: [f32; 4], rows: [usize; 4]) {
         let d = acc.len();
         match self {
             Kv::Int8(c) => {
-                let h = offs.map(|o| o / d);
-                let w = [0, 1, 2, 3].map(|u| p[u] * c.scales[h[u]]);
-                let v = offs.map(|o| &c.values[o..o + d]);
+                let w = [0, 1, 2, 3].map(|u| p[u] * c.scales[rows[u]]);
+                let v = rows.map(|r| &c.values[r * d..(r + 1) * d]);
+                let zp = rows.map(|r| c.zero_points[r]);
                 // SAFETY: slice-based kernel (equal lengths d); set chosen for this CPU.
-                unsafe { (kern.axpy4_i8)(acc, w, v, h.map(|h| c.zero_points[h])) };
+                unsafe { (kern.axpy4_i8)(acc, w, v, zp) };
             }
             Kv::Dense(x) => {
-                let v = offs.map(|o| T::elems(&x[o..o + d]));
+                let v = rows.map(|r| T::elems(&x[r * d..(r + 1) * d]));
                 match v {
                     [Elems::F32(a), Elems::F32(b), Elems::F32(c), Elems::F32(e)] => {
                         // SAFETY: as above.
@@ -125,8 +127,8 @@ impl<T: Element> Kv<'_, T> {
                         unsafe { (kern.axpy4_bf16)(acc, p, [a, b, c, e]) }
                     }
                     _ => {
-                        for (u, &o) in offs.iter().enumerate() {
-                            for (a, e) in acc.iter_mut().zip(&x[o..o + d]) {
+                        for (u, &r) in rows.iter().enumerate() {
+                            for (a, e) in acc.iter_mut().zip(&x[r * d..(r + 1) * d]) {
                                 *a += p[u] * e.to_f32();
                             }
                         }
