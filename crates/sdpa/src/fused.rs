@@ -207,8 +207,8 @@ pub(crate) mod avx2 {
             i += 8;
         }
         let x = |u: usize, j: usize| (i32::from(v[u][j]) - i32::from(zp[u])) as f32;
-        for j in i..n {
-            acc[j] += w[0] * x(0, j) + w[1] * x(1, j) + w[2] * x(2, j) + w[3] * x(3, j);
+        for (j, a) in acc.iter_mut().enumerate().skip(i) {
+            *a += w[0] * x(0, j) + w[1] * x(1, j) + w[2] * x(2, j) + w[3] * x(3, j);
         }
     }
 }

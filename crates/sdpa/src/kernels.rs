@@ -13,6 +13,9 @@ use crate::fused;
 use crate::plan::{MR, NR};
 use crate::simd::{simd_level, SimdLevel};
 
+/// `acc += sum_u w[u] * (v[u] - zp[u])`: see [`fused::axpy4_i8`].
+pub(crate) type Axpy4I8 = unsafe fn(&mut [f32], [f32; 4], [&[i8]; 4], [i8; 4]);
+
 /// The kernel set of a call. Every function pointer is `unsafe` because the AVX2 versions
 /// require the CPU features checked by [`Kernels::detect`], on top of each kernel's own
 /// pointer contract (documented on the scalar version, which the AVX2 one matches).
@@ -47,7 +50,7 @@ pub(crate) struct Kernels {
     /// Decode's axpy on bf16 V: see [`fused::axpy4_bf16`].
     pub axpy4_bf16: unsafe fn(&mut [f32], [f32; 4], [&[Bf16]; 4]),
     /// Decode's axpy on int8 V: see [`fused::axpy4_i8`].
-    pub axpy4_i8: unsafe fn(&mut [f32], [f32; 4], [&[i8]; 4], [i8; 4]),
+    pub axpy4_i8: Axpy4I8,
     /// Which set this is.
     pub level: SimdLevel,
 }

@@ -66,9 +66,11 @@ pub(crate) unsafe fn pv_tile(
     o: *mut f32,
     ldo: usize,
 ) {
-    // SAFETY: row `r < MR` of `o` is readable for 16 floats (caller).
     let mut c: [[float32x4_t; 4]; MR] = core::array::from_fn(|r| {
-        core::array::from_fn(|j| unsafe { vld1q_f32(o.add(r * ldo + 4 * j)) })
+        core::array::from_fn(|j| {
+            // SAFETY: row `r < MR` of `o` is readable for 16 floats (caller), `j < 4`.
+            unsafe { vld1q_f32(o.add(r * ldo + 4 * j)) }
+        })
     });
     for t in 0..nk {
         // SAFETY: `t < nk`: row `t` of `v` is readable for 16 floats (caller).
