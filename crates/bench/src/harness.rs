@@ -141,6 +141,11 @@ pub struct Measurement {
     pub calls_total: u64,
     /// Peak RSS during the measurement minus RSS before it, bytes.
     pub peak_rss_growth: u64,
+    /// The source's own peaks over the whole measurement, where it can tell: bytes held
+    /// from the layer below (live + cached) and bytes live.
+    pub peak_reserved: Option<u64>,
+    /// See `peak_reserved`.
+    pub peak_live: Option<u64>,
     /// What the observed warm-up round saw (decode).
     pub observation: Option<Observation>,
     /// Why the source could not run the workload, if it could not.
@@ -382,6 +387,8 @@ pub fn measure_all(
                 .map(|x| x as f64 / measured_calls);
             m.sys_allocs_total = after.system_allocs;
             m.misses_total = after.misses;
+            m.peak_reserved = after.peak_reserved;
+            m.peak_live = after.peak_live;
             m.calls_total = calls_total[si];
         }
         sh.next_calls.store(STOP, Ordering::Release);

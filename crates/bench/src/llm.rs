@@ -271,7 +271,7 @@ pub fn run(
         calls: 0,
         before: Counters {
             system_allocs: Some(0),
-            misses: None,
+            ..Counters::default()
         },
         peak_rss_growth: 0,
         error: None,
@@ -358,7 +358,7 @@ pub fn run(
     ] {
         let phase = |i: usize| Counters {
             system_allocs: pcs[i].counted.then_some(pcs[i].sys_allocs),
-            misses: None,
+            ..Counters::default()
         };
         let steps_n = accs.first().map_or(0, |a| a.steps.len());
         let out = finish(

@@ -632,7 +632,7 @@ fn main() -> ExitCode {
     println!();
 
     let started = Instant::now();
-    let pb = suite::progress_bar(jobs.len() * suite::ticks_per_job(sources.len(), &run));
+    let pb = suite::progress_bar(suite::ticks(&jobs, &sources, &run));
     let measurements = suite::run(&jobs, &sources, &source_config, &run, &pb);
     pb.finish_and_clear();
 

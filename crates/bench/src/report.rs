@@ -127,6 +127,16 @@ pub(crate) fn memory_cells(m: &Measurement) -> [String; 3] {
     ]
 }
 
+/// The cell "peak held/live MiB": the most bytes the source held (live + cached) and the most
+/// live at once, where it can tell ("n/a" otherwise).
+pub(crate) fn held_cell(m: &Measurement) -> String {
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    match (m.peak_reserved, m.peak_live) {
+        (Some(r), Some(l)) => format!("{:.1}/{:.1}", mib(r), mib(l)),
+        _ => "n/a".into(),
+    }
+}
+
 /// The targets table: target, measured, verdict.
 pub fn targets_table(checks: &[TargetCheck]) -> Table {
     let mut t = markdown_table(&["target", "measured", "verdict"]);
@@ -179,6 +189,7 @@ impl Report {
             "faults/call",
             "sys allocs/call",
             "peak RSS +MiB",
+            "peak held/live MiB",
             "calls/s",
         ]);
         for m in &self.measurements {
@@ -192,6 +203,7 @@ impl Report {
                     m.workload.clone(),
                     m.source.clone(),
                     format!("FAILED: {e}"),
+                    String::new(),
                     String::new(),
                     String::new(),
                     String::new(),
@@ -214,12 +226,13 @@ impl Report {
                     faults,
                     sys_allocs,
                     rss,
+                    held_cell(m),
                     fmt_rate(m.calls_per_sec),
                 ]
             };
             t.add_row(row);
         }
-        align_right(&mut t, 2..11);
+        align_right(&mut t, 2..12);
         t
     }
 
@@ -282,11 +295,32 @@ impl Report {
                 });
             }
         }
-        // 3. decode: system allocations vs distinct size classes; exact-cache misses.
-        for v in variants {
-            let Some(m) = self.get("decode", v) else {
+        // 3. decode (and decode under the runner's cap): system allocations vs distinct size
+        // classes, peak RSS growth vs static's; exact-cache misses.
+        let decodes: Vec<&String> = labels.iter().filter(|l| l.starts_with("decode")).collect();
+        for (w, v) in decodes.iter().flat_map(|w| variants.map(|v| (*w, v))) {
+            let Some(m) = self.get(w, v) else {
                 continue;
             };
+            if let Some(floor) = self.get(w, FLOOR) {
+                let mib = |b: u64| b as f64 / (1 << 20) as f64;
+                out.push(TargetCheck {
+                    target: format!("{v} on {w}: peak RSS growth <= 1.25x static's"),
+                    measured: format!(
+                        "{:.1} MiB vs static {:.1} MiB{}",
+                        mib(m.peak_rss_growth),
+                        mib(floor.peak_rss_growth),
+                        if floor.peak_rss_growth == 0 {
+                            " (no growth to compare: an earlier job left the pages mapped; run \
+                             this workload alone)"
+                        } else {
+                            ""
+                        }
+                    ),
+                    met: (floor.peak_rss_growth > 0)
+                        .then_some(m.peak_rss_growth as f64 <= 1.25 * floor.peak_rss_growth as f64),
+                });
+            }
             let classes = self
                 .measurements
                 .iter()
@@ -295,7 +329,7 @@ impl Report {
             let allocs = m.sys_allocs_total;
             out.push(TargetCheck {
                 target: format!(
-                    "{v} on decode: system allocations over the run <= distinct size classes asked"
+                    "{v} on {w}: system allocations over the run <= distinct size classes asked"
                 ),
                 measured: format!(
                     "{} system allocations over {} calls; {} distinct size classes",
@@ -438,6 +472,8 @@ impl Report {
                     "misses_whole_run": m.misses_total.map(|x| fig(x as f64, "misses")),
                     "calls_whole_run": fig(m.calls_total as f64, "calls"),
                     "peak_rss_growth": fig(m.peak_rss_growth as f64, "bytes"),
+                    "peak_reserved": m.peak_reserved.map(|x| fig(x as f64, "bytes")),
+                    "peak_live": m.peak_live.map(|x| fig(x as f64, "bytes")),
                     "ratio_to_static": self.ratio_to(m, FLOOR).map(|r| fig(r, "x (time/call)")),
                     "ratio_to_caching":
                         self.ratio_to(m, CACHING).map(|r| fig(r, "x (time/call)")),

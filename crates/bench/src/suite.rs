@@ -68,7 +68,23 @@ pub struct Job {
     pub workload: Box<dyn Workload>,
     /// Threads running it at once.
     pub threads: usize,
+    /// The caching sources' `max_cached_bytes` for this job, instead of the run's.
+    pub caching_cap: Option<usize>,
+    /// The sources this job runs on (of those selected), or all of them.
+    pub only: Option<&'static [&'static str]>,
 }
+
+/// ExecuTorch's LLM runner gives its temp allocator a 10 MB cap: `all` runs decode under it too.
+pub const RUNNER_CAP: usize = 10 << 20;
+
+/// The sources of the capped decode job: the caches under the runner's cap, and the baselines.
+const CAPPED_DECODE_SOURCES: &[&str] = &[
+    "caching",
+    "caching-scope",
+    "exact-cache",
+    "static",
+    "system",
+];
 
 /// The jobs of `bench`.
 pub fn plan(bench: Bench, opts: &Options) -> Vec<Job> {
@@ -77,19 +93,35 @@ pub fn plan(bench: Bench, opts: &Options) -> Vec<Job> {
         label: format!("scratch-{}", Mix::label(mix)),
         workload: Box::new(Scratch::new(mix)),
         threads: 1,
+        caching_cap: None,
+        only: None,
     };
     if matches!(bench, Bench::Scratch | Bench::All) {
         jobs.extend(Mix::ALL.into_iter().map(scratch));
     }
+    let decode = || {
+        Box::new(Decode::new(
+            opts.decode_tokens,
+            opts.decode_layers,
+            opts.decode_kernel_threads,
+        ))
+    };
     if matches!(bench, Bench::Decode | Bench::All) {
         jobs.push(Job {
             label: "decode".into(),
-            workload: Box::new(Decode::new(
-                opts.decode_tokens,
-                opts.decode_layers,
-                opts.decode_kernel_threads,
-            )),
+            workload: decode(),
             threads: 1,
+            caching_cap: None,
+            only: None,
+        });
+    }
+    if bench == Bench::All {
+        jobs.push(Job {
+            label: "decode cap 10MiB".into(),
+            workload: decode(),
+            threads: 1,
+            caching_cap: Some(RUNNER_CAP),
+            only: Some(CAPPED_DECODE_SOURCES),
         });
     }
     if matches!(bench, Bench::Threads | Bench::All) {
@@ -102,6 +134,8 @@ pub fn plan(bench: Bench, opts: &Options) -> Vec<Job> {
                 label: format!("threads x{n}"),
                 workload: Box::new(Scratch::new(Mix::Medium)),
                 threads: n,
+                caching_cap: None,
+                only: None,
             });
         }
     }
@@ -121,10 +155,22 @@ pub fn run(
     for job in jobs {
         progress.set_message(job.label.clone());
         let tick = || progress.inc(1);
+        let config = SourceConfig {
+            caching_cap: job.caching_cap.unwrap_or(source_config.caching_cap),
+            ..source_config.clone()
+        };
+        let mine: Vec<&SourceKind> = sources
+            .iter()
+            .copied()
+            .filter(|k| job.only.is_none_or(|only| only.contains(&k.name)))
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
         let ms = measure_all(
             job.workload.as_ref(),
-            sources,
-            source_config,
+            &mine,
+            &config,
             job.threads,
             cfg,
             &tick,
@@ -137,9 +183,22 @@ pub fn run(
     out
 }
 
-/// Progress units of one job: one per source warm-up, one per round of measured rounds.
-pub fn ticks_per_job(sources: usize, cfg: &RunConfig) -> usize {
-    sources + cfg.rounds
+/// Progress units of `jobs` on `sources`: per job, one per source warm-up and one per
+/// measured round.
+pub fn ticks(jobs: &[Job], sources: &[&SourceKind], cfg: &RunConfig) -> usize {
+    jobs.iter()
+        .map(|j| {
+            let n = sources
+                .iter()
+                .filter(|k| j.only.is_none_or(|only| only.contains(&k.name)))
+                .count();
+            if n == 0 {
+                0
+            } else {
+                n + cfg.rounds
+            }
+        })
+        .sum()
 }
 
 /// A progress bar on stderr for `n` measurements (hidden when stderr is not a terminal).

@@ -1,7 +1,7 @@
 //! Instruction counts of the cache-hit paths, for `valgrind --tool=callgrind` (counts do not
 //! depend on the machine's load): `cargo build --release -p caching-allocator --example
 //! hotpath && valgrind --tool=callgrind target/release/examples/hotpath release 100000`
-//! (modes: `release`, `scope`, `reset16`).
+//! (modes: `release`, `scope`, `reset2`, `reset16`).
 
 use std::hint::black_box;
 
@@ -24,6 +24,13 @@ fn main() {
                 let s = scope.alloc_uninit::<u8>(black_box(4096)).unwrap();
                 black_box(s.as_mut_ptr());
             }
+            "reset2" => {
+                // allocbench's decode call: two blocks, then a reset.
+                black_box(alloc.allocate(black_box(20 << 10), 64).unwrap());
+                black_box(alloc.allocate(black_box(2 << 20), 64).unwrap());
+                // SAFETY: nothing handed out above is used after this.
+                unsafe { alloc.reset_unchecked() };
+            }
             "reset16" => {
                 // allocbench's scratch-small call: 16 blocks of 64 B - 4 KiB, then a reset.
                 for k in 0..16 {
@@ -32,7 +39,7 @@ fn main() {
                 // SAFETY: nothing handed out above is used after this.
                 unsafe { alloc.reset_unchecked() };
             }
-            _ => panic!("release, scope or reset16"),
+            _ => panic!("release, scope, reset2 or reset16"),
         }
     }
 }

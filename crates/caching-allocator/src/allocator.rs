@@ -14,6 +14,7 @@ use crate::directory::Directory;
 use crate::eviction::Clock;
 use crate::huge_pages::{self, HUGE_PAGE};
 use crate::registry::Registry;
+use crate::retention::Retention;
 use crate::shared_cache::{SharedCache, CREDIT_STEP};
 use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
 use crate::thread_cache::{self, CacheGuard, CacheState, Live, Local, ThreadCache};
@@ -42,6 +43,7 @@ pub struct CachingAllocator {
     huge_min: usize,
     /// `config.max_oversize`: the best-fit bound.
     oversize: f64,
+    pub(crate) retention: Retention,
     /// The size of a scope's first bump chunk; 0 when chunks are off (or debug checks on).
     pub(crate) scope_chunk: usize,
     system: Arc<dyn GlobalAlloc + Send + Sync>,
@@ -88,6 +90,12 @@ impl CachingAllocator {
             limit: config.limit_bytes.unwrap_or(usize::MAX),
             debug: config.debug_checks,
             oversize: config.max_oversize,
+            // Wide fit is best fit without a bound: off with best fit off.
+            retention: Retention::new(if config.max_oversize > 1.0 {
+                config.working_set_slack
+            } else {
+                None
+            }),
             huge_min: config.huge_page_min_bytes.unwrap_or(usize::MAX),
             scope_chunk: if config.debug_checks {
                 0
@@ -229,6 +237,7 @@ impl CachingAllocator {
         stats.oom_retries = shared.oom_retries;
         stats.corrupted_blocks = shared.corrupted_blocks;
         stats.huge_page_bytes = shared.huge_page_bytes;
+        stats.working_set_mode = self.retention.engaged();
         stats
     }
 
@@ -314,18 +323,18 @@ impl CachingAllocator {
         let mut state = local.lock();
         let (block, cached) = match state.idle.take(class, req.align) {
             Some(block) => (block, true),
-            None => match self
-                .larger_class(class)
-                .and_then(|largest| state.idle.take_larger(class, largest, req.align))
-            {
-                Some(block) => (block, true),
-                None => {
-                    drop(state);
-                    let found = self.take_slow(local, class, req)?;
-                    state = local.lock();
-                    found
+            None => {
+                let bound = self.fit_bound(class, &state);
+                match bound.and_then(|largest| state.idle.take_larger(class, largest, req.align)) {
+                    Some(block) => (block, true),
+                    None => {
+                        drop(state);
+                        let found = self.take_slow(local, class, bound, req)?;
+                        state = local.lock();
+                        found
+                    }
                 }
-            },
+            }
         };
         if !cached {
             state.counters.misses += 1;
@@ -363,13 +372,14 @@ impl CachingAllocator {
         &self,
         here: Local<'_>,
         class: SizeClass,
+        bound: Option<SizeClass>,
         req: &Request,
     ) -> Result<(Block, bool), AllocError> {
         self.clock.advance();
         let pooled = {
             let mut shared = lock(&self.shared);
             shared.pool_take(class, req.align).or_else(|| {
-                let largest = self.larger_class(class)?;
+                let largest = bound?;
                 shared.pool_take_larger(class, largest, req.align)
             })
         };
@@ -411,7 +421,25 @@ impl CachingAllocator {
         found.or_else(|| lock(&self.shared).pool_take_larger(class, any, align))
     }
 
-    /// The largest class best fit may serve a request of `class` with (`None`: exact only).
+    /// The largest class best fit may serve a request of `class` with, on the thread whose
+    /// cache is `state` (`None`: exact only): `max_oversize` times the class, and once
+    /// working-set retention is engaged (wide fit), any class that keeps what this thread's
+    /// live blocks asked for within its working-set budget (see `retention`).
+    #[inline]
+    fn fit_bound(&self, class: SizeClass, state: &CacheState) -> Option<SizeClass> {
+        let bounded = self.larger_class(class);
+        if !self.retention.engaged() {
+            return bounded;
+        }
+        let wide = self
+            .retention
+            .headroom(&state.counters)
+            .and_then(SizeClass::largest_within)
+            .filter(|&c| c > class);
+        bounded.max(wide)
+    }
+
+    /// The largest class `max_oversize` lets a request of `class` take (`None`: exact only).
     #[inline]
     fn larger_class(&self, class: SizeClass) -> Option<SizeClass> {
         if self.oversize <= 1.0 {
@@ -474,6 +502,8 @@ impl CachingAllocator {
                 shared.allocated();
                 shared.huge_page_bytes += advised;
                 drop(shared);
+                // Reserved bytes grew: keep them within the working set (if that policy is on).
+                self.trim_to_budget();
                 // SAFETY: `ptr` came from the system allocator for exactly this layout.
                 let mut block = unsafe { Block::new(ptr, class, align) };
                 block.huge = advised > 0;
@@ -657,6 +687,7 @@ impl CachingAllocator {
         shared.retired_oversize_hits += state.counters.oversize_hits;
         shared.retired_misses += state.counters.misses;
         shared.retired_peak_live += state.counters.peak_live_bytes;
+        shared.retired_peak_requested += state.counters.peak_requested_bytes;
     }
 
     /// Gives a block back to the system because of the cap, the limit or a trim.
@@ -678,6 +709,22 @@ impl CachingAllocator {
         unsafe { self.system.dealloc(block.ptr.as_ptr(), block.layout()) };
         shared.unreserve(block.size());
         shared.system_frees += 1;
+    }
+
+    /// Idle bytes in every cache, and the peak of the bytes requested by live blocks (each
+    /// thread's peak, summed, as `stats` counts the peak of live bytes).
+    pub(crate) fn idle_and_peak_requested(&self) -> (usize, usize) {
+        let (mut idle, mut peak) = (0usize, 0usize);
+        self.registry.for_each(|cache| {
+            let state = cache.lock();
+            idle += state.idle.bytes();
+            peak = peak.saturating_add(state.counters.peak_requested_bytes);
+        });
+        let shared = lock(&self.shared);
+        (
+            idle + shared.pool_bytes(),
+            peak.saturating_add(shared.retired_peak_requested),
+        )
     }
 
     /// Idle bytes, in every cache.

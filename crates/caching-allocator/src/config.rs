@@ -24,6 +24,7 @@ pub struct Config {
     pub(crate) debug_checks: bool,
     pub(crate) scope_chunk_bytes: usize,
     pub(crate) max_oversize: f64,
+    pub(crate) working_set_slack: Option<f64>,
     pub(crate) huge_page_min_bytes: Option<usize>,
     pub(crate) system: Arc<dyn GlobalAlloc + Send + Sync>,
 }
@@ -31,12 +32,16 @@ pub struct Config {
 /// The default of [`Config::scope_chunk_bytes`]: 32 KiB, eight 4 KiB requests per chunk.
 pub const DEFAULT_SCOPE_CHUNK_BYTES: usize = 32 << 10;
 
+/// The slack [`Config::working_set_slack`] recommends for a temp allocator reset after every
+/// kernel.
+pub const DEFAULT_WORKING_SET_SLACK: f64 = 1.25;
+
 /// Requests up to this many bytes are served from a scope's chunk (when chunks are on).
 pub const SCOPE_BUMP_MAX: usize = 4 << 10;
 
 impl Default for Config {
     /// 64 MiB cached, no limit, no debug checks, 32 KiB scope chunks, best fit up to 2x,
-    /// `std::alloc::System` underneath.
+    /// no working-set budget, huge pages from 2 MiB, `std::alloc::System` underneath.
     fn default() -> Self {
         Config {
             max_cached_bytes: 64 << 20,
@@ -44,6 +49,7 @@ impl Default for Config {
             debug_checks: false,
             scope_chunk_bytes: DEFAULT_SCOPE_CHUNK_BYTES,
             max_oversize: 2.0,
+            working_set_slack: None,
             huge_page_min_bytes: Some(2 << 20),
             system: Arc::new(System),
         }
@@ -93,6 +99,33 @@ impl Config {
         self
     }
 
+    /// The working set: after every block taken from the system, idle blocks are evicted
+    /// (least recently used first) until reserved bytes (live + idle) are at most `slack`
+    /// times the peak of the bytes live blocks asked for (the working set). Once anything has
+    /// been evicted (by this or by the cap), a miss takes the smallest idle block of a larger
+    /// class before the system, of any size that keeps what the thread's live blocks asked for
+    /// within that budget (wide fit, counted in `Stats::oversize_hits`;
+    /// `Stats::working_set_mode` says it is on). So a
+    /// runtime whose shapes change (decode's attention scratch grows every token) holds its
+    /// working set plus `slack - 1` of it, not one block per class it no longer asks for, and
+    /// under a small cap it stops churning through the system. A runtime whose blocks all
+    /// live at once never meets the budget.
+    ///
+    /// It suits a temp allocator reset after every kernel, whose few blocks live together
+    /// ([`DEFAULT_WORKING_SET_SLACK`], 1.25, is what the benchmark's `caching` source and the
+    /// `llm` runner use). It does not suit traffic where many blocks of random sizes live at
+    /// once and come and go independently: there the budget evicts blocks that come back soon
+    /// (in `allocbench soak`, misses went from 4% to 19% and the peak held grew by a third),
+    /// so it is off by default.
+    ///
+    /// `None` (the default) keeps idle blocks up to `max_cached_bytes`, least recently used
+    /// evicted first. Values below 1 (or NaN) count as 1. Off when `max_oversize` is 1 (wide
+    /// fit is best fit without a bound).
+    pub fn working_set_slack(mut self, slack: Option<f64>) -> Self {
+        self.working_set_slack = slack.map(|s| if s >= 1.0 { s } else { 1.0 });
+        self
+    }
+
     /// Blocks of at least `min_bytes` are taken from the system 2 MiB-aligned and, on Linux,
     /// advised `MADV_HUGEPAGE`, so the kernel may back them with transparent huge pages (one
     /// page fault per 2 MiB instead of 512, and fewer TLB misses). `None` turns it off. Default
@@ -100,6 +133,11 @@ impl Config {
     pub fn huge_pages(mut self, min_bytes: Option<usize>) -> Self {
         self.huge_page_min_bytes = min_bytes;
         self
+    }
+
+    /// The working-set slack (see [`Config::working_set_slack`]).
+    pub fn get_working_set_slack(&self) -> Option<f64> {
+        self.working_set_slack
     }
 
     /// The smallest block given huge pages, if they are on (see [`Config::huge_pages`]).
@@ -164,6 +202,7 @@ impl fmt::Debug for Config {
             .field("debug_checks", &self.debug_checks)
             .field("scope_chunk_bytes", &self.scope_chunk_bytes)
             .field("max_oversize", &self.max_oversize)
+            .field("working_set_slack", &self.working_set_slack)
             .field("huge_page_min_bytes", &self.huge_page_min_bytes)
             .finish_non_exhaustive()
     }

@@ -65,8 +65,16 @@ impl CachingAllocator {
             return None;
         }
         let mut reclaimed = false;
+        let mut engaged_now = false;
         loop {
-            if let Some(grant) = lock(&self.shared).grant(need) {
+            // (Bound first: the shared lock must be dropped before a trim takes it again.)
+            let granted = lock(&self.shared).grant(need);
+            if let Some(grant) = granted {
+                if engaged_now {
+                    // The cap evicted for the first time: trim to the working set too (from
+                    // now on each new system block is followed by a trim anyway).
+                    self.trim_to_budget();
+                }
                 return Some(grant);
             }
             if !reclaimed {
@@ -74,9 +82,10 @@ impl CachingAllocator {
                 self.reclaim_spare_credit();
                 continue;
             }
-            if !self.evict_oldest() {
-                return None;
-            }
+            // The cap evicts: the policy of `retention` engages (once).
+            engaged_now |= self.retention.engage();
+            // Nothing left to evict: the cap cannot hold `need`.
+            self.evict_oldest_bytes()?;
         }
     }
 
@@ -95,6 +104,12 @@ impl CachingAllocator {
     /// Evicts the least recently used idle block of the whole allocator (pool or any thread
     /// cache; see `eviction` for how exact the order is). `false` if nothing is idle.
     pub(crate) fn evict_oldest(&self) -> bool {
+        self.evict_oldest_bytes().is_some()
+    }
+
+    /// [`evict_oldest`](Self::evict_oldest), saying how many bytes went back to the system
+    /// (0 if another thread took the block first). `None` if nothing is idle.
+    pub(crate) fn evict_oldest_bytes(&self) -> Option<usize> {
         self.clock.advance();
         let mut oldest: Option<(u64, Option<Arc<ThreadCache>>)> =
             lock(&self.shared).pool_oldest().map(|stamp| (stamp, None));
@@ -109,25 +124,30 @@ impl CachingAllocator {
             }
         });
         match oldest {
-            None => false,
+            None => None,
             Some((_, None)) => {
+                // Another thread may have emptied the pool meanwhile: then the caller looks again.
                 let mut shared = lock(&self.shared);
-                if let Some((_, block)) = shared.pool_pop_lru() {
-                    self.evict(&mut shared, block);
-                }
-                true
+                let Some((_, block)) = shared.pool_pop_lru() else {
+                    return Some(0);
+                };
+                let bytes = block.size();
+                self.evict(&mut shared, block);
+                Some(bytes)
             }
             Some((_, Some(cache))) => {
                 // Another thread may have emptied it meanwhile: then the caller looks again.
                 let mut state = cache.lock();
+                let mut bytes = 0;
                 if let Some((_, block)) = state.idle.pop_lru() {
-                    state.credit -= block.size();
+                    bytes = block.size();
+                    state.credit -= bytes;
                     let mut shared = lock(&self.shared);
-                    shared.return_credit(block.size());
+                    shared.return_credit(bytes);
                     self.evict(&mut shared, block);
                 }
                 cache.publish(&state);
-                true
+                Some(bytes)
             }
         }
     }

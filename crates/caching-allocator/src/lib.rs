@@ -39,7 +39,10 @@
 //! alloc.reset(); // every live block back to the cache; `p` must not be used any more
 //! # Ok::<(), caching_allocator::AllocError>(())
 //! ```
-
+//!
+// How it works (the data path, the cap, reset, size classes, errors, stats, debug checks): kept
+// in a file inside the crate so it is part of the published docs.
+#![doc = include_str!("../docs/how-it-works.md")]
 #![warn(missing_docs)]
 
 mod allocator;
@@ -54,6 +57,7 @@ mod huge_pages;
 mod live_table;
 mod registry;
 mod reset;
+mod retention;
 mod scope;
 mod shared_cache;
 mod size_class;
@@ -63,7 +67,7 @@ mod temp;
 mod thread_cache;
 
 pub use allocator::CachingAllocator;
-pub use config::{Config, DEFAULT_SCOPE_CHUNK_BYTES, SCOPE_BUMP_MAX};
+pub use config::{Config, DEFAULT_SCOPE_CHUNK_BYTES, DEFAULT_WORKING_SET_SLACK, SCOPE_BUMP_MAX};
 pub use error::AllocError;
 pub use scope::Scope;
 pub use size_class::SizeClass;
@@ -76,9 +80,10 @@ pub const MAX_ALIGN: usize = 2 << 20;
 /// The smallest alignment of every block handed out (one cache line).
 pub const MIN_ALIGN: usize = block::MIN_ALIGN;
 
-/// The README's examples, compiled and run as doc-tests.
+/// The crate README's examples, compiled and run as doc-tests (the README is inside the
+/// package, so they also run from a packaged crate).
 #[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
+#[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
 // SAFETY: `allocate` hands out distinct live blocks of at least `size` bytes, aligned as asked

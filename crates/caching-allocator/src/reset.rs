@@ -88,6 +88,10 @@ impl CachingAllocator {
         // they wait until the walk is over (rare: a reset usually returns what the cache held).
         let mut spilled: Vec<(Arc<ThreadCache>, Block)> = Vec::new();
         self.registry.for_each(|cache| {
+            if !cache.may_have_live() {
+                // Nothing booked before the reset began (see `live_hint`): not worth a lock.
+                return;
+            }
             let mut state = cache.lock();
             let mut returning: Vec<Live> = core::mem::take(&mut state.returning);
             state.live.drain_into(&mut returning);

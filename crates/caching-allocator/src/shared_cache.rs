@@ -47,6 +47,7 @@ pub(crate) struct SharedCache {
     pub(crate) retired_oversize_hits: u64,
     pub(crate) retired_misses: u64,
     pub(crate) retired_peak_live: usize,
+    pub(crate) retired_peak_requested: usize,
 }
 
 impl SharedCache {
@@ -67,6 +68,7 @@ impl SharedCache {
             retired_oversize_hits: 0,
             retired_misses: 0,
             retired_peak_live: 0,
+            retired_peak_requested: 0,
         }
     }
 

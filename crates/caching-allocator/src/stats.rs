@@ -47,6 +47,9 @@ pub struct Stats {
     /// Bytes of the blocks held now (live or idle) that were advised to use huge pages and
     /// the kernel accepted the advice for (`Config::huge_pages`; Linux only).
     pub huge_page_bytes: usize,
+    /// The cap or the working-set budget has evicted, so a miss takes any larger idle block
+    /// before the system (wide fit; see `Config::working_set_slack`).
+    pub working_set_mode: bool,
 }
 
 impl Stats {
@@ -102,7 +105,7 @@ impl fmt::Display for Stats {
         write!(
             f,
             "hits {} ({} oversize) / misses {} ({:.1}% hit rate), system allocs {} / frees {}, \
-             evictions {}, OOM retries {}, corrupted blocks {}",
+             evictions {}, OOM retries {}, corrupted blocks {}{}",
             self.hits,
             self.oversize_hits,
             self.misses,
@@ -111,7 +114,12 @@ impl fmt::Display for Stats {
             self.system_frees,
             self.evictions,
             self.oom_retries,
-            self.corrupted_blocks
+            self.corrupted_blocks,
+            if self.working_set_mode {
+                ", working-set mode"
+            } else {
+                ""
+            }
         )
     }
 }

@@ -29,6 +29,13 @@ pub(crate) struct ThreadCache {
     /// caches without locking them (and without bouncing their lock's cache line). Only a
     /// hint: a stale value costs a wasted lock or a missed steal, never a wrong result.
     idle_hint: AtomicUsize,
+    /// Whether the cache held blocks from `allocate` when last unlocked, so a reset skips
+    /// caches with nothing to take back (the fallback cache, threads that only use scopes).
+    /// Stored with `Release` at every unlock that follows a change and read with `Acquire`:
+    /// a block booked before a reset began (in happens-before order) is seen, or else a later
+    /// unlock already gave it back; a block booked during the reset may survive it, as the
+    /// reset contract allows.
+    live_hint: AtomicBool,
     /// The thread exited (its thread-locals were dropped): nobody takes the fast path of this
     /// cache any more, and once it holds no live block and no open scope it can be forgotten.
     exited: AtomicBool,
@@ -66,6 +73,9 @@ pub(crate) struct Counters {
     pub(crate) live_blocks: usize,
     pub(crate) requested_bytes: usize,
     pub(crate) peak_live_bytes: usize,
+    /// The most bytes requested by live blocks at once: the working set as the runtime sees
+    /// it (`retention` budgets from it, so best fit's larger blocks do not raise the budget).
+    pub(crate) peak_requested_bytes: usize,
 }
 
 /// What a thread cache's lock protects.
@@ -95,6 +105,7 @@ impl Counters {
         self.live_blocks += 1;
         self.requested_bytes += live.requested;
         self.peak_live_bytes = self.peak_live_bytes.max(self.live_bytes);
+        self.peak_requested_bytes = self.peak_requested_bytes.max(self.requested_bytes);
     }
 
     #[inline]
@@ -122,6 +133,7 @@ impl ThreadCache {
             }),
             closed: AtomicBool::new(false),
             idle_hint: AtomicUsize::new(0),
+            live_hint: AtomicBool::new(false),
             exited: AtomicBool::new(false),
             open_scopes: AtomicUsize::new(0),
             scope_serial: AtomicU64::new(0),
@@ -167,10 +179,20 @@ impl ThreadCache {
         }
     }
 
-    /// Records how many idle blocks `state` (this cache's, locked) holds, for `idle_hint`.
+    /// Records how many idle blocks `state` (this cache's, locked) holds, for `idle_hint`,
+    /// and whether it holds live ones, for `live_hint`. Called before every unlock that
+    /// follows a change of either.
     #[inline]
     pub(crate) fn publish(&self, state: &CacheState) {
         self.idle_hint.store(state.idle.blocks(), Ordering::Relaxed);
+        self.live_hint
+            .store(!state.live.is_empty(), Ordering::Release);
+    }
+
+    /// Whether the cache may hold blocks from `allocate` (see `live_hint`).
+    #[inline]
+    pub(crate) fn may_have_live(&self) -> bool {
+        self.live_hint.load(Ordering::Acquire)
     }
 
     /// Whether the cache may hold idle blocks (see `idle_hint`).

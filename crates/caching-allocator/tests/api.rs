@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use caching_allocator::{AllocError, CachingAllocator, Config, SizeClass, MAX_ALIGN};
+use caching_allocator::{AllocError, CachingAllocator, Config, SizeClass, Stats, MAX_ALIGN};
 
 fn addr(p: NonNull<u8>) -> usize {
     p.as_ptr() as usize
@@ -645,6 +645,157 @@ fn best_fit_keeps_a_capped_decode_from_going_back_to_the_system() {
     assert!(s.cached_bytes <= 1 << 20);
     let (first, exact) = rounds(1.0);
     assert!(exact.system_allocs > first, "{exact:?}");
+}
+
+// ---- working-set retention -----------------------------------------------------------
+
+/// Rounds of a decode-like loop, reset after every call: per token, a block that grows by
+/// 4 KiB (the attention scratch) and a small one. Returns the stats after each round.
+fn growing_rounds(config: Config, rounds: usize, tokens: usize) -> Vec<Stats> {
+    let mut alloc = CachingAllocator::with_config(config);
+    (0..rounds)
+        .map(|_| {
+            for t in 1..=tokens {
+                let grow = alloc.allocate(4096 * t, 64).unwrap();
+                let small = alloc.allocate(32 * (t + 130), 64).unwrap();
+                write_read(grow, 64, t as u8);
+                write_read(small, 64, 3);
+                alloc.reset();
+            }
+            alloc.stats()
+        })
+        .collect()
+}
+
+#[test]
+fn the_allocator_keeps_its_working_set_under_any_cap() {
+    // Some 30 classes up to 388 KiB, about 2.5 MiB in all, two blocks live at a time. Under a
+    // 1 MiB cap (which evicts) and under 64 MiB (which never does) alike, the allocator keeps
+    // its working set plus a quarter, and later rounds never go back to the system.
+    // (Smaller under Miri, still more classes than the small cap holds.)
+    let (tokens, small_cap) = if cfg!(miri) {
+        (40, 512 << 10)
+    } else {
+        (96, 1 << 20)
+    };
+    let largest = 4096 * tokens + 4096;
+    for cap in [small_cap, 64 << 20] {
+        let config = Config::default()
+            .max_cached_bytes(cap)
+            .working_set_slack(Some(1.25))
+            .huge_pages(None);
+        let kept = growing_rounds(config.clone(), 3, tokens);
+        let s = kept[2];
+        assert!(s.working_set_mode, "cap {cap}: {s:?}");
+        assert_eq!(
+            (kept[1].system_allocs, kept[2].system_allocs),
+            (kept[0].system_allocs, kept[0].system_allocs),
+            "cap {cap}: later rounds went to the system: {s:?}"
+        );
+        assert!(
+            s.oversize_hits > 0,
+            "wide fit served the small tokens: {s:?}"
+        );
+        assert!(
+            s.reserved_bytes as f64 <= 1.25 * s.peak_live_bytes as f64,
+            "cap {cap}: more held than the working set allows: {s:?}"
+        );
+        // While it grew: never more than the budget plus the block on its way out.
+        assert!(
+            s.peak_reserved_bytes as f64 <= 1.25 * s.peak_live_bytes as f64 + largest as f64,
+            "cap {cap}: {s:?}"
+        );
+    }
+    // Without it: the small cap fills with classes and later rounds churn; under 64 MiB
+    // every class stays.
+    let small = growing_rounds(
+        Config::default()
+            .max_cached_bytes(small_cap)
+            .working_set_slack(None),
+        3,
+        tokens,
+    );
+    let f = small[2];
+    assert!(!f.working_set_mode);
+    assert!(f.system_allocs > small[0].system_allocs, "{f:?}");
+    assert!(f.reserved_bytes > 2 * f.peak_live_bytes, "{f:?}");
+    let big = growing_rounds(
+        Config::default()
+            .max_cached_bytes(64 << 20)
+            .working_set_slack(None),
+        2,
+        tokens,
+    );
+    let b = big[1];
+    assert!(!b.working_set_mode && b.evictions == 0, "{b:?}");
+    assert_eq!(b.system_allocs, big[0].system_allocs);
+    assert!(
+        b.reserved_bytes > 2 * b.peak_live_bytes,
+        "every class stays: {b:?}"
+    );
+}
+
+#[test]
+fn blocks_that_all_live_at_once_meet_no_budget() {
+    // The budget counts live bytes: a runtime holding all its blocks at once is never
+    // trimmed, and keeps the exact-class path.
+    let mut alloc = CachingAllocator::with_config(Config::default().working_set_slack(Some(1.25)));
+    for _ in 0..3 {
+        let blocks: Vec<_> = (1..=40)
+            .map(|i| alloc.allocate(i * 3000, 64).unwrap())
+            .collect();
+        assert_eq!(blocks.len(), 40);
+        alloc.reset();
+    }
+    let s = alloc.stats();
+    assert!(!s.working_set_mode, "{s:?}");
+    assert_eq!((s.evictions, s.system_allocs, s.oversize_hits), (0, 40, 0));
+}
+
+#[test]
+fn once_the_cap_evicts_a_miss_takes_any_larger_idle_block() {
+    assert_eq!(
+        Config::default().get_working_set_slack(),
+        None,
+        "off by default"
+    );
+    for (slack, oversize, wide) in [
+        (Some(1.25), 2.0, true),
+        (None, 2.0, false),
+        (Some(1.25), 1.0, false),
+    ] {
+        let alloc = CachingAllocator::with_config(
+            Config::default()
+                .max_cached_bytes(256 << 10)
+                .working_set_slack(slack)
+                .max_oversize(oversize),
+        );
+        // Two 200 KiB blocks back under a 256 KiB cap: the second evicts the first.
+        let a = alloc.allocate(200 << 10, 64).unwrap();
+        let b = alloc.allocate(200 << 10, 64).unwrap();
+        // SAFETY: released once, not used after.
+        unsafe {
+            alloc.release(a).unwrap();
+            alloc.release(b).unwrap();
+        }
+        let before = alloc.stats();
+        assert_eq!(before.evictions, 1);
+        assert_eq!(before.working_set_mode, wide, "{slack:?} {oversize}");
+        // 4 KiB is far below half of 200 KiB, and the cap has room for it: only wide fit
+        // serves it from the idle block.
+        let p = alloc.allocate(4096, 64).unwrap();
+        let s = alloc.stats();
+        assert_eq!(addr(p) == addr(b), wide, "{slack:?} {oversize}: {s:?}");
+        assert_eq!(s.system_allocs - before.system_allocs, u64::from(!wide));
+    }
+    let slack = |s| {
+        Config::default()
+            .working_set_slack(s)
+            .get_working_set_slack()
+    };
+    assert_eq!(slack(Some(0.5)), Some(1.0));
+    assert_eq!(slack(Some(f64::NAN)), Some(1.0));
+    assert_eq!(slack(None), None);
 }
 
 // ---- Scope ---------------------------------------------------------------------------

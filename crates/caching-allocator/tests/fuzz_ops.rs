@@ -8,6 +8,8 @@
 #[path = "common/ops.rs"]
 mod ops;
 
+use std::path::Path;
+
 /// A small deterministic generator (xorshift64*), so the seeded inputs never change.
 struct Rng(u64);
 
@@ -89,6 +91,20 @@ fn embedded_corpus() {
 #[cfg_attr(miri, ignore = "Miri's isolation forbids reading the corpus directory")]
 fn committed_corpus() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/ops");
+    // The corpus (3 MB) lives in the repository, not in the published crate; a packaged crate's
+    // tests still replay the embedded inputs above.
+    if !dir.is_dir()
+        && !Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fuzz")
+            .exists()
+    {
+        eprintln!(
+            "skipped: no fuzz corpus at {} (a packaged crate ships without it; run the tests \
+             from the repository to replay it)",
+            dir.display()
+        );
+        return;
+    }
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("corpus {}: {e}", dir.display()))
         .map(|entry| entry.unwrap().path())

@@ -40,7 +40,7 @@ struct Held {
 
 /// The block a successful allocation took, from the stats around it: its own class, or (best
 /// fit, counted in `oversize_hits`) an idle block of a larger class up to twice that (any
-/// larger one only under cap pressure), never a new system block.
+/// larger one only under cap pressure or in working-set mode), never a new system block.
 fn block_taken(size: usize, debug: bool, cap: usize, before: &Stats, after: &Stats) -> usize {
     if size == 0 {
         return 0;
@@ -55,7 +55,10 @@ fn block_taken(size: usize, debug: bool, cap: usize, before: &Stats, after: &Sta
     } else {
         assert_eq!(after.oversize_hits, before.oversize_hits + 1);
         assert!(
-            block > class && (block <= 2 * class || before.cached_bytes + class > cap),
+            block > class
+                && (block <= 2 * class
+                    || before.cached_bytes + class > cap
+                    || before.working_set_mode),
             "best fit {block} for class {class}: {before}"
         );
         assert_eq!(

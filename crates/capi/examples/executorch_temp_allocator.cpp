@@ -1,15 +1,17 @@
-// An ExecuTorch-shaped temp allocator on top of the C ABI.
+// ExecuTorch's temp allocator from caching-allocator: a kernel-like loop on two threads.
 //
 // ExecuTorch hands kernels a `MemoryAllocator` for scratch ("temp") memory and calls `reset()`
-// on it after each kernel. `MemoryAllocator` below has the same virtual interface as
-// `executorch::runtime::MemoryAllocator`; the README shows the same class deriving from the real
-// one. `main` runs a kernel-like loop on two threads sharing one allocator: both allocate
-// concurrently inside a "kernel", then one thread resets while the other waits (reset needs
-// exclusive access), and every block is checked to be distinct, aligned and writable.
+// on it after each kernel. `caching_allocator::ExecuTorchTempAllocator`
+// (include/caching_allocator_executorch.hpp) is such an allocator; with ExecuTorch it derives
+// from the real `executorch::runtime::MemoryAllocator`, here from the stand-in in
+// tests/cpp/executorch_standin/ (same interface). `main` runs a kernel-like loop on two threads
+// sharing one allocator: both allocate concurrently inside a "kernel", then one thread resets
+// while the other waits at a barrier (so no block of the finished kernel is used after), and
+// every block is checked to be distinct, aligned and writable.
 //
 // Built and run by `cargo test -p caching-allocator-capi` (tests/c_examples.rs) with -std=c++17
 // -Wall -Wextra -Werror, against the shared library and under -fsanitize=address,undefined.
-#include "caching_allocator.h"
+#include <caching_allocator_executorch.hpp>
 
 #include <algorithm>
 #include <condition_variable>
@@ -18,61 +20,11 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
-#include <stdexcept>
 #include <thread>
 #include <vector>
 
-// The interface of executorch::runtime::MemoryAllocator (runtime/core/memory_allocator.h).
-class MemoryAllocator {
-public:
-    static constexpr size_t kDefaultAlignment = alignof(void*);
-    virtual ~MemoryAllocator() = default;
-    // Returns nullptr on failure, as ExecuTorch expects.
-    virtual void* allocate(size_t size, size_t alignment = kDefaultAlignment) = 0;
-    // Every block allocated since the last reset becomes invalid.
-    virtual void reset() = 0;
-};
-
-// A caching temp allocator: blocks come back to the cache on reset() and are reused by the next
-// kernel, instead of going to malloc every call.
-class CachingTempAllocator final : public MemoryAllocator {
-public:
-    explicit CachingTempAllocator(const CaConfig& config) : a_(ca_create(&config)) {
-        if (a_ == nullptr) {
-            throw std::runtime_error(ca_last_error(nullptr).message);
-        }
-    }
-    ~CachingTempAllocator() override { ca_destroy(a_); }
-    CachingTempAllocator(const CachingTempAllocator&) = delete;
-    CachingTempAllocator& operator=(const CachingTempAllocator&) = delete;
-
-    void* allocate(size_t size, size_t alignment = kDefaultAlignment) override {
-        void* p = ca_allocate(a_, size, alignment);
-        if (p == nullptr) {
-            CaError e = ca_last_error(a_);
-            std::fprintf(stderr, "temp allocation of %zu bytes failed: %s\n", size, e.message);
-        }
-        return p;
-    }
-
-    // Needs exclusive access: no allocate() may run concurrently, and no block from before is
-    // used after. ExecuTorch calls it between kernels, when nothing allocates.
-    void reset() override {
-        CaStatus s = ca_reset(a_);
-        if (s != CA_STATUS_OK) {
-            std::fprintf(stderr, "reset: %s\n", ca_last_error(a_).message);
-        }
-    }
-
-    CaStats stats() const {
-        CaStats s{};
-        ca_stats(a_, &s);
-        return s;
-    }
-
-private:
-    CaAllocator* a_;
-};
+using caching_allocator::ExecuTorchTempAllocator;
+using executorch::runtime::MemoryAllocator;
 
 // std::barrier is C++20.
 class Barrier {
@@ -113,7 +65,7 @@ int main() {
     CaConfig config = ca_config_default();
     config.max_cached_bytes = 8 << 20;
     config.debug_checks = true;  // any overrun would come back as CA_STATUS_CORRUPTED
-    CachingTempAllocator temp(config);
+    ExecuTorchTempAllocator temp(config);
     MemoryAllocator& allocator = temp;  // kernels only see the ExecuTorch interface
 
     Barrier barrier(kThreads);

@@ -9,7 +9,15 @@
  * Threads: any thread may call ca_allocate, ca_release, ca_reset, ca_free_cached, ca_trim,
  * ca_stats and ca_last_error concurrently on one handle. No block handed out before a ca_reset
  * may be used or released after it (a block allocated while it runs may or may not be reset:
- * order such allocations after the reset). ca_destroy needs exclusive access. */
+ * order such allocations after the reset). ca_destroy needs exclusive access.
+ *
+ * Semantics to know (see ca_allocate): alignments above CA_MAX_ALIGN (2 MiB) are refused;
+ * ca_allocate(a, 0, align) returns a non-NULL pointer that must not be dereferenced and may be
+ * the same for every such call. Panics inside the library come back as CA_STATUS_INTERNAL and
+ * print nothing unless ca_set_panic_output(true) or CA_PANIC_OUTPUT=1.
+ *
+ * C++ / ExecuTorch: caching_allocator_executorch.hpp has caching_allocator::ExecuTorchTempAllocator,
+ * a MemoryAllocator that serves any power-of-two alignment and distinct blocks for size 0. */
 
 #ifndef CACHING_ALLOCATOR_H
 #define CACHING_ALLOCATOR_H
@@ -50,7 +58,8 @@ typedef enum CaStatus {
      */
     CA_STATUS_NULL_ARGUMENT = 2,
     /**
-     * The alignment is 0, not a power of two, or larger than `CA_MAX_ALIGN`.
+     * The alignment is 0, not a power of two, or larger than `CA_MAX_ALIGN` (2 MiB; see
+     * `ca_allocate` for how to get larger ones).
      */
     CA_STATUS_INVALID_ALIGNMENT = 3,
     /**
@@ -79,7 +88,9 @@ typedef enum CaStatus {
     CA_STATUS_CORRUPTED = 8,
     /**
      * A bug inside the library: a Rust panic was caught at the boundary, or the core library
-     * reported an error this version of the C API does not know. The message says which.
+     * reported an error this version of the C API does not know. The message says which (for
+     * a panic: its message and source location). Nothing is printed unless the program opted
+     * in with `ca_set_panic_output`.
      */
     CA_STATUS_INTERNAL = 9,
 } CaStatus;
@@ -107,6 +118,14 @@ typedef struct CaConfig {
      * when it comes back (`CA_STATUS_CORRUPTED`). Costs a memset per allocation. Default off.
      */
     bool debug_checks;
+    /**
+     * Keep the working set, for a temp allocator reset after every kernel: after every block
+     * from the system, idle blocks are evicted until live + cached bytes are at most this
+     * many times the peak of the bytes live blocks asked for, and a miss may take any larger
+     * idle block within that budget. 1.25 is recommended (the ExecuTorch adapter uses it);
+     * 0 (the default) turns it off; values between 0 and 1 count as 1.
+     */
+    double working_set_slack;
 } CaConfig;
 
 /**
@@ -186,6 +205,10 @@ typedef struct CaStats {
      * 2 MiB and more; Linux).
      */
     size_t huge_page_bytes;
+    /**
+     * The working-set budget (`CaConfig::working_set_slack`) has evicted: wide fit is on.
+     */
+    bool working_set_mode;
 } CaStats;
 
 /**
@@ -241,11 +264,19 @@ enum CaStatus ca_destroy(struct CaAllocator *a);
  * `CA_STATUS_INVALID_ALIGNMENT`, `CA_STATUS_SIZE_OVERFLOW`, `CA_STATUS_LIMIT_EXCEEDED`,
  * `CA_STATUS_OUT_OF_MEMORY`).
  *
- * `align` is a power of two up to `CA_MAX_ALIGN`; every block is at least `CA_MIN_ALIGN`
- * aligned. The memory is not zeroed (with debug checks it is filled with 0xFF). It stays
- * valid until `ca_release`, `ca_reset` or `ca_destroy`. `size == 0` returns a non-NULL,
- * aligned pointer that must not be dereferenced (releasing it is allowed and does nothing).
- * Thread-safe.
+ * `align` is a power of two up to `CA_MAX_ALIGN` (2 MiB); every block is at least
+ * `CA_MIN_ALIGN` aligned. **Larger alignments are refused** with `CA_STATUS_INVALID_ALIGNMENT`
+ * (ExecuTorch's allocators serve any power of two): ask for `size + align - CA_MAX_ALIGN` bytes
+ * at `CA_MAX_ALIGN` and align the pointer up yourself, as the C++ adapter
+ * `caching_allocator::ExecuTorchTempAllocator` does (`caching_allocator_executorch.hpp`).
+ *
+ * The memory is not zeroed (with debug checks it is filled with 0xFF). It stays valid until
+ * `ca_release`, `ca_reset` or `ca_destroy`. Thread-safe.
+ *
+ * **`size == 0`** takes no memory: it returns a non-NULL pointer aligned to `align` that must
+ * not be dereferenced, and **may be the same pointer for every such call** (releasing it is
+ * allowed and does nothing). ExecuTorch's `CPUCachingAllocator` returns distinct blocks
+ * instead; `ExecuTorchTempAllocator` does too (it asks for 1 byte).
  *
  * # Safety
  * `a` is NULL or a live handle from `ca_create`.
@@ -322,6 +353,20 @@ enum CaStatus ca_stats(const struct CaAllocator *a, struct CaStats *out);
  * `a` is NULL or a live handle from `ca_create`.
  */
 struct CaError ca_last_error(const struct CaAllocator *a);
+
+/**
+ * Whether a Rust panic caught inside a `ca_*` call is also printed to stderr (with a backtrace
+ * if `RUST_BACKTRACE` is set), as Rust prints panics. Off by default: the panic reaches the
+ * caller only as `CA_STATUS_INTERNAL` and its message in `ca_last_error`. Without a call to
+ * this function the environment decides: `CA_PANIC_OUTPUT=1` turns printing on.
+ *
+ * Only panics raised while the calling thread is inside a `ca_*` call are affected; panics of
+ * the host's own Rust code print as before. The library installs its panic hook (which passes
+ * every other panic on to the hook installed before it) on the first `ca_*` call that can
+ * panic; a hook the host installs after that replaces it, and caught panics print again.
+ * Thread-safe; applies to the whole process.
+ */
+void ca_set_panic_output(bool print);
 
 /**
  * The name of a status code, e.g. `"CA_STATUS_LIMIT_EXCEEDED"`, as a constant string; for a

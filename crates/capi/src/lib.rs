@@ -11,7 +11,8 @@
 //!   `ca_last_error(NULL)`.
 //! - NULL handles and bad arguments give a status code, never a crash. Rust panics never cross
 //!   the boundary: they come back as `CA_STATUS_INTERNAL` (or `CA_STATUS_CORRUPTED` when debug
-//!   checks found an overrun during `ca_reset`).
+//!   checks found an overrun during `ca_reset`), and print nothing unless the program opts in
+//!   (`ca_set_panic_output`, `panic_output.rs`).
 //!
 //! # Threads
 //! Any thread may call `ca_allocate`, `ca_release`, `ca_reset`, `ca_free_cached`, `ca_trim`,
@@ -33,6 +34,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use ca::{AllocError, CachingAllocator, Config, Stats};
 
 mod last_error;
+mod panic_output;
 #[cfg(test)]
 mod tests;
 
@@ -54,7 +56,8 @@ pub enum CaStatus {
     /// A pointer argument was NULL: the config of `ca_create`, the block of `ca_release`, the
     /// output of `ca_stats`.
     NullArgument = 2,
-    /// The alignment is 0, not a power of two, or larger than `CA_MAX_ALIGN`.
+    /// The alignment is 0, not a power of two, or larger than `CA_MAX_ALIGN` (2 MiB; see
+    /// `ca_allocate` for how to get larger ones).
     InvalidAlignment = 3,
     /// The size, rounded up to its size class (plus the debug canary), exceeds `PTRDIFF_MAX`.
     SizeOverflow = 4,
@@ -71,7 +74,9 @@ pub enum CaStatus {
     /// still reset.
     Corrupted = 8,
     /// A bug inside the library: a Rust panic was caught at the boundary, or the core library
-    /// reported an error this version of the C API does not know. The message says which.
+    /// reported an error this version of the C API does not know. The message says which (for
+    /// a panic: its message and source location). Nothing is printed unless the program opted
+    /// in with `ca_set_panic_output`.
     Internal = 9,
 }
 
@@ -121,7 +126,7 @@ pub struct CaError {
 
 /// How an allocator behaves; start from `ca_config_default()`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CaConfig {
     /// At most this many idle bytes stay cached (over all threads); past it the least recently
     /// used idle blocks go back to the system. Default 64 MiB.
@@ -131,13 +136,22 @@ pub struct CaConfig {
     /// Fill every block with 0xFF when handed out and check a canary behind its requested end
     /// when it comes back (`CA_STATUS_CORRUPTED`). Costs a memset per allocation. Default off.
     pub debug_checks: bool,
+    /// Keep the working set, for a temp allocator reset after every kernel: after every block
+    /// from the system, idle blocks are evicted until live + cached bytes are at most this
+    /// many times the peak of the bytes live blocks asked for, and a miss may take any larger
+    /// idle block within that budget. 1.25 is recommended (the ExecuTorch adapter uses it);
+    /// 0 (the default) turns it off; values between 0 and 1 count as 1.
+    pub working_set_slack: f64,
 }
 
 impl From<CaConfig> for Config {
     fn from(c: CaConfig) -> Config {
+        // NaN and values <= 0 are off (NaN: `0.0 < NaN` is false).
+        let slack = (c.working_set_slack > 0.0).then_some(c.working_set_slack);
         let config = Config::new()
             .max_cached_bytes(c.max_cached_bytes)
-            .debug_checks(c.debug_checks);
+            .debug_checks(c.debug_checks)
+            .working_set_slack(slack);
         if c.limit_bytes == 0 {
             config
         } else {
@@ -189,6 +203,8 @@ pub struct CaStats {
     /// Bytes of the blocks held now that the kernel accepted huge-page advice for (blocks of
     /// 2 MiB and more; Linux).
     pub huge_page_bytes: usize,
+    /// The working-set budget (`CaConfig::working_set_slack`) has evicted: wide fit is on.
+    pub working_set_mode: bool,
 }
 
 impl From<Stats> for CaStats {
@@ -211,6 +227,7 @@ impl From<Stats> for CaStats {
             corrupted_blocks: s.corrupted_blocks,
             oversize_hits: s.oversize_hits,
             huge_page_bytes: s.huge_page_bytes,
+            working_set_mode: s.working_set_mode,
         }
     }
 }
@@ -235,10 +252,14 @@ impl Failure {
         }
     }
 
-    fn panicked(payload: &(dyn Any + Send)) -> Self {
+    fn panicked(payload: &(dyn Any + Send), location: Option<String>) -> Self {
+        let at = location.map(|l| format!(" at {l}")).unwrap_or_default();
         Failure::new(
             CaStatus::Internal,
-            format!("panicked: {}", panic_message(payload)),
+            format!(
+                "panicked{at}: {} (a bug in caching-allocator: please report it with this message)",
+                panic_message(payload)
+            ),
         )
     }
 }
@@ -268,12 +289,15 @@ fn panic_message(payload: &(dyn Any + Send)) -> &str {
     }
 }
 
-/// Runs `f`, turning a panic into a failure.
+/// Runs `f`, turning a panic into a failure; the panic prints nothing unless the host opted in
+/// (`ca_set_panic_output`, see `panic_output.rs`).
 fn catching<T>(f: impl FnOnce() -> Result<T, Failure>) -> Result<T, Failure> {
+    let inside = panic_output::Inside::enter();
     // `AssertUnwindSafe`: after a panic the allocator may hold inconsistent *counters*, never
     // unsafe state (the core keeps its memory safety across panics); the caller is told by
     // `CA_STATUS_INTERNAL`.
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| Err(Failure::panicked(&*payload)))
+    catch_unwind(AssertUnwindSafe(f))
+        .unwrap_or_else(|payload| Err(Failure::panicked(&*payload, inside.panic_location())))
 }
 
 impl CaAllocator {
@@ -319,6 +343,7 @@ pub extern "C" fn ca_config_default() -> CaConfig {
         max_cached_bytes: d.get_max_cached_bytes(),
         limit_bytes: d.get_limit_bytes().unwrap_or(0),
         debug_checks: d.get_debug_checks(),
+        working_set_slack: d.get_working_set_slack().unwrap_or(0.0),
     }
 }
 
@@ -399,11 +424,19 @@ unsafe fn handle<'a>(a: *const CaAllocator, function: &str) -> Result<&'a CaAllo
 /// `CA_STATUS_INVALID_ALIGNMENT`, `CA_STATUS_SIZE_OVERFLOW`, `CA_STATUS_LIMIT_EXCEEDED`,
 /// `CA_STATUS_OUT_OF_MEMORY`).
 ///
-/// `align` is a power of two up to `CA_MAX_ALIGN`; every block is at least `CA_MIN_ALIGN`
-/// aligned. The memory is not zeroed (with debug checks it is filled with 0xFF). It stays
-/// valid until `ca_release`, `ca_reset` or `ca_destroy`. `size == 0` returns a non-NULL,
-/// aligned pointer that must not be dereferenced (releasing it is allowed and does nothing).
-/// Thread-safe.
+/// `align` is a power of two up to `CA_MAX_ALIGN` (2 MiB); every block is at least
+/// `CA_MIN_ALIGN` aligned. **Larger alignments are refused** with `CA_STATUS_INVALID_ALIGNMENT`
+/// (ExecuTorch's allocators serve any power of two): ask for `size + align - CA_MAX_ALIGN` bytes
+/// at `CA_MAX_ALIGN` and align the pointer up yourself, as the C++ adapter
+/// `caching_allocator::ExecuTorchTempAllocator` does (`caching_allocator_executorch.hpp`).
+///
+/// The memory is not zeroed (with debug checks it is filled with 0xFF). It stays valid until
+/// `ca_release`, `ca_reset` or `ca_destroy`. Thread-safe.
+///
+/// **`size == 0`** takes no memory: it returns a non-NULL pointer aligned to `align` that must
+/// not be dereferenced, and **may be the same pointer for every such call** (releasing it is
+/// allowed and does nothing). ExecuTorch's `CPUCachingAllocator` returns distinct blocks
+/// instead; `ExecuTorchTempAllocator` does too (it asks for 1 byte).
 ///
 /// # Safety
 /// `a` is NULL or a live handle from `ca_create`.
@@ -565,6 +598,21 @@ pub unsafe extern "C" fn ca_last_error(a: *const CaAllocator) -> CaError {
         None => last_error::get_without_handle(),
     };
     CaError { code, message }
+}
+
+/// Whether a Rust panic caught inside a `ca_*` call is also printed to stderr (with a backtrace
+/// if `RUST_BACKTRACE` is set), as Rust prints panics. Off by default: the panic reaches the
+/// caller only as `CA_STATUS_INTERNAL` and its message in `ca_last_error`. Without a call to
+/// this function the environment decides: `CA_PANIC_OUTPUT=1` turns printing on.
+///
+/// Only panics raised while the calling thread is inside a `ca_*` call are affected; panics of
+/// the host's own Rust code print as before. The library installs its panic hook (which passes
+/// every other panic on to the hook installed before it) on the first `ca_*` call that can
+/// panic; a hook the host installs after that replaces it, and caught panics print again.
+/// Thread-safe; applies to the whole process.
+#[no_mangle]
+pub extern "C" fn ca_set_panic_output(print: bool) {
+    panic_output::set_print(print);
 }
 
 /// The name of a status code, e.g. `"CA_STATUS_LIMIT_EXCEEDED"`, as a constant string; for a

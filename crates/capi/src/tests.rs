@@ -128,9 +128,85 @@ fn panics_become_internal_with_their_message() {
     // SAFETY: as above.
     let e = unsafe { ca_last_error(a) };
     assert_eq!(e.code, CaStatus::Internal);
-    assert_eq!(message(e), "ca_test: panicked: boom");
+    let text = message(e);
+    assert!(
+        text.starts_with("ca_test: panicked at ") && text.contains("src/tests.rs:"),
+        "the message names where the panic happened: {text}"
+    );
+    assert!(
+        text.contains(": boom (a bug in caching-allocator"),
+        "{text}"
+    );
     // SAFETY: as above; nothing uses `a` afterwards.
     assert_eq!(unsafe { ca_destroy(a) }, CaStatus::Ok);
+}
+
+/// Run as a child process by the `panic_output_*` tests: one panic inside the C boundary, then
+/// one of the host's own (outside it); `CA_PANIC_CHILD=print` opts in first.
+#[test]
+#[ignore = "a child process of the panic_output tests"]
+fn panic_output_child() {
+    if std::env::var_os("CA_PANIC_CHILD").is_some_and(|v| v == "print") {
+        ca_set_panic_output(true);
+    }
+    let a = create(ca_config_default());
+    // SAFETY: `a` is live until `ca_destroy`.
+    let handle = unsafe { &*a };
+    let r: Result<(), CaStatus> = handle.call("ca_test", |_| panic!("panic-inside-the-c-abi"));
+    assert_eq!(r, Err(CaStatus::Internal));
+    // SAFETY: as above; nothing uses `a` afterwards.
+    assert_eq!(unsafe { ca_destroy(a) }, CaStatus::Ok);
+    let host = std::panic::catch_unwind(|| panic!("panic-of-the-host"));
+    assert!(host.is_err());
+}
+
+/// Runs `panic_output_child` in a child process and returns its stderr.
+fn panic_child_stderr(mode: &str, env_opt_in: bool) -> String {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child
+        .args([
+            "--ignored",
+            "--exact",
+            "tests::panic_output_child",
+            "--nocapture",
+        ])
+        .env("CA_PANIC_CHILD", mode)
+        .env("RUST_BACKTRACE", "1")
+        .env_remove("CA_PANIC_OUTPUT");
+    if env_opt_in {
+        child.env("CA_PANIC_OUTPUT", "1");
+    }
+    let out = child.output().expect("run the test binary as a child");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "child failed:\n{stderr}");
+    stderr
+}
+
+#[test]
+fn panic_output_is_quiet_at_the_boundary_and_unchanged_for_the_host() {
+    let stderr = panic_child_stderr("quiet", false);
+    assert!(!stderr.contains("panic-inside-the-c-abi"), "{stderr}");
+    // RUST_BACKTRACE=1 is set: one backtrace, the host's.
+    assert_eq!(stderr.matches("stack backtrace").count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("panic-of-the-host"),
+        "the host's panic prints: {stderr}"
+    );
+}
+
+#[test]
+fn panic_output_prints_when_the_host_opts_in() {
+    for (mode, env) in [("print", false), ("quiet", true)] {
+        let stderr = panic_child_stderr(mode, env);
+        assert!(
+            stderr.contains("panic-inside-the-c-abi"),
+            "{mode} {env}: {stderr}"
+        );
+        assert!(
+            stderr.contains("panic-of-the-host"),
+            "{mode} {env}: {stderr}"
+        );
+    }
 }
 
 #[test]
@@ -208,10 +284,25 @@ fn config_maps_zero_limit_to_none_and_defaults_match_the_core() {
         (d.max_cached_bytes, d.limit_bytes, d.debug_checks),
         (64 << 20, 0, false)
     );
+    assert_eq!(d.working_set_slack, 0.0, "off, as in the core");
+    assert_eq!(Config::from(d).get_working_set_slack(), None);
+    for (slack, core) in [
+        (1.25, Some(1.25)),
+        (0.5, Some(1.0)),
+        (-1.0, None),
+        (f64::NAN, None),
+    ] {
+        let c = Config::from(CaConfig {
+            working_set_slack: slack,
+            ..d
+        });
+        assert_eq!(c.get_working_set_slack(), core, "{slack}");
+    }
     let c: Config = CaConfig {
         max_cached_bytes: 5,
         limit_bytes: 7,
         debug_checks: true,
+        working_set_slack: 0.0,
     }
     .into();
     assert_eq!(

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use caching_allocator::{CachingAllocator, Config, TempAllocator};
+use caching_allocator::{CachingAllocator, Config, TempAllocator, DEFAULT_WORKING_SET_SLACK};
 
 use crate::error::{LlmError, Result};
 use crate::kernels;
@@ -18,7 +18,13 @@ pub const DEFAULT_TEMP_CAP: usize = 10 << 20;
 /// The runner's default temp allocator: a [`CachingAllocator`] keeping at most `cap` idle
 /// bytes (use [`DEFAULT_TEMP_CAP`] for ExecuTorch's 10 MiB).
 pub fn caching_temp(cap: usize) -> CachingAllocator {
-    CachingAllocator::with_config(Config::default().max_cached_bytes(cap))
+    CachingAllocator::with_config(
+        Config::default()
+            .max_cached_bytes(cap)
+            // Reset after every kernel, a few blocks live together, shapes that grow with the
+            // context: hold the working set, not one block per class.
+            .working_set_slack(Some(DEFAULT_WORKING_SET_SLACK)),
+    )
 }
 
 /// Options of a module.

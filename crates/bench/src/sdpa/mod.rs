@@ -578,6 +578,8 @@ pub(crate) fn finish(
                     .map(|x| x as f64 / calls),
                 sys_allocs_total: after.system_allocs,
                 misses_total: after.misses,
+                peak_reserved: after.peak_reserved,
+                peak_live: after.peak_live,
                 calls_total: a.calls,
                 peak_rss_growth: a.peak_rss_growth,
                 observation: None,

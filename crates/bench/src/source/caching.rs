@@ -9,7 +9,7 @@
 use core::cell::RefCell;
 use core::ptr::NonNull;
 
-use caching_allocator::{CachingAllocator, Config, Stats};
+use caching_allocator::{CachingAllocator, Config, Stats, DEFAULT_WORKING_SET_SLACK};
 
 use super::{
     check_align, AllocError, Block, Counters, ScratchSource, ScratchWorker, TempAllocator,
@@ -33,9 +33,14 @@ pub struct CachingSource {
 }
 
 impl CachingSource {
-    /// A source with `Config::default().max_cached_bytes(max_cached_bytes)`.
+    /// A source with `Config::default().max_cached_bytes(max_cached_bytes)`; `caching` (a
+    /// temp allocator reset after every kernel) also keeps its working set
+    /// (`working_set_slack(Some(1.25))`, as the `llm` runner configures it).
     pub fn new(mode: CachingMode, max_cached_bytes: usize) -> Self {
-        let config = Config::default().max_cached_bytes(max_cached_bytes);
+        let mut config = Config::default().max_cached_bytes(max_cached_bytes);
+        if mode == CachingMode::Reset {
+            config = config.working_set_slack(Some(DEFAULT_WORKING_SET_SLACK));
+        }
         let shared = match mode {
             CachingMode::Reset => None,
             CachingMode::Scope => Some(CachingAllocator::with_config(config.clone())),
@@ -60,6 +65,8 @@ fn counters_of(s: &Stats) -> Counters {
     Counters {
         system_allocs: Some(s.system_allocs),
         misses: Some(s.misses),
+        peak_reserved: Some(s.peak_reserved_bytes as u64),
+        peak_live: Some(s.peak_live_bytes as u64),
     }
 }
 

@@ -64,6 +64,10 @@ pub struct ExactCacheStats {
     pub live_blocks: usize,
     /// Blocks currently idle in the cache.
     pub idle_blocks: usize,
+    /// The most bytes `malloc`ed at once (the peak of `current_bytes`).
+    pub peak_bytes: usize,
+    /// The most bytes live at once (padded sizes of the blocks handed out since a reset).
+    pub peak_live_bytes: usize,
 }
 
 /// A multiplicative hasher: the original uses `std::hash` on sizes and pointers, which is
@@ -94,6 +98,8 @@ struct Inner {
     live: Map<usize, (NonNull<u8>, usize)>,
     /// Bytes malloc'd and not yet freed, live + idle (`current_size_`).
     current_size: usize,
+    /// Bytes of the live blocks (not in the original: for the benchmark's peak).
+    live_bytes: usize,
     stats: ExactCacheStats,
 }
 
@@ -144,6 +150,7 @@ impl ExactCache {
                 available: Map::default(),
                 live: Map::default(),
                 current_size: 0,
+                live_bytes: 0,
                 stats: ExactCacheStats::default(),
             }),
         }
@@ -189,10 +196,13 @@ impl ExactCache {
                 })?;
                 g.stats.misses += 1;
                 g.current_size += adjusted;
+                g.stats.peak_bytes = g.stats.peak_bytes.max(g.current_size);
                 p
             }
         };
         g.live.insert(base.as_ptr() as usize, (base, adjusted));
+        g.live_bytes += adjusted;
+        g.stats.peak_live_bytes = g.stats.peak_live_bytes.max(g.live_bytes);
         // SAFETY: `base` points to `adjusted = size + alignment - 1` malloc'd bytes.
         Ok(unsafe { super::align_within(base, alignment) })
     }
@@ -204,6 +214,7 @@ impl ExactCache {
     /// Nothing allocated since the last reset may be used after this call.
     pub unsafe fn reset(&self) {
         let mut g = self.lock();
+        g.live_bytes = 0;
         if g.current_size > self.max_size as usize {
             g.stats.free_all_resets += 1;
             g.free_everything();
@@ -249,6 +260,8 @@ unsafe impl ScratchWorker for ExactCache {
         Counters {
             system_allocs: Some(s.misses),
             misses: Some(s.misses),
+            peak_reserved: Some(s.peak_bytes as u64),
+            peak_live: Some(s.peak_live_bytes as u64),
         }
     }
 

@@ -91,6 +91,10 @@ pub struct Counters {
     pub system_allocs: Option<u64>,
     /// Cache misses, for sources that are caches.
     pub misses: Option<u64>,
+    /// The most bytes the source held from the layer below at once (live + cached), bytes.
+    pub peak_reserved: Option<u64>,
+    /// The most bytes live (handed out to the kernel) at once, bytes.
+    pub peak_live: Option<u64>,
 }
 
 impl Counters {
@@ -98,11 +102,12 @@ impl Counters {
     pub fn allocs(n: u64) -> Counters {
         Counters {
             system_allocs: Some(n),
-            misses: None,
+            ..Counters::default()
         }
     }
 
-    /// Field-wise sum; a field is `None` only when it is `None` on both sides.
+    /// Field-wise sum; a field is `None` only when it is `None` on both sides. (Peaks of
+    /// several workers add up: an upper bound of the peak of their sum.)
     pub fn plus(self, other: Counters) -> Counters {
         fn add(a: Option<u64>, b: Option<u64>) -> Option<u64> {
             match (a, b) {
@@ -113,10 +118,12 @@ impl Counters {
         Counters {
             system_allocs: add(self.system_allocs, other.system_allocs),
             misses: add(self.misses, other.misses),
+            peak_reserved: add(self.peak_reserved, other.peak_reserved),
+            peak_live: add(self.peak_live, other.peak_live),
         }
     }
 
-    /// Field-wise `self - earlier` (saturating).
+    /// Field-wise `self - earlier` (saturating) for the counts; the peaks are `self`'s.
     pub fn since(self, earlier: Counters) -> Counters {
         fn sub(a: Option<u64>, b: Option<u64>) -> Option<u64> {
             a.map(|a| a.saturating_sub(b.unwrap_or(0)))
@@ -124,6 +131,8 @@ impl Counters {
         Counters {
             system_allocs: sub(self.system_allocs, earlier.system_allocs),
             misses: sub(self.misses, earlier.misses),
+            peak_reserved: self.peak_reserved,
+            peak_live: self.peak_live,
         }
     }
 }
@@ -256,7 +265,7 @@ pub const SOURCES: &[SourceKind] = &[
     },
     SourceKind {
         name: "caching",
-        about: "this project: CachingAllocator::allocate + reset, one allocator per runtime (thread)",
+        about: "this project: CachingAllocator::allocate + reset, one allocator per runtime (thread), working-set slack 1.25",
         build: |c| Box::new(CachingSource::new(CachingMode::Reset, c.caching_cap)),
     },
     SourceKind {
@@ -439,16 +448,20 @@ mod tests {
     fn counters_add_and_since() {
         let a = Counters {
             system_allocs: Some(5),
-            misses: None,
+            peak_live: Some(10),
+            ..Counters::default()
         };
         let b = Counters {
             system_allocs: Some(2),
             misses: Some(1),
+            ..Counters::default()
         };
         let s = a.plus(b);
         assert_eq!(s.system_allocs, Some(7));
         assert_eq!(s.misses, Some(1));
         assert_eq!(s.since(b).system_allocs, Some(5));
+        assert_eq!((s.peak_live, s.since(b).peak_live), (Some(10), Some(10)));
+        assert_eq!(s.peak_reserved, None);
         assert_eq!(
             Counters::default().plus(Counters::default()),
             Counters::default()

@@ -55,6 +55,7 @@ impl ScratchSource for ZeropoolSource {
         Counters {
             system_allocs: Some(s.allocations),
             misses: Some(s.allocations),
+            ..Counters::default()
         }
     }
 }

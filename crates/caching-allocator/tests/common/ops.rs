@@ -323,9 +323,13 @@ impl Model {
             assert_eq!(class, own, "op {step}: not best fit, so its own class");
         } else {
             assert_eq!(after.oversize_hits, before.oversize_hits + 1, "op {step}");
-            // Up to twice its class; any larger only under cap pressure.
+            // Up to twice its class; any larger only under cap pressure or once the cap has
+            // evicted (working-set mode: wide fit).
             assert!(
-                class > own && (class <= 2 * own || before.cached_bytes + own > self.cap),
+                class > own
+                    && (class <= 2 * own
+                        || before.cached_bytes + own > self.cap
+                        || before.working_set_mode),
                 "op {step}: best fit gave {class} for class {own}: {before:?}"
             );
             assert_eq!(after.system_allocs, before.system_allocs, "op {step}");
@@ -550,6 +554,8 @@ pub fn run(input: &Input) {
         .scope_chunk_bytes(0)
         .max_cached_bytes(cap)
         .debug_checks(cfg.debug)
+        // Working-set retention (a budget and wide fit) on half the inputs.
+        .working_set_slack(cfg.cap_units.is_multiple_of(2).then_some(1.25))
         .system_allocator(counting.clone());
     if let Some(limit) = limit {
         config = config.limit_bytes(limit);

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# CI for what users consume outside this workspace, each step timed:
+#   1. the C library installed into a fresh prefix (scripts/install-capi.sh), sizes printed;
+#   2. a CMake consumer (crates/capi/examples/cmake) built with find_package against it, and
+#      its tests run (C shared, C static, the C++ ExecuTorch adapter static);
+#   3. the same programs built with pkg-config (caching_allocator.pc, caching_allocator-static.pc);
+#   4. `cargo package` of the publishable crates with no warning, then each packaged crate's
+#      own tests run from its unpacked .crate (scripts/test-packaged-crates.sh).
+#
+#   scripts/ci-packaging.sh            # all
+#   scripts/ci-packaging.sh install cmake pkg-config package   # any of them, in order
+#
+# Needs cmake, pkg-config, gcc and g++ (.ci/run installs them). Called by .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo="$PWD"
+
+steps=("${@:-install cmake pkg-config package}")
+read -r -a steps <<<"${steps[*]}"
+work=$(mktemp -d "${TMPDIR:-/tmp}/ca-packaging.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+prefix="$work/prefix"
+
+timed() {
+    local name="$1"
+    shift
+    local t0
+    t0=$(date +%s)
+    echo "--- ${name}"
+    "$@"
+    echo "--- ${name}: $(( $(date +%s) - t0 )) s"
+}
+
+install_library() {
+    scripts/install-capi.sh --prefix "$prefix"
+}
+
+cmake_consumer() {
+    [[ -d "$prefix/lib/cmake/caching_allocator" ]] || install_library
+    cmake -S crates/capi/examples/cmake -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$prefix" \
+        -DCMAKE_BUILD_TYPE=Release >"$work/cmake-configure.log" \
+        || { cat "$work/cmake-configure.log"; return 1; }
+    cmake --build "$work/cmake-build" -j 2
+    ctest --test-dir "$work/cmake-build" --output-on-failure
+    # The default target must be the shared library, the ::static one self-contained.
+    ldd "$work/cmake-build/capi_test" | grep -q "libcaching_allocator.so => $prefix/lib/" \
+        || { echo "capi_test is not linked against $prefix/lib/libcaching_allocator.so"; return 1; }
+    if ldd "$work/cmake-build/capi_test_static" | grep -q libcaching_allocator; then
+        echo "capi_test_static needs libcaching_allocator.so: it should be static"
+        return 1
+    fi
+}
+
+pkg_config_consumer() {
+    [[ -d "$prefix/lib/pkgconfig" ]] || install_library
+    export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+    local out="$work/pkg-config"
+    mkdir -p "$out"
+    local warn=(-Wall -Wextra -Wpedantic -Werror)
+    local libdir
+    libdir=$(pkg-config --variable=libdir caching_allocator)
+    # shellcheck disable=SC2046 # pkg-config's output is meant to be split into words
+    cc -std=c11 "${warn[@]}" crates/capi/examples/capi_test.c -o "$out/capi_test" \
+        $(pkg-config --cflags --libs caching_allocator) -Wl,-rpath,"$libdir"
+    # shellcheck disable=SC2046
+    cc -std=c11 "${warn[@]}" crates/capi/examples/capi_test.c -o "$out/capi_test_static" \
+        $(pkg-config --cflags --libs caching_allocator-static)
+    # shellcheck disable=SC2046
+    c++ -std=c++17 "${warn[@]}" -I crates/capi/tests/cpp/executorch_standin \
+        crates/capi/tests/cpp/executorch_adapter_test.cpp -o "$out/executorch_adapter_test" \
+        $(pkg-config --cflags --libs caching_allocator-static) -pthread
+    "$out/capi_test" | tee "$out/1.log" | tail -n 1
+    "$out/capi_test_static" | tee "$out/2.log" | tail -n 1
+    "$out/executorch_adapter_test" | tee "$out/3.log"
+    grep -q " 0 failed" "$out/1.log" && grep -q " 0 failed" "$out/2.log" \
+        && grep -q "checks, 0 failed" "$out/3.log"
+}
+
+package_crates() {
+    scripts/test-packaged-crates.sh
+}
+
+for step in "${steps[@]}"; do
+    case "$step" in
+        install) timed "install the C library into a fresh prefix" install_library ;;
+        cmake) timed "CMake consumer: find_package(caching_allocator)" cmake_consumer ;;
+        pkg-config) timed "pkg-config consumer" pkg_config_consumer ;;
+        package) timed "cargo package + the packaged crates' tests" package_crates ;;
+        *) echo "ci-packaging.sh: unknown step '$step' (install, cmake, pkg-config, package)" >&2
+           exit 2 ;;
+    esac
+done
+echo "ci-packaging.sh: all passed (${repo})"
