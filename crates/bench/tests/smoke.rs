@@ -189,8 +189,11 @@ fn sdpa_runs_on_every_source_with_tiny_shapes() {
     let kinds = all();
     let (rows, decode_eff, prefill_eff, errors) = run(&cfg, &kinds, &small_config(), &|| {});
     assert!(errors.is_empty(), "{errors:?}");
-    // One row per source for decode and for each prefill length.
-    assert_eq!(rows.len(), SOURCES.len() * (1 + cfg.prefill.len()));
+    // One row per source and dtype for decode and for each prefill length.
+    assert_eq!(
+        rows.len(),
+        SOURCES.len() * (1 + cfg.prefill.len()) * cfg.dtypes.len()
+    );
     for r in &rows {
         let m = &r.m;
         assert_eq!(m.error, None, "{} on {}", m.source, m.workload);
@@ -217,11 +220,14 @@ fn sdpa_runs_on_every_source_with_tiny_shapes() {
             assert!(m.faults_per_call >= 1.0, "{}", m.workload);
         }
     }
-    assert_eq!(decode_eff.len(), cfg.eff_decode_kvs.len());
+    assert_eq!(
+        decode_eff.len(),
+        cfg.eff_decode_kvs.len() * cfg.dtypes.len()
+    );
     assert!(decode_eff
         .iter()
         .all(|e| e.kernel_gbs > 0.0 && e.stream_gbs > 0.0));
-    assert_eq!(prefill_eff.len(), cfg.prefill.len());
+    assert_eq!(prefill_eff.len(), cfg.prefill.len() * cfg.dtypes.len());
     assert!(prefill_eff
         .iter()
         .all(|e| e.kernel_gflops > 0.0 && e.sgemm_gflops > 0.0));
@@ -248,10 +254,12 @@ fn sdpa_runs_on_every_source_with_tiny_shapes() {
     let j = report.to_json();
     assert_eq!(
         j["measurements"].as_array().map(Vec::len),
-        Some(SOURCES.len() * 3)
+        Some(SOURCES.len() * 3 * 3)
     );
     let table = report.table().to_string();
     assert!(table.contains("sdpa-prefill-12"), "{table}");
+    assert!(table.contains("sdpa-prefill-12-int8-kv"), "{table}");
+    assert!(table.contains("sdpa-decode-bf16"), "{table}");
     let svg = std::env::temp_dir().join(format!("allocbench-sdpa-{}.svg", std::process::id()));
     allocbench::plot::write_svg(&report.as_report(), &svg).unwrap();
     assert!(std::fs::metadata(&svg).unwrap().len() > 0);

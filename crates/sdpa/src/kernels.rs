@@ -7,7 +7,14 @@
 //! - packed K panel: `[d][NR]` (NR consecutive KV positions of one head, transposed);
 //! - packed V tile: `[t][d_pad]` row-major, head dim padded to a multiple of NR with zeros.
 
+use crate::convert;
+use crate::elem::{Bf16, F16};
+use crate::fused;
 use crate::plan::{MR, NR};
+use crate::simd::{simd_level, SimdLevel};
+
+/// `acc += sum_u w[u] * (v[u] - zp[u])`: see [`fused::axpy4_i8`].
+pub(crate) type Axpy4I8 = unsafe fn(&mut [f32], [f32; 4], [&[i8]; 4], [i8; 4]);
 
 /// The kernel set of a call. Every function pointer is `unsafe` because the AVX2 versions
 /// require the CPU features checked by [`Kernels::detect`], on top of each kernel's own
@@ -29,17 +36,41 @@ pub(crate) struct Kernels {
     /// Packs a K tile into panels: see [`scalar::pack_k`].
     pub pack_k: unsafe fn(&[f32], usize, usize, usize, usize, &mut [f32]),
     /// Prefetches rows of a strided tensor towards L2: see [`scalar::prefetch_rows`].
-    pub prefetch_rows: unsafe fn(*const f32, usize, usize, usize, usize, usize),
-    /// Whether these are the AVX2+FMA kernels.
-    pub simd: bool,
+    pub prefetch_rows: unsafe fn(*const u8, usize, usize, usize, usize, usize),
+    /// bf16 to f32: see [`convert::widen_bf16`].
+    pub widen_bf16: unsafe fn(&[Bf16], &mut [f32]),
+    /// f16 to f32: see [`convert::widen_f16`].
+    pub widen_f16: unsafe fn(&[F16], &mut [f32]),
+    /// int8 to f32: see [`convert::dequant`].
+    pub dequant: unsafe fn(&[i8], f32, i8, &mut [f32]),
+    /// Decode's dot on bf16 K: see [`fused::dot_bf16`].
+    pub dot_bf16: unsafe fn(&[f32], &[Bf16]) -> f32,
+    /// Decode's dot on int8 K: see [`fused::dot_i8`].
+    pub dot_i8: unsafe fn(&[f32], &[i8], i8) -> f32,
+    /// Decode's axpy on bf16 V: see [`fused::axpy4_bf16`].
+    pub axpy4_bf16: unsafe fn(&mut [f32], [f32; 4], [&[Bf16]; 4]),
+    /// Decode's axpy on int8 V: see [`fused::axpy4_i8`].
+    pub axpy4_i8: Axpy4I8,
+    /// Which set this is.
+    pub level: SimdLevel,
 }
 
 impl Kernels {
-    /// The fastest kernel set this CPU supports.
+    /// The kernel set of [`simd_level`]: the best this CPU runs within the caps.
     pub(crate) fn detect() -> Kernels {
+        Kernels::for_level(simd_level())
+    }
+
+    /// The kernel set of `level`, which must be one of `available_simd_levels()` (any other
+    /// gives the portable set).
+    pub(crate) fn for_level(level: SimdLevel) -> Kernels {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            if level == SimdLevel::Avx2
+                && std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+            {
+                let f16c = std::is_x86_feature_detected!("f16c");
                 return Kernels {
                     qk_tile: avx2::qk_tile,
                     pv_tile: avx2::pv_tile,
@@ -49,10 +80,45 @@ impl Kernels {
                     axpy4: avx2::axpy4,
                     pack_k: avx2::pack_k,
                     prefetch_rows: avx2::prefetch_rows,
-                    simd: true,
+                    widen_bf16: convert::avx2::widen_bf16,
+                    widen_f16: if f16c {
+                        convert::avx2::widen_f16
+                    } else {
+                        convert::widen_f16
+                    },
+                    dequant: convert::avx2::dequant,
+                    dot_bf16: fused::avx2::dot_bf16,
+                    dot_i8: fused::avx2::dot_i8,
+                    axpy4_bf16: fused::avx2::axpy4_bf16,
+                    axpy4_i8: fused::avx2::axpy4_i8,
+                    level,
                 };
             }
         }
+        #[cfg(target_arch = "aarch64")]
+        {
+            if level == SimdLevel::Neon && std::arch::is_aarch64_feature_detected!("neon") {
+                return Kernels {
+                    qk_tile: crate::neon::qk_tile,
+                    pv_tile: crate::neon::pv_tile,
+                    softmax_row: crate::neon::softmax_row,
+                    scale: crate::neon::scale,
+                    dot: crate::neon::dot,
+                    axpy4: crate::neon::axpy4,
+                    pack_k: scalar::pack_k,
+                    prefetch_rows: scalar::prefetch_rows,
+                    widen_bf16: convert::neon::widen_bf16,
+                    widen_f16: convert::widen_f16,
+                    dequant: convert::neon::dequant,
+                    dot_bf16: fused::dot_bf16,
+                    dot_i8: fused::dot_i8,
+                    axpy4_bf16: fused::axpy4_bf16,
+                    axpy4_i8: fused::axpy4_i8,
+                    level,
+                };
+            }
+        }
+        let _ = level;
         Kernels::scalar()
     }
 
@@ -67,14 +133,22 @@ impl Kernels {
             axpy4: scalar::axpy4,
             pack_k: scalar::pack_k,
             prefetch_rows: scalar::prefetch_rows,
-            simd: false,
+            widen_bf16: convert::widen_bf16,
+            widen_f16: convert::widen_f16,
+            dequant: convert::dequant,
+            dot_bf16: fused::dot_bf16,
+            dot_i8: fused::dot_i8,
+            axpy4_bf16: fused::axpy4_bf16,
+            axpy4_i8: fused::axpy4_i8,
+            level: SimdLevel::Portable,
         }
     }
 }
 
-/// Whether the kernels of this CPU are the AVX2+FMA ones (for reports).
+/// Whether calls made now on this thread use SIMD kernels (a level above portable), for
+/// reports; [`simd_level`] says which.
 pub fn simd_enabled() -> bool {
-    Kernels::detect().simd
+    Kernels::detect().level != SimdLevel::Portable
 }
 
 pub(crate) mod scalar {
@@ -213,14 +287,14 @@ pub(crate) mod scalar {
         }
     }
 
-    /// Hints that rows `j < n` (floats `start + j * stride..][..d]` of the `len` floats at
+    /// Hints that rows `j < n` (bytes `[start + j * stride..][..d]` of the `len` bytes at
     /// `base`) will be accessed soon. Rows past `len` are ignored. No effect in this version.
     ///
     /// # Safety
     /// None: the memory is never accessed (the AVX2 version issues prefetch hints only, for
     /// addresses it checks are inside `base..base + len`).
     pub(crate) unsafe fn prefetch_rows(
-        _base: *const f32,
+        _base: *const u8,
         _len: usize,
         _start: usize,
         _stride: usize,
@@ -571,15 +645,15 @@ mod avx2 {
         }
     }
 
-    /// AVX2-build version of [`super::scalar::prefetch_rows`]: prefetches each 64-byte line of
-    /// the rows into L2.
+    /// AVX2-build version of [`super::scalar::prefetch_rows`] (all counts in bytes):
+    /// prefetches each 64-byte line of the rows into L2.
     ///
     /// # Safety
     /// The CPU supports AVX2 and FMA. `base..base + len` must be one allocation (so the
     /// offsets computed inside stay in it).
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn prefetch_rows(
-        base: *const f32,
+        base: *const u8,
         len: usize,
         start: usize,
         stride: usize,
@@ -597,7 +671,7 @@ mod avx2 {
                 // `add` is in bounds; a prefetch never faults nor accesses memory
                 // architecturally, so it races with nothing.
                 unsafe { _mm_prefetch::<_MM_HINT_T1>(base.add(row + x).cast::<i8>()) };
-                x += 16;
+                x += 64;
             }
         }
     }
@@ -653,10 +727,105 @@ mod tests {
         }
     }
 
-    /// The detected (SIMD, where available) kernels agree with the scalar ones.
+    /// Every kernel set this CPU runs agrees with the scalar one.
     #[test]
-    fn detected_kernels_match_scalar() {
-        let (f, s) = (Kernels::detect(), Kernels::scalar());
+    fn every_level_matches_scalar() {
+        for level in crate::simd::available_simd_levels() {
+            let f = Kernels::for_level(level);
+            assert_eq!(f.level, level);
+            matches_scalar(f);
+            conversions_match_scalar(f);
+            fused_match_scalar(f);
+        }
+    }
+
+    /// The conversion kernels of `f` give exactly the scalar results (all lengths 0..40, so
+    /// every vector tail is covered).
+    fn conversions_match_scalar(f: Kernels) {
+        let s = Kernels::scalar();
+        let x = data(40, 21);
+        let bf: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v * 300.0)).collect();
+        let hf: Vec<F16> = x.iter().map(|&v| F16::from_f32(v * 300.0)).collect();
+        let q: Vec<i8> = (0..40).map(|i| (i * 37 % 256) as u8 as i8).collect();
+        for n in 0..40 {
+            let (mut a, mut b) = (vec![f32::NAN; n + 1], vec![f32::NAN; n + 1]);
+            // SAFETY: slice-based kernels on a CPU that runs `f`'s level.
+            unsafe {
+                (f.widen_bf16)(&bf[..n], &mut a);
+                (s.widen_bf16)(&bf[..n], &mut b);
+            }
+            assert_eq!(a[..n], b[..n], "bf16 n {n}");
+            assert!(a[n].is_nan(), "bf16 wrote past n");
+            // SAFETY: as above.
+            unsafe {
+                (f.widen_f16)(&hf[..n], &mut a);
+                (s.widen_f16)(&hf[..n], &mut b);
+            }
+            assert_eq!(a[..n], b[..n], "f16 n {n}");
+            // SAFETY: as above.
+            unsafe {
+                (f.dequant)(&q[..n], 0.037, -5, &mut a);
+                (s.dequant)(&q[..n], 0.037, -5, &mut b);
+            }
+            assert_eq!(a[..n], b[..n], "dequant n {n}");
+            for i in 0..n {
+                assert_eq!(b[i], (f32::from(q[i]) + 5.0) * 0.037);
+            }
+        }
+    }
+
+    /// The fused decode kernels of `f` agree with the scalar ones (lengths 1..40).
+    fn fused_match_scalar(f: Kernels) {
+        let s = Kernels::scalar();
+        let q = data(40, 31);
+        let bf: Vec<Vec<Bf16>> = (0..4)
+            .map(|u| {
+                data(40, 32 + u)
+                    .iter()
+                    .map(|&x| Bf16::from_f32(x))
+                    .collect()
+            })
+            .collect();
+        let i8s: Vec<Vec<i8>> = (0..4u32)
+            .map(|u| {
+                (0..40u32)
+                    .map(|j| ((j * 37 + u * 11) % 256) as u8 as i8)
+                    .collect()
+            })
+            .collect();
+        for n in 1..40 {
+            // SAFETY: slice-based kernels on a CPU that runs `f`'s level.
+            let (a, b) = unsafe {
+                (
+                    (f.dot_bf16)(&q[..n], &bf[0][..n]),
+                    (s.dot_bf16)(&q[..n], &bf[0][..n]),
+                )
+            };
+            close(&[a], &[b], 1e-5);
+            // SAFETY: as above.
+            let (a, b) = unsafe {
+                (
+                    (f.dot_i8)(&q[..n], &i8s[0][..n], -3),
+                    (s.dot_i8)(&q[..n], &i8s[0][..n], -3),
+                )
+            };
+            close(&[a / 100.0], &[b / 100.0], 1e-5);
+            let (mut a1, mut a2) = (data(n, 33), data(n, 33));
+            let vb: [&[Bf16]; 4] = core::array::from_fn(|u| &bf[u][..n]);
+            let vi: [&[i8]; 4] = core::array::from_fn(|u| &i8s[u][..n]);
+            // SAFETY: as above.
+            unsafe {
+                (f.axpy4_bf16)(&mut a1, [0.5, -1.0, 2.0, 0.25], vb);
+                (s.axpy4_bf16)(&mut a2, [0.5, -1.0, 2.0, 0.25], vb);
+                (f.axpy4_i8)(&mut a1, [0.01, -0.02, 0.005, 0.03], vi, [1, -2, 0, 127]);
+                (s.axpy4_i8)(&mut a2, [0.01, -0.02, 0.005, 0.03], vi, [1, -2, 0, 127]);
+            }
+            close(&a1, &a2, 1e-5);
+        }
+    }
+
+    fn matches_scalar(f: Kernels) {
+        let s = Kernels::scalar();
         for d in [1, 7, 8, 64, 72, 100, 128] {
             let a = data(d * MR, d as u32);
             let b = data(d * NR, 3 + d as u32);

@@ -36,14 +36,38 @@ pub use caching_allocator::{AllocError, TempAllocator};
 
 #[cfg(feature = "baseline")]
 pub mod baseline;
+mod convert;
+mod dynamic;
+mod elem;
+mod fused;
 mod kernels;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod plan;
+mod quant;
 mod rows;
+mod simd;
+mod source;
 mod sync;
 mod tiled;
 
+pub use dynamic::{attention_dyn, KvRef, TensorMut, TensorRef};
+pub use elem::{Bf16, Dtype, Element, F16};
 pub use kernels::simd_enabled;
 pub use plan::{Path, Plan};
+pub use quant::{quantize_kv, QuantizedKv, QuantizedKvMut};
+pub use simd::{available_simd_levels, set_max_simd, simd_level, with_max_simd, SimdLevel};
+
+use source::Kv;
+
+/// How K and V are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvCache {
+    /// In the call's element type, like Q.
+    Dense,
+    /// int8 with a scale and zero point per position and KV head ([`QuantizedKv`]).
+    Int8,
+}
 
 /// Alignment of the scratch buffer a call requests from its temp allocator.
 pub const SCRATCH_ALIGN: usize = 64;
@@ -161,6 +185,22 @@ pub enum Tensor {
     V,
     /// The output.
     Out,
+    /// The scales of the int8 K cache.
+    KScales,
+    /// The zero points of the int8 K cache.
+    KZeroPoints,
+    /// The scales of the int8 V cache.
+    VScales,
+    /// The zero points of the int8 V cache.
+    VZeroPoints,
+    /// The values of the cache written by [`quantize_kv`].
+    CacheValues,
+    /// The scales of the cache written by [`quantize_kv`].
+    CacheScales,
+    /// The zero points of the cache written by [`quantize_kv`].
+    CacheZeroPoints,
+    /// The new rows passed to [`quantize_kv`].
+    NewRows,
 }
 
 impl fmt::Display for Tensor {
@@ -170,6 +210,14 @@ impl fmt::Display for Tensor {
             Tensor::K => "k",
             Tensor::V => "v",
             Tensor::Out => "out",
+            Tensor::KScales => "k scales",
+            Tensor::KZeroPoints => "k zero points",
+            Tensor::VScales => "v scales",
+            Tensor::VZeroPoints => "v zero points",
+            Tensor::CacheValues => "cache values",
+            Tensor::CacheScales => "cache scales",
+            Tensor::CacheZeroPoints => "cache zero points",
+            Tensor::NewRows => "new rows",
         })
     }
 }
@@ -223,6 +271,16 @@ pub enum SdpaError {
         /// The scale that was passed.
         scale: f32,
     },
+    /// A tensor passed to [`attention_dyn`] has another dtype than `q` (or one of K and V is
+    /// an int8 cache and the other is not).
+    DtypeMismatch {
+        /// The tensor whose dtype is wrong.
+        tensor: Tensor,
+        /// The dtype it must have (`None`: an int8 cache, like the other of K and V).
+        expected: Option<Dtype>,
+        /// Its dtype (`None`: an int8 cache).
+        actual: Option<Dtype>,
+    },
     /// The temp allocator could not provide the scratch buffer.
     Scratch(AllocError),
     /// The temp allocator returned a pointer that is not aligned as requested (a broken
@@ -270,6 +328,21 @@ impl fmt::Display for SdpaError {
             SdpaError::InvalidScale { scale } => {
                 write!(f, "sdpa: scale {scale} is not a finite number")
             }
+            SdpaError::DtypeMismatch {
+                tensor,
+                expected,
+                actual,
+            } => {
+                let name =
+                    |d: &Option<Dtype>| d.map_or("an int8 cache".to_string(), |d| d.to_string());
+                write!(
+                    f,
+                    "sdpa: `{tensor}` is {} where {} was expected: pass `out` and dense `k`/`v` \
+                     in q's dtype, and `k` and `v` both dense or both int8",
+                    name(actual),
+                    name(expected)
+                )
+            }
             SdpaError::Scratch(e) => write!(f, "sdpa: scratch allocation failed: {e}"),
             SdpaError::MisalignedScratch { addr, align } => write!(
                 f,
@@ -295,17 +368,29 @@ impl From<AllocError> for SdpaError {
     }
 }
 
-/// Bytes of scratch a call with this shape requests from its temp allocator when it runs on a
-/// rayon pool of `threads` threads (see [`attention`]; the kernel uses
+/// Bytes of scratch an f32 call with this shape requests from its temp allocator when it runs
+/// on a rayon pool of `threads` threads (see [`attention`]; the kernel uses
 /// `rayon::current_num_threads()`). Zero when the call has nothing to compute (`batch` or
 /// `q_len` is 0): then no scratch is requested at all.
 pub fn scratch_bytes(shape: &Shape, threads: usize) -> Result<usize, SdpaError> {
-    shape.validate()?;
-    Ok(Plan::new(shape, threads.max(1)).total_bytes)
+    scratch_bytes_for(shape, threads, Dtype::F32, KvCache::Dense)
 }
 
-/// Computes scaled dot-product attention; see the [crate documentation](crate) for the
-/// layouts and the masking rule.
+/// [`scratch_bytes`] for a call with element type `dtype` and KV storage `kv`: the f32 figure
+/// plus the conversion buffers of each worker slice (converted Q rows, one K and four V
+/// position rows on the decode path; one K tile on the prefill path, whose V tile is converted
+/// straight into its packed form).
+pub fn scratch_bytes_for(
+    shape: &Shape,
+    threads: usize,
+    dtype: Dtype,
+    kv: KvCache,
+) -> Result<usize, SdpaError> {
+    Ok(Plan::for_call(shape, threads, dtype, kv)?.total_bytes)
+}
+
+/// Computes scaled dot-product attention in f32; see the [crate documentation](crate) for the
+/// layouts and the masking rule. Same as [`attention_typed`] with `T = f32`.
 ///
 /// `q` and `out` hold `batch * q_len * heads * head_dim` floats, `k` and `v`
 /// `batch * kv_capacity * kv_heads * head_dim`. Only the first `start_pos + q_len` positions of
@@ -327,13 +412,104 @@ pub fn attention<A: TempAllocator + ?Sized>(
     params: &Params,
     temp: &A,
 ) -> Result<(), SdpaError> {
+    attention_typed(q, k, v, out, shape, params, temp)
+}
+
+/// [`attention`] with Q, K, V and the output in `T` ([`f32`], [`Bf16`] or [`F16`]),
+/// accumulating in f32. Non-f32 inputs are converted to f32 tile by tile in the call's one
+/// scratch buffer of [`scratch_bytes_for`]`(shape, threads, T::DTYPE, KvCache::Dense)` bytes;
+/// the output is rounded to `T` (nearest, ties to even) once, at the end.
+///
+/// # Errors
+/// As [`attention`].
+pub fn attention_typed<T: Element, A: TempAllocator + ?Sized>(
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    out: &mut [T],
+    shape: &Shape,
+    params: &Params,
+    temp: &A,
+) -> Result<(), SdpaError> {
     shape.validate()?;
-    let q_elems = shape.q_elems()?;
     let kv_elems = shape.kv_elems()?;
+    for (tensor, actual) in [(Tensor::K, k.len()), (Tensor::V, v.len())] {
+        if actual != kv_elems {
+            return Err(SdpaError::LenMismatch {
+                tensor,
+                expected: kv_elems,
+                actual,
+            });
+        }
+    }
+    run(
+        q,
+        Kv::Dense(k),
+        Kv::Dense(v),
+        out,
+        shape,
+        params,
+        temp,
+        KvCache::Dense,
+    )
+}
+
+/// [`attention_typed`] over an int8-quantized KV cache ([`QuantizedKv`], filled by
+/// [`quantize_kv`]): each K and V position row is dequantized to f32 in scratch as the kernel
+/// reaches it, so a decode step reads about a quarter of the bytes of an f32 cache. Scratch:
+/// [`scratch_bytes_for`]`(shape, threads, T::DTYPE, KvCache::Int8)` bytes, one request.
+/// Scales of the used positions must be finite.
+///
+/// # Errors
+/// As [`attention`]; a wrong cache slice length names `K`/`V` (values), `KScales`,
+/// `KZeroPoints`, `VScales` or `VZeroPoints`.
+pub fn attention_quantized<T: Element, A: TempAllocator + ?Sized>(
+    q: &[T],
+    k: QuantizedKv<'_>,
+    v: QuantizedKv<'_>,
+    out: &mut [T],
+    shape: &Shape,
+    params: &Params,
+    temp: &A,
+) -> Result<(), SdpaError> {
+    shape.validate()?;
+    quant::check_lens(
+        shape,
+        [k.values.len(), k.scales.len(), k.zero_points.len()],
+        [Tensor::K, Tensor::KScales, Tensor::KZeroPoints],
+    )?;
+    quant::check_lens(
+        shape,
+        [v.values.len(), v.scales.len(), v.zero_points.len()],
+        [Tensor::V, Tensor::VScales, Tensor::VZeroPoints],
+    )?;
+    run(
+        q,
+        Kv::Int8(k),
+        Kv::Int8(v),
+        out,
+        shape,
+        params,
+        temp,
+        KvCache::Int8,
+    )
+}
+
+/// The common body of the entry points, after K and V were checked.
+#[allow(clippy::too_many_arguments)]
+fn run<T: Element, A: TempAllocator + ?Sized>(
+    q: &[T],
+    k: Kv<'_, T>,
+    v: Kv<'_, T>,
+    out: &mut [T],
+    shape: &Shape,
+    params: &Params,
+    temp: &A,
+    kv: KvCache,
+) -> Result<(), SdpaError> {
+    let q_elems = shape.q_elems()?;
     for (tensor, expected, actual) in [
         (Tensor::Q, q_elems, q.len()),
-        (Tensor::K, kv_elems, k.len()),
-        (Tensor::V, kv_elems, v.len()),
         (Tensor::Out, q_elems, out.len()),
     ] {
         if expected != actual {
@@ -352,7 +528,11 @@ pub fn attention<A: TempAllocator + ?Sized>(
     if shape.batch == 0 || shape.q_len == 0 {
         return Ok(());
     }
-    let plan = Plan::new(shape, rayon::current_num_threads().max(1));
+    let plan = Plan::new(
+        shape,
+        rayon::current_num_threads().max(1),
+        plan::Conv::of(T::DTYPE, kv),
+    );
     let scratch = temp.allocate(plan.total_bytes, SCRATCH_ALIGN)?;
     if !(scratch.as_ptr() as usize).is_multiple_of(SCRATCH_ALIGN) {
         return Err(SdpaError::MisalignedScratch {
@@ -372,9 +552,10 @@ pub fn attention<A: TempAllocator + ?Sized>(
         kernels,
     };
     // SAFETY: `scratch` points to `plan.total_bytes` bytes (the `TempAllocator` contract),
-    // aligned to SCRATCH_ALIGN (checked above), valid until the owner resets `temp`, which cannot happen before this call returns (the owner
-    // calls `reset` after the kernel; `reset` is unsafe and requires that no memory from
-    // `allocate` is used afterwards, and we hold `&A` for the whole call).
+    // aligned to SCRATCH_ALIGN (checked above), valid until the owner resets `temp`, which
+    // cannot happen before this call returns (the owner calls `reset` after the kernel; `reset`
+    // is unsafe and requires that no memory from `allocate` is used afterwards, and we hold
+    // `&A` for the whole call).
     let scratch = unsafe { sync::Scratch::new(scratch, &plan) };
     match plan.path {
         Path::Rows { .. } => rows::run(&args, &plan, &scratch, out),
@@ -384,10 +565,10 @@ pub fn attention<A: TempAllocator + ?Sized>(
 }
 
 /// Validated inputs of one call, shared by the two paths.
-struct Args<'a> {
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
+struct Args<'a, T> {
+    q: &'a [T],
+    k: Kv<'a, T>,
+    v: Kv<'a, T>,
     shape: Shape,
     causal: bool,
     /// `scale * log2(e)`: the multiplier taking a raw dot product to the exp2 domain.
@@ -395,7 +576,7 @@ struct Args<'a> {
     kernels: kernels::Kernels,
 }
 
-impl Args<'_> {
+impl<T> Args<'_, T> {
     /// Number of positions query row `i` sees among `0..kv_len`, clipped to a tile starting at
     /// `t0` of `n` positions: the count of visible columns of that tile (a prefix).
     #[inline]

@@ -1,6 +1,6 @@
 //! How a call splits its work and lays out its one scratch buffer.
 
-use crate::{SdpaError, Shape, ROW_PATH_MAX_Q_LEN};
+use crate::{Dtype, KvCache, SdpaError, Shape, ROW_PATH_MAX_Q_LEN};
 
 /// Rows of the register-blocked micro-kernels (query rows per strip).
 pub(crate) const MR: usize = 6;
@@ -18,6 +18,27 @@ const ROW_ITEMS_PER_THREAD: usize = 4;
 const ROW_MIN_CHUNK: usize = 32;
 /// Floats per 64-byte line: every scratch region starts on a line.
 const LINE_FLOATS: usize = 16;
+/// Positions whose V rows the row path accumulates in one pass.
+pub(crate) const V_GROUP: usize = 4;
+
+/// Which inputs a call must convert to f32 in scratch (none for an all-f32 call, whose
+/// scratch is unchanged from the f32-only kernel).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) struct Conv {
+    /// Q is not f32.
+    pub q: bool,
+    /// K and V are not f32 (a 16-bit dtype or the int8 cache).
+    pub kv: bool,
+}
+
+impl Conv {
+    pub(crate) fn of(dtype: Dtype, kv: KvCache) -> Conv {
+        Conv {
+            q: dtype != Dtype::F32,
+            kv: dtype != Dtype::F32 || kv == KvCache::Int8,
+        }
+    }
+}
 
 /// Which code path a call takes, with its blocking.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +82,8 @@ pub struct Plan {
     pub chunks: usize,
     /// Bytes at the start of the buffer holding the worker-slot flags.
     pub(crate) flag_bytes: usize,
+    /// Which inputs are converted in scratch.
+    pub(crate) conv: Conv,
 }
 
 #[inline]
@@ -84,11 +107,13 @@ pub(crate) struct TiledLayout {
     pub o: usize,
     pub m: usize,
     pub l: usize,
+    /// K tile converted to f32 `[bk][d]` before packing (length 0 without conversion).
+    pub kt: usize,
     pub floats: usize,
 }
 
 impl TiledLayout {
-    pub(crate) fn new(shape: &Shape) -> Self {
+    pub(crate) fn new(shape: &Shape, conv: Conv) -> Self {
         let d = shape.head_dim;
         let bq_pad = round_up(shape.q_len.min(BQ), MR);
         let d_pad = round_up(d, NR);
@@ -106,6 +131,7 @@ impl TiledLayout {
         let o = take(bq_pad.saturating_mul(d_pad));
         let m = take(bq_pad);
         let l = take(bq_pad);
+        let kt = take(if conv.kv { bk.saturating_mul(d) } else { 0 });
         TiledLayout {
             bq_pad,
             d_pad,
@@ -117,19 +143,29 @@ impl TiledLayout {
             o,
             m,
             l,
+            kt,
             floats: at,
         }
     }
 }
 
-/// Offsets (in floats) of the row path's regions: the worker slice holds the score tile; each
-/// chunk's partial result holds the running max, the running sum and the accumulator.
+/// Offsets (in floats) of the row path's regions: the worker slice holds the score tile (and,
+/// when inputs need converting, the converted Q rows, one K head vector and `V_GROUP` V head
+/// vectors); each chunk's partial result holds the running max, the running sum and the
+/// accumulator.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RowsLayout {
     /// Query rows per sequence: `q_len * heads`.
     pub nq: usize,
-    /// Worker slice: scores `[nq, tile]`.
-    pub s_floats: usize,
+    /// Worker slice: converted Q `[nq, d]` (length 0 without conversion), after the scores
+    /// `[nq, tile]` at 0.
+    pub qc: usize,
+    /// Worker slice: one converted K head vector `[d]`.
+    pub kc: usize,
+    /// Worker slice: converted V head vectors of `V_GROUP` positions `[V_GROUP][d]`.
+    pub vc: usize,
+    /// Floats of a worker slice.
+    pub thread_floats: usize,
     /// Chunk partial offsets.
     pub m: usize,
     pub l: usize,
@@ -138,9 +174,17 @@ pub(crate) struct RowsLayout {
 }
 
 impl RowsLayout {
-    pub(crate) fn new(shape: &Shape, tile: usize) -> Self {
+    pub(crate) fn new(shape: &Shape, tile: usize, conv: Conv) -> Self {
         let nq = shape.q_len.saturating_mul(shape.heads);
         let s_floats = round_up(nq.saturating_mul(tile), LINE_FLOATS);
+        let d = shape.head_dim;
+        let qc = s_floats;
+        let q_floats = if conv.q { nq.saturating_mul(d) } else { 0 };
+        let kc = qc.saturating_add(round_up(q_floats, LINE_FLOATS));
+        let kv_row = if conv.kv { d } else { 0 }; // one head vector
+        let vc = kc.saturating_add(round_up(kv_row, LINE_FLOATS));
+        let thread_floats =
+            vc.saturating_add(round_up(kv_row.saturating_mul(V_GROUP), LINE_FLOATS));
         let m = 0;
         let l = round_up(nq, LINE_FLOATS);
         let acc = l.saturating_add(round_up(nq, LINE_FLOATS));
@@ -148,7 +192,10 @@ impl RowsLayout {
             acc.saturating_add(round_up(nq.saturating_mul(shape.head_dim), LINE_FLOATS));
         RowsLayout {
             nq,
-            s_floats,
+            qc,
+            kc,
+            vc,
+            thread_floats,
             m,
             l,
             acc,
@@ -163,13 +210,27 @@ impl Plan {
     /// # Errors
     /// The shape's error, if it is invalid (see [`Shape::validate`]).
     pub fn for_shape(shape: &Shape, threads: usize) -> Result<Plan, SdpaError> {
+        Plan::for_call(shape, threads, Dtype::F32, KvCache::Dense)
+    }
+
+    /// The plan of a call with this shape, element type and KV cache kind on a pool of
+    /// `threads` threads.
+    ///
+    /// # Errors
+    /// The shape's error, if it is invalid (see [`Shape::validate`]).
+    pub fn for_call(
+        shape: &Shape,
+        threads: usize,
+        dtype: Dtype,
+        kv: KvCache,
+    ) -> Result<Plan, SdpaError> {
         shape.validate()?;
-        Ok(Plan::new(shape, threads.max(1)))
+        Ok(Plan::new(shape, threads.max(1), Conv::of(dtype, kv)))
     }
 
     /// Assumes a validated shape and `threads >= 1`. Sizes saturate instead of overflowing
     /// (a saturated request then fails in the allocator, never here).
-    pub(crate) fn new(shape: &Shape, threads: usize) -> Plan {
+    pub(crate) fn new(shape: &Shape, threads: usize, conv: Conv) -> Plan {
         let kv_len = shape.kv_len();
         let empty = shape.batch == 0 || shape.q_len == 0;
         let flag_bytes = round_up(threads.saturating_mul(4), 64);
@@ -182,8 +243,8 @@ impl Plan {
             let chunk_len = kv_len.div_ceil(chunks_per_batch).max(1);
             let chunks_per_batch = kv_len.div_ceil(chunk_len).max(1);
             let tile = chunk_len.min(ROW_TILE);
-            let lay = RowsLayout::new(shape, tile);
-            let thread_bytes = lay.s_floats.saturating_mul(4);
+            let lay = RowsLayout::new(shape, tile, conv);
+            let thread_bytes = lay.thread_floats.saturating_mul(4);
             let chunk_bytes = lay.chunk_floats.saturating_mul(4);
             let chunks = shape.batch.saturating_mul(chunks_per_batch);
             let total_bytes = if empty {
@@ -205,9 +266,10 @@ impl Plan {
                 chunk_bytes,
                 chunks,
                 flag_bytes,
+                conv,
             }
         } else {
-            let lay = TiledLayout::new(shape);
+            let lay = TiledLayout::new(shape, conv);
             let q_block = lay.bq_pad.min(BQ);
             let q_blocks = shape.q_len.div_ceil(q_block);
             let thread_bytes = lay.floats.saturating_mul(4);
@@ -228,6 +290,7 @@ impl Plan {
                 chunk_bytes: 0,
                 chunks: 0,
                 flag_bytes,
+                conv,
             }
         }
     }

@@ -6,16 +6,22 @@
 
 use rayon::prelude::*;
 
-use crate::plan::{Path, Plan, RowsLayout};
+use crate::elem::Element;
+use crate::plan::{Path, Plan, RowsLayout, V_GROUP};
+use crate::source::as_f32;
 use crate::sync::{Scratch, SharedOut};
 use crate::Args;
 
-/// Positions whose V rows are accumulated in one pass.
-const V_GROUP: usize = 4;
+/// Converted (bf16/f16/int8) K and V rows are prefetched this many positions ahead: their
+/// per-head conversion loop issues too few loads at a time for the hardware prefetcher alone.
+const PREFETCH_AHEAD: usize = 16;
+/// Lanes of the output merged at a time (a stack buffer, so a non-f32 output needs no
+/// scratch).
+const MERGE_LANES: usize = 64;
 /// Merges of at most this many partial floats run on the calling thread.
 const SERIAL_MERGE_FLOATS: usize = 1 << 18;
 
-pub(crate) fn run(a: &Args<'_>, plan: &Plan, scratch: &Scratch, out: &mut [f32]) {
+pub(crate) fn run<T: Element>(a: &Args<'_, T>, plan: &Plan, scratch: &Scratch, out: &mut [T]) {
     let Path::Rows {
         chunks_per_batch: cpb,
         chunk_len,
@@ -25,7 +31,7 @@ pub(crate) fn run(a: &Args<'_>, plan: &Plan, scratch: &Scratch, out: &mut [f32])
         unreachable!("rows::run called with a tiled plan")
     };
     let sh = a.shape;
-    let lay = RowsLayout::new(&sh, tile);
+    let lay = RowsLayout::new(&sh, tile, plan.conv);
     let kv_len = sh.kv_len();
     let run_item = |item: usize| {
         let b = item / cpb;
@@ -68,14 +74,14 @@ pub(crate) fn run(a: &Args<'_>, plan: &Plan, scratch: &Scratch, out: &mut [f32])
 }
 
 /// Merges the partial states of sequence `b`'s chunks for query row `r` into `dst`.
-fn merge(
+fn merge<T: Element>(
     lay: &RowsLayout,
     scratch: &Scratch,
     cpb: usize,
     d: usize,
     b: usize,
     r: usize,
-    dst: &mut [f32],
+    dst: &mut [T],
 ) {
     let part = |c: usize| {
         // SAFETY: the chunk pass has finished and nothing writes chunks any more, so shared
@@ -86,37 +92,52 @@ fn merge(
     for c in 0..cpb {
         mx = mx.max(part(c)[lay.m + r]);
     }
-    dst.fill(0.0);
-    let mut sum = 0.0;
-    for c in 0..cpb {
-        let p = part(c);
-        let mc = p[lay.m + r];
+    let weight = |c: usize| {
+        let mc = part(c)[lay.m + r];
+        // A chunk that saw no position of row r has m = -inf: weight 0.
         if mc == f32::NEG_INFINITY {
-            continue; // this chunk saw no position of row r
+            0.0
+        } else {
+            (mc - mx).exp2()
         }
-        let w = (mc - mx).exp2();
-        sum += p[lay.l + r] * w;
-        for (x, y) in dst
-            .iter_mut()
-            .zip(&p[lay.acc + r * d..lay.acc + (r + 1) * d])
-        {
-            *x += y * w;
-        }
-    }
+    };
+    let sum: f32 = (0..cpb).map(|c| part(c)[lay.l + r] * weight(c)).sum();
     let inv = 1.0 / sum;
-    for x in dst.iter_mut() {
-        *x *= inv;
+    let mut tmp = [0f32; MERGE_LANES];
+    for x0 in (0..d).step_by(MERGE_LANES) {
+        let n = MERGE_LANES.min(d - x0);
+        let tmp = &mut tmp[..n];
+        tmp.fill(0.0);
+        for c in 0..cpb {
+            let w = weight(c);
+            if w == 0.0 {
+                continue;
+            }
+            let acc = &part(c)[lay.acc + r * d + x0..][..n];
+            for (x, y) in tmp.iter_mut().zip(acc) {
+                *x += y * w;
+            }
+        }
+        for (o, x) in dst[x0..x0 + n].iter_mut().zip(tmp.iter()) {
+            *o = T::from_f32(x * inv);
+        }
     }
+}
+
+/// The query rows (`i * heads + h` for each query `i`) whose head `h` uses KV head `kvh`.
+#[inline]
+fn group_rows(q_len: usize, heads: usize, group: usize, kvh: usize) -> impl Iterator<Item = usize> {
+    (0..q_len).flat_map(move |i| (0..group).map(move |g| i * heads + kvh * group + g))
 }
 
 /// Processes positions `c0..c1` of sequence `b` into the partial state `part`, with the
 /// score tile in the worker slice `s`.
 #[allow(clippy::too_many_arguments)]
-fn chunk(
-    a: &Args<'_>,
+fn chunk<T: Element>(
+    a: &Args<'_, T>,
     lay: &RowsLayout,
     tile: usize,
-    s: &mut [f32],
+    ws: &mut [f32],
     part: &mut [f32],
     b: usize,
     c0: usize,
@@ -126,27 +147,50 @@ fn chunk(
     let kern = &a.kernels;
     let (d, heads, nq) = (sh.head_dim, sh.heads, lay.nq);
     let group = heads / sh.kv_heads;
-    let row_len = sh.kv_heads * d;
+    let row_len = sh.kv_heads * d; // one position row of K or V
     let (m, rest) = part.split_at_mut(lay.l);
     let (l, acc) = rest.split_at_mut(lay.acc - lay.l);
     let (m, l, acc) = (&mut m[..nq], &mut l[..nq], &mut acc[..nq * d]);
     m.fill(f32::NEG_INFINITY);
     l.fill(0.0);
     acc.fill(0.0);
+    // The worker slice: scores, then the conversion buffers (empty for f32 inputs).
+    let (s, conv) = ws.split_at_mut(lay.qc);
+    let (qbuf, conv) = conv.split_at_mut(lay.kc - lay.qc);
+    let (kbuf, vbuf) = conv.split_at_mut(lay.vc - lay.kc);
     let s = &mut s[..nq * tile];
-    let qb = &a.q[b * nq * d..(b + 1) * nq * d];
+    let qb = as_f32(kern, &a.q[b * nq * d..(b + 1) * nq * d], qbuf);
     let kv_off = |t: usize| (b * sh.kv_capacity + t) * row_len;
 
+    // bf16 and int8 K/V are read by fused kernels; f16 through the conversion buffers.
+    let fused = a.k.fused();
     let mut t0 = c0;
     while t0 < c1 {
         let nb = tile.min(c1 - t0);
-        // Scores: one K position row (all kv heads, contiguous) at a time.
+        // Scores: one K position row (all kv heads, contiguous) at a time, head by head: a
+        // non-f32 head vector is converted into `kbuf` (D floats, so it stays in L1 while the
+        // query heads of its group use it).
         for u in 0..nb {
-            let krow = &a.k[kv_off(t0 + u)..kv_off(t0 + u) + row_len];
-            for (r, qr) in qb.chunks_exact(d).enumerate() {
-                let kvh = (r % heads) / group;
-                // SAFETY: slice-based kernel (equal lengths d); kernel set from `detect`.
-                s[r * tile + u] = unsafe { (kern.dot)(qr, &krow[kvh * d..(kvh + 1) * d]) };
+            let off = kv_off(t0 + u);
+            if a.k.converts() && t0 + u + PREFETCH_AHEAD < c1 {
+                a.k.prefetch(kern, kv_off(t0 + u + PREFETCH_AHEAD), row_len, 1, row_len);
+                a.v.prefetch(kern, kv_off(t0 + u + PREFETCH_AHEAD), row_len, 1, row_len);
+            }
+            for kvh in 0..sh.kv_heads {
+                let ko = off + kvh * d;
+                if fused {
+                    let row = (b * sh.kv_capacity + t0 + u) * sh.kv_heads + kvh;
+                    for r in group_rows(sh.q_len, heads, group, kvh) {
+                        s[r * tile + u] = a.k.dot(kern, &qb[r * d..(r + 1) * d], row);
+                    }
+                    continue;
+                }
+                let kh = a.k.load(kern, d, ko, d, kbuf);
+                for r in group_rows(sh.q_len, heads, group, kvh) {
+                    let qr = &qb[r * d..(r + 1) * d];
+                    // SAFETY: slice-based kernel (equal lengths d); kernel set from `detect`.
+                    s[r * tile + u] = unsafe { (kern.dot)(qr, kh) };
+                }
             }
         }
         // Online softmax per query row; P overwrites the scores.
@@ -167,25 +211,40 @@ fn chunk(
             }
             m[r] = mn;
         }
-        // acc += P . V, V_GROUP position rows at a time (each read contiguously).
+        // acc += P . V, V_GROUP position rows at a time (each read contiguously), head by
+        // head (non-f32 heads converted into `vbuf`, V_GROUP x D floats, L1-resident).
         let mut u = 0;
         while u < nb {
             let w = V_GROUP.min(nb - u);
-            let vrow = |j: usize| {
-                let t = t0 + u + j.min(w - 1);
-                &a.v[kv_off(t)..kv_off(t) + row_len]
-            };
-            let vrows: [&[f32]; V_GROUP] = core::array::from_fn(vrow);
-            for (r, ar) in acc.chunks_exact_mut(d).enumerate() {
-                let kvh = (r % heads) / group;
-                let p: [f32; V_GROUP] =
-                    core::array::from_fn(|j| if j < w { s[r * tile + u + j] } else { 0.0 });
-                if p == [0.0; V_GROUP] {
+            for kvh in 0..sh.kv_heads {
+                let offs: [usize; V_GROUP] =
+                    core::array::from_fn(|j| kv_off(t0 + u + j.min(w - 1)) + kvh * d);
+                if fused {
+                    let rows = core::array::from_fn(|j| {
+                        (b * sh.kv_capacity + t0 + u + j.min(w - 1)) * sh.kv_heads + kvh
+                    });
+                    for r in group_rows(sh.q_len, heads, group, kvh) {
+                        let p: [f32; V_GROUP] =
+                            core::array::from_fn(|j| if j < w { s[r * tile + u + j] } else { 0.0 });
+                        if p != [0.0; V_GROUP] {
+                            a.v.axpy4(kern, &mut acc[r * d..(r + 1) * d], p, rows);
+                        }
+                    }
                     continue;
                 }
-                let vs = vrows.map(|vr| &vr[kvh * d..(kvh + 1) * d]);
-                // SAFETY: slice-based kernel (equal lengths d); kernel set from `detect`.
-                unsafe { (kern.axpy4)(ar, p, vs) };
+                let mut vbufs = vbuf.chunks_mut(d);
+                let vs: [&[f32]; V_GROUP] = core::array::from_fn(|j| {
+                    a.v.load(kern, d, offs[j], d, vbufs.next().unwrap_or_default())
+                });
+                for r in group_rows(sh.q_len, heads, group, kvh) {
+                    let p: [f32; V_GROUP] =
+                        core::array::from_fn(|j| if j < w { s[r * tile + u + j] } else { 0.0 });
+                    if p == [0.0; V_GROUP] {
+                        continue;
+                    }
+                    // SAFETY: slice-based kernel (equal lengths d); kernel set from `detect`.
+                    unsafe { (kern.axpy4)(&mut acc[r * d..(r + 1) * d], p, vs) };
+                }
             }
             u += w;
         }

@@ -155,37 +155,38 @@ impl Drop for Slot<'_> {
 }
 
 /// The output slice shared by workers that write disjoint parts of it.
-pub(crate) struct SharedOut {
-    ptr: *mut f32,
+pub(crate) struct SharedOut<T> {
+    ptr: *mut T,
     len: usize,
 }
 
-// SAFETY: only a view of a `&mut [f32]` borrowed for the parallel section; writers use
+// SAFETY: only a view of a `&mut [T]` (T: Send) borrowed for the parallel section; writers use
 // `SharedOut::range`, whose callers guarantee that concurrently used ranges are disjoint.
-unsafe impl Sync for SharedOut {}
+unsafe impl<T: Send> Sync for SharedOut<T> {}
 // SAFETY: as for Sync.
-unsafe impl Send for SharedOut {}
+unsafe impl<T: Send> Send for SharedOut<T> {}
 
-impl SharedOut {
-    pub(crate) fn new(out: &mut [f32]) -> Self {
+impl<T> SharedOut<T> {
+    pub(crate) fn new(out: &mut [T]) -> Self {
         SharedOut {
             ptr: out.as_mut_ptr(),
             len: out.len(),
         }
     }
 
-    /// The output's start and length, for prefetch hints (never dereferenced through this).
-    pub(crate) fn as_raw(&self) -> (*const f32, usize) {
-        (self.ptr, self.len)
+    /// The output's start and length in bytes, for prefetch hints (never dereferenced
+    /// through this).
+    pub(crate) fn as_raw_bytes(&self) -> (*const u8, usize) {
+        (self.ptr.cast::<u8>(), self.len * size_of::<T>())
     }
 
     /// `out[start..start + len]`.
     ///
     /// # Safety
-    /// Ranges in use at the same time (on any thread) must not overlap, and the `&mut [f32]`
+    /// Ranges in use at the same time (on any thread) must not overlap, and the `&mut [T]`
     /// this was made from must outlive every returned slice.
     #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn range(&self, start: usize, len: usize) -> &mut [f32] {
+    pub(crate) unsafe fn range(&self, start: usize, len: usize) -> &mut [T] {
         assert!(start <= self.len && len <= self.len - start);
         // SAFETY: in bounds (checked above) of the borrowed output; disjointness and lifetime
         // are the caller's guarantee.

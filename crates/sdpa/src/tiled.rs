@@ -3,11 +3,13 @@
 
 use rayon::prelude::*;
 
+use crate::elem::Element;
 use crate::plan::{round_up, Path, Plan, TiledLayout, MR, NR};
+use crate::source::{as_f32, Kv};
 use crate::sync::{Scratch, SharedOut};
 use crate::Args;
 
-pub(crate) fn run(a: &Args<'_>, plan: &Plan, scratch: &Scratch, out: &mut [f32]) {
+pub(crate) fn run<T: Element>(a: &Args<'_, T>, plan: &Plan, scratch: &Scratch, out: &mut [T]) {
     let Path::Tiled {
         q_block, q_blocks, ..
     } = plan.path
@@ -15,7 +17,7 @@ pub(crate) fn run(a: &Args<'_>, plan: &Plan, scratch: &Scratch, out: &mut [f32])
         unreachable!("tiled::run called with a row plan")
     };
     let sh = a.shape;
-    let lay = TiledLayout::new(&sh);
+    let lay = TiledLayout::new(&sh, plan.conv);
     let out = SharedOut::new(out);
     let items = sh.batch * sh.heads * q_blocks;
     let block_of = |item: usize| {
@@ -56,7 +58,7 @@ struct Block {
 /// Prefetches the query rows and the first K/V tile of `blk`: they are strided in memory,
 /// which the hardware prefetcher follows poorly, so requesting them together overlaps the
 /// misses.
-fn prefetch_start(a: &Args<'_>, lay: &TiledLayout, blk: Block) {
+fn prefetch_start<T: Element>(a: &Args<'_, T>, lay: &TiledLayout, blk: Block) {
     let sh = &a.shape;
     let (kern, d) = (&a.kernels, sh.head_dim);
     let kvh = blk.h / (sh.heads / sh.kv_heads);
@@ -69,24 +71,32 @@ fn prefetch_start(a: &Args<'_>, lay: &TiledLayout, blk: Block) {
     }
     .min(lay.bk);
     let stride = sh.kv_heads * d;
-    // SAFETY: hints only, for addresses the kernel checks lie inside `q`, `k` or `v` (each
-    // pointer is passed with its slice's length); kernel set from `detect`.
+    let z = size_of::<T>();
+    // SAFETY: a hint only, for addresses the kernel checks lie inside `q` (passed with its
+    // length in bytes); kernel set from `detect`.
     unsafe {
-        (kern.prefetch_rows)(a.q.as_ptr(), a.q.len(), q_off, sh.heads * d, blk.rows, d);
-        (kern.prefetch_rows)(a.k.as_ptr(), a.k.len(), kv_off, stride, kv_rows, d);
-        (kern.prefetch_rows)(a.v.as_ptr(), a.v.len(), kv_off, stride, kv_rows, d);
+        (kern.prefetch_rows)(
+            a.q.as_ptr().cast(),
+            size_of_val(a.q),
+            q_off * z,
+            sh.heads * d * z,
+            blk.rows,
+            d * z,
+        );
     }
+    a.k.prefetch(kern, kv_off, stride, kv_rows, d);
+    a.v.prefetch(kern, kv_off, stride, kv_rows, d);
 }
 
 /// Computes `out[b, i0..i0 + rows, h, :]` for `blk` using the worker slice `ws`; during its
 /// last KV tile, prefetches the start of `next`.
-fn block(
-    a: &Args<'_>,
+fn block<T: Element>(
+    a: &Args<'_, T>,
     lay: &TiledLayout,
     ws: &mut [f32],
     blk: Block,
     next_item: Option<Block>,
-    out: &SharedOut,
+    out: &SharedOut<T>,
 ) {
     let Block { b, h, i0, rows } = blk;
     let sh = &a.shape;
@@ -106,7 +116,8 @@ fn block(
     let (s, rest) = rest.split_at_mut(lay.o - lay.s);
     let (o, rest) = rest.split_at_mut(lay.m - lay.o);
     let (m, rest) = rest.split_at_mut(lay.l - lay.m);
-    let l = &mut rest[..lay.bq_pad];
+    let (l, kt) = rest.split_at_mut(lay.kt - lay.l);
+    let l = &mut l[..lay.bq_pad];
     let qp = &mut qp[..rows_p * d];
     let o = &mut o[..rows_p * dp];
     let s = &mut s[..rows_p * bk];
@@ -120,7 +131,7 @@ fn block(
     let stride = sh.kv_heads * d;
     let q_off = |i: usize| ((b * sh.q_len + i) * sh.heads + h) * d;
     let q_row = |i: usize| &a.q[q_off(i)..q_off(i) + d];
-    let (k, v) = (a.k.as_ptr(), a.v.as_ptr());
+    let convert_kv = a.k.converts();
     prefetch_start(a, lay, blk);
 
     // Pack the query block: strip-major, `[strip][x][MR]`, pad rows zero.
@@ -128,10 +139,10 @@ fn block(
         let dst = &mut qp[st * d * MR..(st + 1) * d * MR];
         if (st + 1) * MR <= rows {
             // Full strip: write the destination in order, reading the MR rows side by side.
-            let src: [&[f32]; MR] = core::array::from_fn(|r| q_row(i0 + st * MR + r));
+            let src: [&[T]; MR] = core::array::from_fn(|r| q_row(i0 + st * MR + r));
             for (x, out6) in dst.chunks_exact_mut(MR).enumerate() {
                 for (o, row) in out6.iter_mut().zip(&src) {
-                    *o = row[x];
+                    *o = row[x].to_f32();
                 }
             }
             continue;
@@ -140,7 +151,7 @@ fn block(
             let row = st * MR + r;
             if row < rows {
                 for (x, &val) in q_row(i0 + row).iter().enumerate() {
-                    dst[x * MR + r] = val;
+                    dst[x * MR + r] = val.to_f32();
                 }
             } else {
                 for x in 0..d {
@@ -160,22 +171,33 @@ fn block(
 
         // Pack K: panel-major `[panel][x][NR]`, pad columns zero.
         let kp = &mut kp[..nkp * d];
-        let k_tile = &a.k[kv_row(t0)..];
+        // f32 K is packed straight from the cache; other K is first converted, row by row,
+        // into the `[nk][d]` tile `kt` of the worker slice (the one scratch region that needs).
+        let (k_tile, k_stride) = match &a.k {
+            Kv::Dense(x) if !convert_kv => (as_f32(kern, &x[kv_row(t0)..], &mut []), stride),
+            _ => {
+                for (t, dst) in kt[..nk * d].chunks_exact_mut(d).enumerate() {
+                    a.k.load_into(kern, d, kv_row(t0 + t), d, dst);
+                }
+                (&kt[..nk * d], d)
+            }
+        };
         // SAFETY: slice-based kernel; kernel set from `detect`.
-        unsafe { (kern.pack_k)(k_tile, stride, nk, nkp, d, kp) };
+        unsafe { (kern.pack_k)(k_tile, k_stride, nk, nkp, d, kp) };
         // Start fetching the next tile's K and V rows while this one is computed.
         let next = (kv_hi - t0 - nk).min(bk);
-        // SAFETY: hints only, for addresses checked to lie inside `k`, `v` or `out`; kernel
-        // set from `detect`.
-        unsafe {
-            if next > 0 {
-                (kern.prefetch_rows)(k, a.k.len(), kv_row(t0 + nk), stride, next, d);
-                (kern.prefetch_rows)(v, a.v.len(), kv_row(t0 + nk), stride, next, d);
-            } else {
-                // Last tile: fetch the output rows this item writes at the end.
-                let (o_ptr, o_len) = out.as_raw();
-                (kern.prefetch_rows)(o_ptr, o_len, q_off(i0), sh.heads * d, rows, d);
-            }
+        if next > 0 {
+            a.k.prefetch(kern, kv_row(t0 + nk), stride, next, d);
+            a.v.prefetch(kern, kv_row(t0 + nk), stride, next, d);
+        } else {
+            // Last tile: fetch the output rows this item writes at the end.
+            let (o_ptr, o_len) = out.as_raw_bytes();
+            let z = size_of::<T>();
+            // SAFETY: a hint only, for addresses the kernel checks lie inside `out` (passed
+            // with its length in bytes); kernel set from `detect`.
+            unsafe {
+                (kern.prefetch_rows)(o_ptr, o_len, q_off(i0) * z, sh.heads * d * z, rows, d * z)
+            };
         }
         if next == 0 {
             if let Some(n) = next_item {
@@ -186,9 +208,8 @@ fn block(
         // them finite rather than poison).
         let vp = &mut vp[..nk * dp];
         for t in 0..nk {
-            let off = kv_row(t0 + t);
             let dst = &mut vp[t * dp..(t + 1) * dp];
-            dst[..d].copy_from_slice(&a.v[off..off + d]);
+            a.v.load_into(kern, d, kv_row(t0 + t), d, dst);
             dst[d..].fill(0.0);
         }
 
@@ -268,7 +289,7 @@ fn block(
         // the parallel section that calls this.
         let dst = unsafe { out.range(off, d) };
         for (x, y) in dst.iter_mut().zip(&o[r * dp..r * dp + d]) {
-            *x = y * inv;
+            *x = T::from_f32(y * inv);
         }
     }
 }

@@ -11,13 +11,16 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use ::sdpa::baseline::{best, fill, gbs, interleaved, median, prefill_flops, sgemm, stream_read};
-use ::sdpa::{attention, Params, Shape};
+use ::sdpa::{Params, Shape};
 
+use super::inputs::{Inputs, SdpaDtype};
 use crate::source::TempAllocator;
 
 /// Decode's efficiency at one KV length.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct DecodeEfficiency {
+    /// The dtype column.
+    pub dtype: SdpaDtype,
     /// KV positions read per call.
     pub kv_len: usize,
     /// Separate layer caches cycled through, so that K/V come from DRAM.
@@ -26,7 +29,8 @@ pub struct DecodeEfficiency {
     pub span_bytes: usize,
     /// Best streaming-read GB/s (the faster of one and four runs per thread).
     pub stream_gbs: f64,
-    /// Best kernel GB/s, counting the K and V bytes read.
+    /// Best kernel GB/s, counting the K and V bytes read (int8: values, scales and zero
+    /// points).
     pub kernel_gbs: f64,
     /// `kernel_gbs / stream_gbs`.
     pub ratio_best: f64,
@@ -39,6 +43,8 @@ pub struct DecodeEfficiency {
 /// Prefill's efficiency at one length.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct PrefillEfficiency {
+    /// The dtype column.
+    pub dtype: SdpaDtype,
     /// Tokens (query rows = KV positions, start_pos 0).
     pub len: usize,
     /// Causal masking (FLOPs count visible pairs only).
@@ -68,10 +74,13 @@ fn decode_shape(heads: usize, kv_heads: usize, head_dim: usize, kv_len: usize) -
     }
 }
 
-/// Measures decode at `kv_len` over enough separate layer caches to span `span_bytes` of K/V
-/// (at most 64), against a streaming read of a `span_bytes` buffer, `reps` rounds. Scratch
-/// comes from `temp`, reset after every call.
+/// Measures decode in `dtype` at `kv_len` over enough separate layer caches to span
+/// `span_bytes` of K/V (at most 64), against a streaming read of a `span_bytes` buffer on the
+/// same threads, `reps` rounds: both count the bytes they must read (for int8, the values, the
+/// scales and the zero points). Scratch comes from `temp`, reset after every call.
+#[allow(clippy::too_many_arguments)]
 pub fn decode_efficiency(
+    dtype: SdpaDtype,
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
@@ -81,14 +90,12 @@ pub fn decode_efficiency(
     temp: &dyn TempAllocator,
 ) -> Result<DecodeEfficiency, sdpa::SdpaError> {
     let sh = decode_shape(heads, kv_heads, head_dim, kv_len.max(1));
-    let n = sh.kv_elems()?;
-    let per_layer = 2 * n * 4;
+    let per_layer = sh.kv_elems()? / head_dim * dtype.kv_bytes_per_head_row(head_dim);
     let layers = span_bytes.div_ceil(per_layer.max(1)).clamp(1, 64);
-    let ks: Vec<Vec<f32>> = (0..layers).map(|l| fill(n, 2 * l as u32 + 1)).collect();
-    let vs: Vec<Vec<f32>> = (0..layers).map(|l| fill(n, 2 * l as u32 + 2)).collect();
+    let mut inputs = (0..layers)
+        .map(|l| Inputs::new(dtype, &sh, 3 * l as u32 + 1))
+        .collect::<Result<Vec<_>, _>>()?;
     let stream = fill(span_bytes.div_ceil(4).max(1), 7);
-    let q = fill(sh.q_elems()?, 99);
-    let mut out = vec![0f32; q.len()];
     let p = Params::default();
     let mut err = None;
     let rounds = interleaved(
@@ -97,15 +104,15 @@ pub fn decode_efficiency(
             &mut || stream_read(&stream, 1),
             &mut || stream_read(&stream, 4),
             &mut || {
-                for l in 0..layers {
-                    if let Err(e) = attention(&q, &ks[l], &vs[l], &mut out, &sh, &p, temp) {
+                for layer in inputs.iter_mut() {
+                    if let Err(e) = layer.call(&sh, &p, temp) {
                         err.get_or_insert(e);
                     }
                     // SAFETY: nothing from `temp` is used after the call returned, and no other
                     // call on it runs (this thread drives it alone).
                     unsafe { temp.reset() };
                 }
-                black_box(&out);
+                black_box(&inputs);
             },
         ],
     );
@@ -123,6 +130,7 @@ pub fn decode_efficiency(
     let stream_gbs = gbs(sb, best(&rounds, 0).min(best(&rounds, 1)));
     let kernel_gbs = gbs(kb, best(&rounds, 2));
     Ok(DecodeEfficiency {
+        dtype,
         kv_len,
         layers,
         span_bytes: sb,
@@ -134,9 +142,11 @@ pub fn decode_efficiency(
     })
 }
 
-/// Measures a causal prefill of `len` tokens from position 0 against sgemm on each of
-/// `sgemm_shapes` (`m, k, n`; the fastest counts), `reps` rounds. Scratch comes from `temp`.
+/// Measures a causal prefill in `dtype` of `len` tokens from position 0 against sgemm on each
+/// of `sgemm_shapes` (`m, k, n`; the fastest counts), `reps` rounds. Scratch comes from `temp`.
+#[allow(clippy::too_many_arguments)]
 pub fn prefill_efficiency(
+    dtype: SdpaDtype,
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
@@ -154,19 +164,17 @@ pub fn prefill_efficiency(
         kv_capacity: len,
         start_pos: 0,
     };
-    let (qn, kn) = (sh.q_elems()?, sh.kv_elems()?);
-    let (q, k, v) = (fill(qn, 1), fill(kn, 2), fill(kn, 3));
-    let mut out = vec![0f32; qn];
+    let mut inputs = Inputs::new(dtype, &sh, 1)?;
     let p = Params::default();
     let mut err = None;
     let mut kernel = || {
-        if let Err(e) = attention(&q, &k, &v, &mut out, &sh, &p, temp) {
+        if let Err(e) = inputs.call(&sh, &p, temp) {
             err.get_or_insert(e);
         }
         // SAFETY: nothing from `temp` is used after the call returned; this thread alone
         // drives it.
         unsafe { temp.reset() };
-        black_box(&out);
+        black_box(&inputs);
     };
     // One sgemm per shape, each with its own operands (m, k, n, a, b, c), then the kernel.
     let mut mats: Vec<SgemmCase> = sgemm_shapes
@@ -217,6 +225,7 @@ pub fn prefill_efficiency(
         .map(|r| r[shape_count])
         .fold(f64::INFINITY, f64::min);
     Ok(PrefillEfficiency {
+        dtype,
         len,
         causal: true,
         sgemm_gflops: sgemm_best,

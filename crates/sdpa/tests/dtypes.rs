@@ -1,0 +1,293 @@
+//! Every dtype (f32, bf16, f16, and the int8 KV cache under each) x {causal, non-causal} x
+//! {GQA, MHA} x {decode, prefill, start_pos > 0}, at every SIMD level this CPU runs, on
+//! 0xFF-poisoned scratch, against the f64 reference computed from the same rounded (or
+//! dequantized) inputs.
+//!
+//! Bounds, with `ref` the reference output element:
+//! - f32 output: `|out - ref| <= 1e-4` (f32 accumulation, as `attention.rs`);
+//! - bf16 output: `|out - ref| <= 1e-4 + 2^-8 |ref|` (the f32 error plus the final rounding to
+//!   bf16, at most 2^-9 relative, with a factor 2 of margin);
+//! - f16 output: `|out - ref| <= 1e-4 + 2^-10 |ref|` (same, for f16's 2^-11).
+//!
+//! Subnormal f16 outputs would need an absolute term of 2^-25; 1e-4 covers it.
+
+mod common;
+
+use common::*;
+use sdpa::{
+    attention_quantized, attention_typed, available_simd_levels, quantize_kv, scratch_bytes_for,
+    with_max_simd, Bf16, Dtype, Element, KvCache, Params, QuantizedKv, QuantizedKvMut, Shape, F16,
+    SCRATCH_ALIGN,
+};
+
+/// The relative part of the bound for outputs of type `T`.
+fn rel_tol<T: Element>() -> f32 {
+    match T::DTYPE {
+        Dtype::F32 => 0.0,
+        Dtype::Bf16 => 1.0 / 256.0,
+        Dtype::F16 => 1.0 / 1024.0,
+    }
+}
+
+const ABS_TOL: f32 = 1e-4;
+
+fn round<T: Element>(x: &[f32]) -> Vec<T> {
+    x.iter().map(|&v| T::from_f32(v)).collect()
+}
+
+fn widen<T: Element>(x: &[T]) -> Vec<f32> {
+    x.iter().map(|v| v.to_f32()).collect()
+}
+
+/// Checks `out` against `want` with the bound of `T`; returns the worst error / bound ratio.
+fn check_out<T: Element>(out: &[T], want: &[f32], what: &str) {
+    let rel = rel_tol::<T>();
+    for (i, (o, w)) in out.iter().zip(want).enumerate() {
+        let o = o.to_f32();
+        let bound = ABS_TOL + rel * w.abs();
+        assert!(
+            (o - w).abs() <= bound,
+            "{what}: element {i}: {o} vs reference {w} (bound {bound})"
+        );
+    }
+}
+
+/// The cases of the matrix: (name, shape) for {decode, prefill, start_pos > 0 (tiled and row
+/// paths)} x {GQA, MHA}.
+fn shapes() -> Vec<(String, Shape)> {
+    let mut v = Vec::new();
+    for (kind, heads, kv_heads) in [("gqa", 8, 2), ("mha", 4, 4)] {
+        for (case, q_len, sp) in [
+            ("decode", 1, 70),
+            ("prefill", 23, 0),
+            ("start_pos", 9, 41),
+            ("short", 3, 33),
+        ] {
+            v.push((
+                format!("{case} {kind}"),
+                shape(2, q_len, heads, kv_heads, 72, sp),
+            ));
+        }
+    }
+    v
+}
+
+fn params() -> [Params; 2] {
+    [
+        Params::default(),
+        Params {
+            causal: false,
+            scale: None,
+        },
+    ]
+}
+
+/// Runs `f` once per SIMD level this CPU runs (the test names the level in failures); a
+/// level above an `SDPA_MAX_SIMD` cap is skipped with a note.
+fn each_level(mut f: impl FnMut(&str)) {
+    for level in available_simd_levels() {
+        with_max_simd(level, || {
+            if sdpa::simd_level() != level {
+                assert!(std::env::var_os("SDPA_MAX_SIMD").is_some());
+                println!("{level} skipped: SDPA_MAX_SIMD caps it");
+                return;
+            }
+            f(level.name())
+        });
+    }
+}
+
+fn dense<T: Element>() {
+    each_level(|level| {
+        for (name, sh) in shapes() {
+            for p in params() {
+                let (q, k, v) = inputs(&sh, 7, 2.0);
+                let (q, k, v) = (round::<T>(&q), round::<T>(&k), round::<T>(&v));
+                let want = reference(&widen(&q), &widen(&k), &widen(&v), &sh, &p);
+                let mut out = vec![T::from_f32(f32::NAN); want.len()];
+                let temp = PoisonAlloc::default();
+                attention_typed(&q, &k, &v, &mut out, &sh, &p, &temp).unwrap();
+                let what = format!("{} {level} {name} causal={}", T::DTYPE, p.causal);
+                check_out(&out, &want, &what);
+                let bytes =
+                    scratch_bytes_for(&sh, rayon::current_num_threads(), T::DTYPE, KvCache::Dense)
+                        .unwrap();
+                assert_eq!(
+                    *temp.requests.lock().unwrap(),
+                    vec![(bytes, SCRATCH_ALIGN)],
+                    "{what}"
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn f32_matrix() {
+    dense::<f32>();
+}
+
+#[test]
+fn bf16_matrix() {
+    dense::<Bf16>();
+}
+
+#[test]
+fn f16_matrix() {
+    dense::<F16>();
+}
+
+/// An int8 cache `[batch, cap, kv_heads, d]` with NaN scales everywhere (so a position never
+/// written would poison any output that read it).
+struct Cache {
+    values: Vec<i8>,
+    scales: Vec<f32>,
+    zps: Vec<i8>,
+}
+
+impl Cache {
+    fn new(sh: &Shape) -> Cache {
+        let rows = sh.batch * sh.kv_capacity * sh.kv_heads;
+        Cache {
+            values: vec![0x55; rows * sh.head_dim],
+            scales: vec![f32::NAN; rows],
+            zps: vec![3; rows],
+        }
+    }
+
+    fn view(&self) -> QuantizedKv<'_> {
+        QuantizedKv {
+            values: &self.values,
+            scales: &self.scales,
+            zero_points: &self.zps,
+        }
+    }
+
+    fn view_mut(&mut self) -> QuantizedKvMut<'_> {
+        QuantizedKvMut {
+            values: &mut self.values,
+            scales: &mut self.scales,
+            zero_points: &mut self.zps,
+        }
+    }
+
+    /// The dequantized cache, computed here from the definition (NaN where never written).
+    fn dequantized(&self, d: usize) -> Vec<f32> {
+        self.values
+            .iter()
+            .enumerate()
+            .map(|(i, &q)| (f32::from(q) - f32::from(self.zps[i / d])) * self.scales[i / d])
+            .collect()
+    }
+}
+
+/// Quantizes positions `0..kv_len` of `x` (a dense f32 cache) into `cache` in two calls:
+/// positions before `start_pos` (a "prefill"), then the rest (the new rows), as a runner would.
+fn fill_cache<T: Element>(x: &[f32], sh: &Shape, cache: &mut Cache) {
+    let row = sh.kv_heads * sh.head_dim;
+    for (sp, n) in [(0, sh.start_pos), (sh.start_pos, sh.q_len)] {
+        if n == 0 {
+            continue;
+        }
+        let part = Shape {
+            q_len: n,
+            start_pos: sp,
+            ..*sh
+        };
+        let mut rows = Vec::new();
+        for b in 0..sh.batch {
+            let o = (b * sh.kv_capacity + sp) * row;
+            rows.extend(round::<T>(&x[o..o + n * row]));
+        }
+        quantize_kv(&rows, cache.view_mut(), &part).unwrap();
+    }
+}
+
+fn quantized<T: Element>() {
+    each_level(|level| {
+        for (name, sh) in shapes() {
+            for p in params() {
+                let (q, k, v) = inputs(&sh, 9, 2.0);
+                let q = round::<T>(&q);
+                let (mut kc, mut vc) = (Cache::new(&sh), Cache::new(&sh));
+                fill_cache::<T>(&k, &sh, &mut kc);
+                fill_cache::<T>(&v, &sh, &mut vc);
+                let (kd, vd) = (kc.dequantized(sh.head_dim), vc.dequantized(sh.head_dim));
+                let want = reference(&widen(&q), &kd, &vd, &sh, &p);
+                let mut out = vec![T::from_f32(f32::NAN); want.len()];
+                let temp = PoisonAlloc::default();
+                attention_quantized(&q, kc.view(), vc.view(), &mut out, &sh, &p, &temp).unwrap();
+                let what = format!("int8 kv, {} {level} {name} causal={}", T::DTYPE, p.causal);
+                check_out(&out, &want, &what);
+                let bytes =
+                    scratch_bytes_for(&sh, rayon::current_num_threads(), T::DTYPE, KvCache::Int8)
+                        .unwrap();
+                assert_eq!(
+                    *temp.requests.lock().unwrap(),
+                    vec![(bytes, SCRATCH_ALIGN)],
+                    "{what}"
+                );
+                // The quantized cache is close to the f32 one it came from (half a step).
+                let kv_len = sh.kv_len() * sh.kv_heads * sh.head_dim;
+                for (a, b) in kd[..kv_len].iter().zip(&k[..kv_len]) {
+                    assert!(
+                        (a - b).abs() <= 2.0 / 255.0 * 0.5 + 1e-2,
+                        "{what}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn int8_kv_f32_matrix() {
+    quantized::<f32>();
+}
+
+#[test]
+fn int8_kv_bf16_matrix() {
+    quantized::<Bf16>();
+}
+
+#[test]
+fn int8_kv_f16_matrix() {
+    quantized::<F16>();
+}
+
+/// Long prefill and long decode through the conversion paths (several tiles and chunks).
+#[test]
+fn long_bf16_and_int8() {
+    let p = Params::default();
+    for sh in [shape(1, 150, 2, 1, 64, 0), shape(1, 1, 8, 2, 128, 900)] {
+        let (q, k, v) = inputs(&sh, 11, 2.0);
+        let (qb, kb, vb) = (round::<Bf16>(&q), round::<Bf16>(&k), round::<Bf16>(&v));
+        let want = reference(&widen(&qb), &widen(&kb), &widen(&vb), &sh, &p);
+        let mut out = vec![Bf16::default(); want.len()];
+        attention_typed(&qb, &kb, &vb, &mut out, &sh, &p, &PoisonAlloc::default()).unwrap();
+        check_out(&out, &want, &format!("bf16 {sh:?}"));
+
+        let (mut kc, mut vc) = (Cache::new(&sh), Cache::new(&sh));
+        fill_cache::<f32>(&k, &sh, &mut kc);
+        fill_cache::<f32>(&v, &sh, &mut vc);
+        let want = reference(
+            &q,
+            &kc.dequantized(sh.head_dim),
+            &vc.dequantized(sh.head_dim),
+            &sh,
+            &p,
+        );
+        let mut out = vec![0f32; want.len()];
+        attention_quantized(
+            &q,
+            kc.view(),
+            vc.view(),
+            &mut out,
+            &sh,
+            &p,
+            &PoisonAlloc::default(),
+        )
+        .unwrap();
+        check_out(&out, &want, &format!("int8 {sh:?}"));
+    }
+}
