@@ -80,21 +80,9 @@ fn check_books(stats: &Stats, sys: &Faulty, cap: usize, ctx: &str) {
     );
 }
 
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+#[path = "common/star_rng.rs"]
+mod star_rng;
+use star_rng::StarRng as Rng;
 
 const CAP: usize = 256 << 10;
 const OPS: usize = if cfg!(miri) { 40 } else { 400 };

@@ -10,21 +10,10 @@ mod ops;
 
 use std::path::Path;
 
-/// A small deterministic generator (xorshift64*), so the seeded inputs never change.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn bytes(&mut self, len: usize) -> Vec<u8> {
-        (0..len).map(|_| self.next() as u8).collect()
-    }
-}
+// The seeded inputs come from this generator, so they never change.
+#[path = "common/star_rng.rs"]
+mod star_rng;
+use star_rng::StarRng as Rng;
 
 /// Runs an input; if it fails, prints it (ops numbered as in the failure message) first.
 fn run_verbose(input: &ops::Input) {

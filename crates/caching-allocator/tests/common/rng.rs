@@ -1,5 +1,5 @@
 //! A tiny xorshift, so the tests need no RNG crate and replay the same per seed (the stress
-//! and v2 tests; the fuzz replay and fault injection keep their own xorshift* variant, whose
+//! and v2 tests; the fuzz replay and fault injection use the xorshift* of `star_rng.rs`, whose
 //! sequences their committed seeds were chosen with).
 
 /// Xorshift64 (13, 7, 17). The seed must not be 0.

@@ -1,0 +1,27 @@
+//! Xorshift64* (12, 25, 27): the generator whose sequences the fuzz replay's seeded inputs and
+//! fault injection's committed seeds were chosen with (`common/rng.rs` is the other tests').
+
+/// Xorshift64*. The seed must not be 0.
+pub struct StarRng(pub u64);
+
+impl StarRng {
+    /// The next value.
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A value in `0..n` (`n > 0`).
+    #[allow(dead_code)] // the fuzz replay takes bytes only
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    /// `len` bytes.
+    #[allow(dead_code)] // fault injection takes numbers only
+    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
+        (0..len).map(|_| self.next() as u8).collect()
+    }
+}
