@@ -33,8 +33,8 @@ use serde_json::{json, Value};
 use crate::harness::{Measurement, RunConfig, Spread};
 use crate::os::{self, Machine};
 use crate::report::{
-    align_right, fmt_ns, markdown_table, memory_cells, Report, TargetCheck, CACHING, CACHING_SCOPE,
-    FLOOR,
+    align_right, fmt_ns, held_cell, markdown_table, memory_cells, Report, TargetCheck, CACHING,
+    CACHING_SCOPE, FLOOR,
 };
 use crate::source::{Counters, ScratchSource, ScratchWorker, SourceConfig, SourceKind};
 use ::sdpa::{Params, Shape};
@@ -634,6 +634,7 @@ impl SdpaReport {
             "faults/call",
             "sys allocs/call",
             "peak RSS +MiB",
+            "peak held/live MiB",
         ]);
         for r in &self.rows {
             let m = &r.m;
@@ -663,9 +664,10 @@ impl SdpaReport {
                 faults,
                 sys_allocs,
                 rss,
+                held_cell(m),
             ]);
         }
-        align_right(&mut t, 2..10);
+        align_right(&mut t, 2..11);
         t
     }
 
@@ -888,6 +890,8 @@ impl SdpaReport {
                     "system_allocations_whole_run":
                         m.sys_allocs_total.map(|x| fig(x as f64, "allocations")),
                     "misses_whole_run": m.misses_total.map(|x| fig(x as f64, "misses")),
+                    "peak_reserved": m.peak_reserved.map(|x| fig(x as f64, "bytes")),
+                    "peak_live": m.peak_live.map(|x| fig(x as f64, "bytes")),
                     "peak_rss_growth_warmup": fig(m.peak_rss_growth as f64, "bytes"),
                     "ratio_to_static": r.x_static.map(|x| fig(x, "x (total time over the same steps)")),
                     "ratio_to_caching": r.x_caching.map(|x| fig(x, "x (total time over the same steps)")),
