@@ -31,8 +31,7 @@ use crate::report::{
 };
 use crate::sdpa::{finish, step_order, Acc};
 use crate::source::{
-    CachingMode, CachingSource, Counters, ExactCacheSource, FreshPagesSource, GlobalAllocSource,
-    ScratchSource, ScratchWorker, SourceConfig, SourceKind, StaticSource,
+    Counters, ScratchSource, ScratchWorker, SourceConfig, SourceKind, LLM_ONLY, SOURCES,
 };
 use ::sdpa::baseline::{best, interleaved, median, sgemm, stream_read};
 use llm::safetensors::DType;
@@ -41,40 +40,25 @@ use llm::{Llama, ModelOptions, Module, Sampler, TempRef, Weights};
 /// ExecuTorch's LLM runner's temp-allocator cap, `1024 * 1024 * 10` (used for both caches).
 pub const RUNNER_CAP: usize = 10 << 20;
 
-/// The temp-memory sources of the llm comparison, in table order.
-pub const LLM_SOURCES: &[SourceKind] = &[
-    SourceKind {
-        name: "system",
-        about: "std System (glibc malloc) through GlobalAlloc",
-        build: |_| Box::new(GlobalAllocSource::new("system", std::alloc::System)),
-    },
-    SourceKind {
-        name: "fresh-pages",
-        about: "mmap/munmap per block: models iOS/macOS, where large mallocs are fresh VM pages",
-        build: |_| Box::new(FreshPagesSource),
-    },
-    SourceKind {
-        name: "exact-cache",
-        about: "ExecuTorch's CPUCachingAllocator design, capped at 10 MB as its LLM runner",
-        build: |_| Box::new(ExactCacheSource::new(RUNNER_CAP as u32)),
-    },
-    SourceKind {
-        name: "caching",
-        about:
-            "this project's CachingAllocator, max_cached_bytes 10 MiB (the llm runner's default)",
-        build: |_| Box::new(CachingSource::new(CachingMode::Reset, RUNNER_CAP)),
-    },
-    SourceKind {
-        name: "caching-unbounded",
-        about: "this project's CachingAllocator with no cap on cached bytes",
-        build: |_| Box::new(CachingSource::new(CachingMode::Reset, usize::MAX)),
-    },
-    SourceKind {
-        name: "static",
-        about: "buffers allocated once and reused: the floor",
-        build: |_| Box::new(StaticSource),
-    },
+/// The temp-memory sources of the llm comparison, in table order: [`SOURCES`] entries and
+/// [`LLM_ONLY`]'s, all built with [`llm_source_config`] (caps at the runner's 10 MiB).
+pub const LLM_SOURCE_NAMES: [&str; 6] = [
+    "system",
+    "fresh-pages",
+    "exact-cache",
+    "caching",
+    "caching-unbounded",
+    "static",
 ];
+
+/// The source settings of the llm comparison: `exact-cache` and `caching` capped at
+/// [`RUNNER_CAP`], as ExecuTorch's LLM runner caps its temp allocator.
+pub fn llm_source_config() -> SourceConfig {
+    SourceConfig {
+        exact_cap: RUNNER_CAP as u32,
+        caching_cap: RUNNER_CAP,
+    }
+}
 
 /// The targets.
 pub const WITHIN_STATIC: f64 = 1.01;
@@ -257,7 +241,7 @@ pub fn run(
     let counters = |i: usize| sources[i].counters().plus(workers[i].counters());
     let mut models = Vec::new();
     for w in &workers {
-        match Llama::new(weights.clone(), TempRef(w.as_temp()), &opts) {
+        match Llama::new(weights.clone(), TempRef(w.as_ref()), &opts) {
             Ok(m) => models.push(m),
             Err(e) => {
                 errors.push(format!("building the model: {e}"));
@@ -795,7 +779,17 @@ impl LlmReport {
 
 /// Looks an llm source up by name.
 pub fn find_source(name: &str) -> Option<&'static SourceKind> {
-    LLM_SOURCES.iter().find(|k| k.name == name)
+    LLM_SOURCE_NAMES
+        .contains(&name)
+        .then(|| SOURCES.iter().chain(LLM_ONLY).find(|k| k.name == name))?
+}
+
+/// Every llm source, in table order.
+pub fn llm_sources() -> Vec<&'static SourceKind> {
+    LLM_SOURCE_NAMES
+        .iter()
+        .filter_map(|n| find_source(n))
+        .collect()
 }
 
 /// The floor's name, for callers that check it is selected.

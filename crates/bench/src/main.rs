@@ -352,9 +352,9 @@ fn select_llm_sources(
     names: Option<&[String]>,
     ignore_unknown: bool,
 ) -> Result<Vec<&'static SourceKind>, String> {
-    use allocbench::llm::{find_source, LLM_SOURCES};
+    use allocbench::llm::{find_source, llm_sources, LLM_SOURCE_NAMES};
     let Some(names) = names else {
-        return Ok(LLM_SOURCES.iter().collect());
+        return Ok(llm_sources());
     };
     let mut out = Vec::new();
     for n in names {
@@ -364,11 +364,7 @@ fn select_llm_sources(
             None => {
                 return Err(format!(
                     "llm runs no source `{n}`; known: {}",
-                    LLM_SOURCES
-                        .iter()
-                        .map(|k| k.name)
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    LLM_SOURCE_NAMES.join(", ")
                 ))
             }
         }
@@ -444,7 +440,7 @@ fn run_llm(
     // inside the pool instead of waking the main thread through a latch after each of the
     // ~240 sections per token.
     let (rows, decode_eff, prefill_eff, errors) = rayon::scope(|_| {
-        llm::run(&cfg, &weights, sources, &SourceConfig::default(), &|| {
+        llm::run(&cfg, &weights, sources, &llm::llm_source_config(), &|| {
             pb.inc(1)
         })
     });

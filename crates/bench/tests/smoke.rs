@@ -135,7 +135,7 @@ fn every_worker_is_a_temp_allocator() {
     for kind in SOURCES {
         let source = (kind.build)(&small_config());
         let w = source.worker();
-        let temp: &dyn TempAllocator = w.as_temp();
+        let temp: &dyn TempAllocator = w.as_ref();
         for round in 0..3u8 {
             let mut live: HashMap<usize, (NonNull<u8>, usize)> = HashMap::new();
             for (i, (size, align)) in [(64, 64), (5000, 128), (300_000, 4096), (10, 64)]

@@ -331,10 +331,10 @@ pub fn run(
 
     // One attention call on worker `w`; an error is kept, and the source skipped from then on.
     let call = |w: &dyn ScratchWorker, inputs: &mut Inputs, sh: &Shape| -> Result<(), String> {
-        let r = inputs.call(sh, &p, w.as_temp()).map_err(|e| e.to_string());
+        let r = inputs.call(sh, &p, w).map_err(|e| e.to_string());
         // SAFETY: the kernel has returned and nothing it got from the allocator is used
         // again; this thread alone drives the worker.
-        unsafe { w.as_temp().reset() };
+        unsafe { w.reset() };
         r
     };
 
@@ -497,7 +497,7 @@ pub fn run(
                 kv,
                 cfg.eff_span_bytes,
                 cfg.eff_rounds,
-                w.as_temp(),
+                w.as_ref(),
             ) {
                 Ok(e) => dec.push(e),
                 Err(e) => errors.push(format!("{} decode efficiency at kv {kv}: {e}", dt.name())),
@@ -513,7 +513,7 @@ pub fn run(
                 len,
                 &cfg.eff_sgemm_shapes,
                 cfg.eff_rounds,
-                w.as_temp(),
+                w.as_ref(),
             ) {
                 Ok(e) => pre.push(e),
                 Err(e) => errors.push(format!(

@@ -71,13 +71,6 @@ fn counters_of(s: &Stats) -> Counters {
 }
 
 impl ScratchSource for CachingSource {
-    fn name(&self) -> &'static str {
-        match self.mode {
-            CachingMode::Reset => "caching",
-            CachingMode::Scope => "caching-scope",
-        }
-    }
-
     fn worker(&self) -> Box<dyn ScratchWorker + '_> {
         match &self.shared {
             None => Box::new(ResetWorker {
@@ -122,10 +115,6 @@ unsafe impl TempAllocator for ResetWorker {
 unsafe impl ScratchWorker for ResetWorker {
     fn counters(&self) -> Counters {
         counters_of(&self.alloc.stats())
-    }
-
-    fn as_temp(&self) -> &dyn TempAllocator {
-        self
     }
 }
 
@@ -201,10 +190,6 @@ unsafe impl ScratchWorker for ScopeWorker<'_> {
         kernel(&blocks[..n]);
         drop(scope);
         Ok(())
-    }
-
-    fn as_temp(&self) -> &dyn TempAllocator {
-        self
     }
 }
 

@@ -19,33 +19,10 @@ use core::ptr::NonNull;
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use super::{padded_size, AllocError, Counters, ScratchSource, ScratchWorker, TempAllocator};
+use super::{padded_size, AllocError, Counters, ScratchWorker, TempAllocator};
 
 /// The smallest alignment the original hands out.
 pub const MIN_ALIGNMENT: usize = 64;
-
-/// Builds one [`ExactCache`] per worker (one per runtime, as ExecuTorch does).
-#[derive(Debug)]
-pub struct ExactCacheSource {
-    cap: u32,
-}
-
-impl ExactCacheSource {
-    /// A source whose caches are capped at `cap` bytes.
-    pub fn new(cap: u32) -> Self {
-        ExactCacheSource { cap }
-    }
-}
-
-impl ScratchSource for ExactCacheSource {
-    fn name(&self) -> &'static str {
-        "exact-cache"
-    }
-
-    fn worker(&self) -> Box<dyn ScratchWorker + '_> {
-        Box::new(ExactCache::new(self.cap))
-    }
-}
 
 /// What an [`ExactCache`] has done so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -263,10 +240,6 @@ unsafe impl ScratchWorker for ExactCache {
             peak_reserved: Some(s.peak_bytes as u64),
             peak_live: Some(s.peak_live_bytes as u64),
         }
-    }
-
-    fn as_temp(&self) -> &dyn TempAllocator {
-        self
     }
 }
 

@@ -9,27 +9,7 @@ use core::cell::{Cell, RefCell};
 use core::ptr::NonNull;
 use std::alloc::System;
 
-use super::{
-    check_align, dangling, AllocError, Block, Counters, ScratchSource, ScratchWorker, TempAllocator,
-};
-
-/// Preallocated buffers, one set per worker.
-#[derive(Debug, Default)]
-pub struct StaticSource;
-
-impl ScratchSource for StaticSource {
-    fn name(&self) -> &'static str {
-        "static"
-    }
-
-    fn worker(&self) -> Box<dyn ScratchWorker + '_> {
-        Box::new(StaticWorker {
-            slots: RefCell::new(Vec::with_capacity(64)),
-            next: Cell::new(0),
-            allocs: Cell::new(0),
-        })
-    }
-}
+use super::{check_align, zero_size, AllocError, Block, Counters, ScratchWorker, TempAllocator};
 
 /// One reusable buffer.
 struct Slot {
@@ -37,12 +17,24 @@ struct Slot {
     layout: Layout,
 }
 
-struct StaticWorker {
+/// A thread's preallocated buffers: the worker of `static`.
+pub(crate) struct StaticWorker {
     slots: RefCell<Vec<Slot>>,
     /// Next slot `TempAllocator::allocate` hands out.
     next: Cell<usize>,
     /// Buffers allocated (or grown) so far.
     allocs: Cell<u64>,
+}
+
+impl StaticWorker {
+    /// No buffers yet (the first calls allocate them).
+    pub(crate) fn new() -> Self {
+        StaticWorker {
+            slots: RefCell::new(Vec::with_capacity(64)),
+            next: Cell::new(0),
+            allocs: Cell::new(0),
+        }
+    }
 }
 
 /// Makes sure `slots[i]` exists with at least `size` bytes at `align`; returns its pointer.
@@ -81,9 +73,8 @@ fn ensure(
 // `size` bytes at an `align`-aligned address; slots are distinct and never freed before drop.
 unsafe impl TempAllocator for StaticWorker {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
-        check_align(align)?;
-        if size == 0 {
-            return Ok(dangling(align));
+        if let Some(p) = zero_size(size, align)? {
+            return Ok(p);
         }
         let i = self.next.get();
         let p = ensure(&mut self.slots.borrow_mut(), &self.allocs, i, size, align)?;
@@ -120,10 +111,6 @@ unsafe impl ScratchWorker for StaticWorker {
 
     fn counters(&self) -> Counters {
         Counters::allocs(self.allocs.get())
-    }
-
-    fn as_temp(&self) -> &dyn TempAllocator {
-        self
     }
 }
 

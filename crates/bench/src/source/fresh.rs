@@ -8,26 +8,18 @@
 use core::cell::Cell;
 use core::ptr::NonNull;
 
-use super::{
-    align_up, call_with, AllocError, Block, Counters, LiveBlocks, ScratchSource, ScratchWorker,
-    TempAllocator,
-};
+use super::{align_up, AllocError, BlockWorker, Counters, PerBlock};
 
-/// `mmap`/`munmap` per block.
+/// `mmap`/`munmap` per block, counting the mappings: a thread's worker is
+/// `BlockWorker::new(FreshPages::default())`.
 #[derive(Debug, Default)]
-pub struct FreshPagesSource;
+pub(crate) struct FreshPages {
+    maps: Cell<u64>,
+}
 
-impl ScratchSource for FreshPagesSource {
-    fn name(&self) -> &'static str {
-        "fresh-pages"
-    }
-
-    fn worker(&self) -> Box<dyn ScratchWorker + '_> {
-        Box::new(FreshPagesWorker {
-            live: LiveBlocks::new(),
-            maps: Cell::new(0),
-        })
-    }
+/// The worker of `fresh-pages`.
+pub(crate) fn worker() -> BlockWorker<FreshPages> {
+    BlockWorker::new(FreshPages::default())
 }
 
 fn page_size() -> usize {
@@ -40,110 +32,57 @@ fn page_size() -> usize {
     }
 }
 
-/// Maps a fresh region holding an `align`-aligned block of `size` bytes.
-fn map_block(size: usize, align: usize) -> Result<Block, AllocError> {
-    let page = page_size();
-    let extra = align.saturating_sub(page);
-    let len = size
-        .checked_add(extra)
-        .and_then(|l| l.checked_add(page - 1))
-        .map(|l| l & !(page - 1))
-        .filter(|&l| l <= isize::MAX as usize)
-        .ok_or(AllocError::SizeOverflow { size, align })?;
-    // SAFETY: an anonymous private mapping with a null hint has no preconditions; the result
-    // is checked against MAP_FAILED below.
-    let base = unsafe {
-        libc::mmap(
-            core::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return Err(AllocError::OutOfMemory { size, align });
-    }
-    let base = base.cast::<u8>();
-    let offset = align_up(base as usize, align) - base as usize;
-    // SAFETY: the mapping is page aligned, so offset <= align - page = extra, and
-    // offset + size <= len: the aligned block lies inside the mapping, which is non-null.
-    let ptr = unsafe { NonNull::new_unchecked(base.add(offset)) };
-    Ok(Block::padded(ptr, size, base, len))
+/// One mapping: its base and length.
+pub(crate) struct Mapping {
+    base: *mut u8,
+    len: usize,
 }
 
-/// Unmaps a block made by [`map_block`].
-///
-/// # Safety
-/// `b` came from `map_block` and is unmapped once; nothing uses it afterwards.
-unsafe fn unmap_block(b: &Block) {
-    // SAFETY: `b.base .. b.base + b.base_len` is exactly one mapping made by `map_block`.
-    let rc = unsafe { libc::munmap(b.base.cast(), b.base_len) };
-    debug_assert_eq!(rc, 0, "munmap failed");
-}
+impl PerBlock for FreshPages {
+    type Held = Mapping;
 
-/// A thread's handle on [`FreshPagesSource`].
-struct FreshPagesWorker {
-    live: LiveBlocks,
-    maps: Cell<u64>,
-}
-
-// SAFETY: each block is a fresh private mapping of at least `size` bytes at an `align`-aligned
-// address, unmapped only by `reset`.
-unsafe impl TempAllocator for FreshPagesWorker {
-    fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
-        self.live.allocate(size, align, |size| {
-            let b = map_block(size, align)?;
-            self.maps.set(self.maps.get() + 1);
-            Ok(b)
-        })
+    /// Maps a fresh region holding an `align`-aligned block of `size` bytes.
+    fn take(&self, size: usize, align: usize) -> Result<(NonNull<u8>, Mapping), AllocError> {
+        let page = page_size();
+        let extra = align.saturating_sub(page);
+        let len = size
+            .checked_add(extra)
+            .and_then(|l| l.checked_add(page - 1))
+            .map(|l| l & !(page - 1))
+            .filter(|&l| l <= isize::MAX as usize)
+            .ok_or(AllocError::SizeOverflow { size, align })?;
+        // SAFETY: an anonymous private mapping with a null hint has no preconditions; the
+        // result is checked against MAP_FAILED below.
+        let base = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(AllocError::OutOfMemory { size, align });
+        }
+        self.maps.set(self.maps.get() + 1);
+        let base = base.cast::<u8>();
+        let offset = align_up(base as usize, align) - base as usize;
+        // SAFETY: the mapping is page aligned, so offset <= align - page = extra, and
+        // offset + size <= len: the aligned block lies inside the mapping, which is non-null.
+        let ptr = unsafe { NonNull::new_unchecked(base.add(offset)) };
+        Ok((ptr, Mapping { base, len }))
     }
 
-    unsafe fn reset(&self) {
-        // SAFETY: every live block came from `map_block`, which `unmap_block` gives back; the
-        // caller guarantees none is used after the reset.
-        unsafe { self.live.release_all(unmap_block) };
-    }
-}
-
-// SAFETY: every block is its own fresh mapping (disjoint, page aligned, aligned up to the
-// requested alignment inside the mapping), unmapped only after the kernel returns or in reset.
-unsafe impl ScratchWorker for FreshPagesWorker {
-    fn call(
-        &mut self,
-        sizes: &[usize],
-        align: usize,
-        blocks: &mut [Block],
-        kernel: &mut dyn FnMut(&[Block]),
-    ) -> Result<(), AllocError> {
-        let maps = &self.maps;
-        call_with(
-            sizes,
-            align,
-            blocks,
-            kernel,
-            |size| {
-                maps.set(maps.get() + 1);
-                map_block(size, align)
-            },
-            // SAFETY: each block of the call came from `map_block` and is given back once.
-            |b| unsafe { unmap_block(b) },
-        )
+    unsafe fn give_back(&self, m: Mapping) {
+        // SAFETY: `m.base .. m.base + m.len` is exactly one mapping made by `take`, unmapped
+        // once and not used after (the caller's promise).
+        let rc = unsafe { libc::munmap(m.base.cast(), m.len) };
+        debug_assert_eq!(rc, 0, "munmap failed");
     }
 
     fn counters(&self) -> Counters {
         Counters::allocs(self.maps.get())
-    }
-
-    fn as_temp(&self) -> &dyn TempAllocator {
-        self
-    }
-}
-
-impl Drop for FreshPagesWorker {
-    fn drop(&mut self) {
-        // SAFETY: dropping the worker ends the validity of what it handed out.
-        unsafe { self.reset() };
     }
 }

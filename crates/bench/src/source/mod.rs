@@ -7,13 +7,21 @@
 //! shared state; sources that are one arena or one cache per runtime (`bumpalo`, `static`,
 //! `exact-cache`, the caching allocator's `allocate`/`reset` path) give each worker its own.
 //!
-//! Every worker implements [`caching_allocator::TempAllocator`], so any source can be handed
-//! to a kernel (for example the attention kernel) as its temp allocator.
+//! Every worker implements [`caching_allocator::TempAllocator`] (`&dyn ScratchWorker` coerces
+//! to `&dyn TempAllocator`), so any source can be handed to a kernel (for example the
+//! attention kernel) as its temp allocator.
 //!
 //! # Adding a source
-//! Write a [`ScratchSource`] and a [`ScratchWorker`], then add one [`SourceKind`] entry to
-//! [`SOURCES`]. Override [`ScratchWorker::call`] when the natural way to use the allocator for
-//! one kernel call differs from "`allocate` each block, then `reset`".
+//! - An allocator used block by block (`malloc`/`free`-like): implement [`PerBlock`] and wrap
+//!   it in a [`BlockWorker`]; it gets `TempAllocator`, `call`, the zero-size and alignment
+//!   rules and its clean-up from there.
+//! - Otherwise write a [`ScratchWorker`]; override [`ScratchWorker::call`] only when the
+//!   natural way to use the allocator for one kernel call differs from "`allocate` each
+//!   block, then `reset`".
+//!
+//! A source with no state shared between threads is [`per_thread`] over its worker's
+//! constructor; one with shared state implements [`ScratchSource`]. Then add one
+//! [`SourceKind`] entry to [`SOURCES`].
 
 mod bump;
 mod caching;
@@ -29,13 +37,10 @@ use std::fmt;
 
 pub use caching_allocator::{AllocError, TempAllocator, MAX_ALIGN};
 
-pub use bump::BumpaloSource;
 pub use caching::{CachingMode, CachingSource};
-pub use exact::{ExactCache, ExactCacheSource, ExactCacheStats};
-pub use fixed::StaticSource;
-pub use fresh::FreshPagesSource;
+pub use exact::{ExactCache, ExactCacheStats};
 pub use global::GlobalAllocSource;
-pub use pools::{OrthotopeSource, ZeropoolSource};
+pub use pools::ZeropoolSource;
 
 /// The alignment every workload asks for: ExecuTorch's default temp-allocator alignment.
 pub const SCRATCH_ALIGN: usize = 64;
@@ -47,10 +52,6 @@ pub struct Block {
     pub ptr: NonNull<u8>,
     /// Usable length in bytes (the size that was asked for).
     pub len: usize,
-    /// Source-private: the address to give back (may differ from `ptr` when padded).
-    base: *mut u8,
-    /// Source-private: the length to give back.
-    base_len: usize,
 }
 
 impl Block {
@@ -58,28 +59,11 @@ impl Block {
     pub const EMPTY: Block = Block {
         ptr: NonNull::dangling(),
         len: 0,
-        base: core::ptr::null_mut(),
-        base_len: 0,
     };
 
-    /// A block whose memory is given back through `ptr` itself.
+    /// The block of `len` bytes at `ptr`.
     fn new(ptr: NonNull<u8>, len: usize) -> Block {
-        Block {
-            ptr,
-            len,
-            base: ptr.as_ptr(),
-            base_len: len,
-        }
-    }
-
-    /// A block carved out of a larger region `base .. base + base_len`.
-    fn padded(ptr: NonNull<u8>, len: usize, base: *mut u8, base_len: usize) -> Block {
-        Block {
-            ptr,
-            len,
-            base,
-            base_len,
-        }
+        Block { ptr, len }
     }
 }
 
@@ -139,9 +123,6 @@ impl Counters {
 
 /// A scratch-memory source under test. Built once per measurement and shared by its threads.
 pub trait ScratchSource: Send + Sync {
-    /// The name used on the command line and in the table.
-    fn name(&self) -> &'static str;
-
     /// A worker for the calling thread. Call it on the thread that will use the worker.
     fn worker(&self) -> Box<dyn ScratchWorker + '_>;
 
@@ -180,9 +161,6 @@ pub unsafe trait ScratchWorker: TempAllocator {
     fn counters(&self) -> Counters {
         Counters::default()
     }
-
-    /// This worker as a temp allocator, to hand to a kernel.
-    fn as_temp(&self) -> &dyn TempAllocator;
 }
 
 /// One entry of the source registry.
@@ -226,32 +204,35 @@ pub const SOURCES: &[SourceKind] = &[
     SourceKind {
         name: "system",
         about: "std System (glibc malloc) through GlobalAlloc",
-        build: |_| Box::new(GlobalAllocSource::new("system", std::alloc::System)),
+        build: |_| Box::new(GlobalAllocSource::new(std::alloc::System)),
     },
     SourceKind {
         name: "mimalloc",
         about: "mimalloc through GlobalAlloc (not the global allocator)",
-        build: |_| Box::new(GlobalAllocSource::new("mimalloc", mimalloc::MiMalloc)),
+        build: |_| Box::new(GlobalAllocSource::new(mimalloc::MiMalloc)),
     },
     SourceKind {
         name: "jemalloc",
         about: "jemalloc (tikv-jemallocator) through GlobalAlloc",
-        build: |_| Box::new(GlobalAllocSource::new("jemalloc", tikv_jemallocator::Jemalloc)),
+        build: |_| Box::new(GlobalAllocSource::new(tikv_jemallocator::Jemalloc)),
     },
     SourceKind {
         name: "fresh-pages",
         about: "mmap/munmap per block: models iOS/macOS, where large mallocs are fresh VM pages",
-        build: |_| Box::new(FreshPagesSource),
+        build: |_| per_thread(fresh::worker),
     },
     SourceKind {
         name: "exact-cache",
         about: "re-implementation of ExecuTorch's CPUCachingAllocator (exact sizes, one mutex, free-all over cap)",
-        build: |c| Box::new(ExactCacheSource::new(c.exact_cap)),
+        build: |c| {
+            let cap = c.exact_cap;
+            per_thread(move || ExactCache::new(cap))
+        },
     },
     SourceKind {
         name: "bumpalo",
         about: "bumpalo::Bump per thread, reset after every call",
-        build: |_| Box::new(BumpaloSource),
+        build: |_| per_thread(bump::BumpWorker::new),
     },
     SourceKind {
         name: "zeropool",
@@ -261,7 +242,7 @@ pub const SOURCES: &[SourceKind] = &[
     SourceKind {
         name: "orthotope",
         about: "orthotope's global allocate/deallocate (thread caches over a 1 GiB arena)",
-        build: |_| Box::new(OrthotopeSource),
+        build: |_| per_thread(|| BlockWorker::new(pools::Orthotope)),
     },
     SourceKind {
         name: "caching",
@@ -276,11 +257,18 @@ pub const SOURCES: &[SourceKind] = &[
     SourceKind {
         name: "static",
         about: "buffers allocated once and reused: the floor",
-        build: |_| Box::new(StaticSource),
+        build: |_| per_thread(fixed::StaticWorker::new),
     },
 ];
 
-/// Looks a source up by name.
+/// Sources only the `llm` comparison runs (on top of those of [`SOURCES`] it names).
+pub const LLM_ONLY: &[SourceKind] = &[SourceKind {
+    name: "caching-unbounded",
+    about: "this project: CachingAllocator::allocate + reset with no cap on cached bytes",
+    build: |_| Box::new(CachingSource::new(CachingMode::Reset, usize::MAX)),
+}];
+
+/// Looks a source of [`SOURCES`] up by name.
 pub fn find(name: &str) -> Option<&'static SourceKind> {
     SOURCES.iter().find(|k| k.name == name)
 }
@@ -324,6 +312,13 @@ pub(crate) unsafe fn align_within(base: NonNull<u8>, align: usize) -> NonNull<u8
     unsafe { base.add(offset) }
 }
 
+/// `Some(dangling)` for a zero-sized request, `None` for one to serve, after checking `align`:
+/// the rules every worker's [`TempAllocator::allocate`] starts with.
+pub(crate) fn zero_size(size: usize, align: usize) -> Result<Option<NonNull<u8>>, AllocError> {
+    check_align(align)?;
+    Ok((size == 0).then(|| dangling(align)))
+}
+
 /// The default [`ScratchWorker::call`]: [`TempAllocator::allocate`] each block, run `kernel`,
 /// then [`TempAllocator::reset`] (also after a failed allocation). Callable from a `call`
 /// override that falls back to it.
@@ -355,89 +350,152 @@ pub(crate) fn allocate_then_reset<W: TempAllocator + ?Sized>(
     Ok(())
 }
 
-/// The blocks a worker that allocates and frees block by block has handed out through
-/// [`TempAllocator::allocate`], given back together by its `reset`.
-pub(crate) struct LiveBlocks(RefCell<Vec<Block>>);
+/// A source with no state shared between threads: each worker is `make()`, made on the
+/// thread that uses it (one arena, cache or set of buffers per runtime).
+pub fn per_thread<W, F>(make: F) -> Box<dyn ScratchSource>
+where
+    W: ScratchWorker + 'static,
+    F: Fn() -> W + Send + Sync + 'static,
+{
+    Box::new(PerThread(make))
+}
 
-impl LiveBlocks {
-    /// An empty list, with room for a call's blocks.
-    pub(crate) fn new() -> Self {
-        LiveBlocks(RefCell::new(Vec::with_capacity(64)))
+struct PerThread<F>(F);
+
+impl<W, F> ScratchSource for PerThread<F>
+where
+    W: ScratchWorker + 'static,
+    F: Fn() -> W + Send + Sync,
+{
+    fn worker(&self) -> Box<dyn ScratchWorker + '_> {
+        Box::new((self.0)())
     }
+}
 
-    /// [`TempAllocator::allocate`] over `alloc_one` (which gets the non-zero size): checks
-    /// `align`, answers a zero size with [`dangling`], and records the block for
-    /// [`release_all`](Self::release_all).
-    pub(crate) fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        alloc_one: impl FnOnce(usize) -> Result<Block, AllocError>,
-    ) -> Result<NonNull<u8>, AllocError> {
-        check_align(align)?;
-        if size == 0 {
-            return Ok(dangling(align));
-        }
-        let b = alloc_one(size)?;
-        self.0.borrow_mut().push(b);
-        Ok(b.ptr)
-    }
+/// An allocator used block by block: each block taken on its own and given back on its own
+/// (`malloc`/`free`, `mmap`/`munmap`, a pool's take and drop). [`BlockWorker`] makes it a
+/// worker.
+pub trait PerBlock {
+    /// What giving a block back needs (its base pointer and layout, a pool's guard, ...).
+    type Held;
 
-    /// Gives every recorded block back through `free_one`, once each, and forgets it.
+    /// A block of `size` bytes (never 0) whose start is aligned to `align` (a power of two
+    /// up to [`MAX_ALIGN`], already checked), and what giving it back needs.
+    ///
+    /// # Errors
+    /// The allocator's failure, as an [`AllocError`].
+    fn take(&self, size: usize, align: usize) -> Result<(NonNull<u8>, Self::Held), AllocError>;
+
+    /// Gives a block back.
     ///
     /// # Safety
-    /// `free_one` gives back blocks made by the `alloc_one` every recorded block came from,
-    /// and none of those blocks is used afterwards.
-    pub(crate) unsafe fn release_all(&self, free_one: unsafe fn(&Block)) {
-        for b in self.0.borrow_mut().drain(..) {
-            // SAFETY: `b` came from the matching `alloc_one` (the caller's promise) and is
-            // drained, so given back once; the caller guarantees it is not used afterwards.
-            unsafe { free_one(&b) };
+    /// `held` came from [`take`](PerBlock::take) on `self` and is given back once; its block
+    /// is not used afterwards.
+    unsafe fn give_back(&self, held: Self::Held);
+
+    /// Counters of this allocator (as [`ScratchWorker::counters`]).
+    fn counters(&self) -> Counters {
+        Counters::default()
+    }
+}
+
+/// The worker of a [`PerBlock`] allocator: a kernel call takes each block, runs the kernel
+/// and gives every block back; through [`TempAllocator`], blocks stay live until `reset`.
+pub struct BlockWorker<P: PerBlock> {
+    blocks: P,
+    /// What the blocks live since the last reset (or live during a call) need to be given
+    /// back, in the order they were taken.
+    live: RefCell<Vec<P::Held>>,
+}
+
+impl<P: PerBlock> BlockWorker<P> {
+    /// A worker over `blocks`, with room for a call's blocks.
+    pub fn new(blocks: P) -> Self {
+        BlockWorker {
+            blocks,
+            live: RefCell::new(Vec::with_capacity(64)),
+        }
+    }
+
+    /// Gives back everything in `live` from index `from` on.
+    fn give_back_from(blocks: &P, live: &mut Vec<P::Held>, from: usize) {
+        for held in live.drain(from..) {
+            // SAFETY: everything in `live` came from `blocks.take` and is drained, so given
+            // back once; callers drain only blocks whose users are done with them.
+            unsafe { blocks.give_back(held) };
         }
     }
 }
 
-/// Runs one call for sources that allocate and free block by block.
-///
-/// `alloc_one` obtains one block (zero sizes are handled here); `free_one` gives one back.
-/// On an allocation failure the blocks obtained so far are given back before returning.
-pub(crate) fn call_with(
-    sizes: &[usize],
-    align: usize,
-    blocks: &mut [Block],
-    kernel: &mut dyn FnMut(&[Block]),
-    mut alloc_one: impl FnMut(usize) -> Result<Block, AllocError>,
-    mut free_one: impl FnMut(&Block),
-) -> Result<(), AllocError> {
-    check_align(align)?;
-    let n = sizes.len();
-    assert!(blocks.len() >= n, "{} blocks for {n} sizes", blocks.len());
-    for i in 0..n {
-        let size = sizes[i];
-        let got = if size == 0 {
-            Ok(Block::padded(dangling(align), 0, core::ptr::null_mut(), 0))
-        } else {
-            alloc_one(size)
-        };
-        match got {
-            Ok(b) => blocks[i] = b,
-            Err(e) => {
-                for b in &blocks[..i] {
-                    if b.len != 0 {
-                        free_one(b);
-                    }
+// SAFETY: `PerBlock::take` gives a distinct live block of `size` bytes at `align`; it stays
+// in `live` (so is not given back) until `reset`.
+unsafe impl<P: PerBlock> TempAllocator for BlockWorker<P> {
+    fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+        if let Some(p) = zero_size(size, align)? {
+            return Ok(p);
+        }
+        let (ptr, held) = self.blocks.take(size, align)?;
+        self.live.borrow_mut().push(held);
+        Ok(ptr)
+    }
+
+    unsafe fn reset(&self) {
+        // The caller guarantees nothing handed out is used after the reset.
+        Self::give_back_from(&self.blocks, &mut self.live.borrow_mut(), 0);
+    }
+}
+
+// SAFETY: each block of a call is its own `take` (distinct, `size` bytes at `align`), given
+// back only after the kernel has returned.
+unsafe impl<P: PerBlock> ScratchWorker for BlockWorker<P> {
+    fn call(
+        &mut self,
+        sizes: &[usize],
+        align: usize,
+        blocks: &mut [Block],
+        kernel: &mut dyn FnMut(&[Block]),
+    ) -> Result<(), AllocError> {
+        check_align(align)?;
+        let n = sizes.len();
+        assert!(blocks.len() >= n, "{} blocks for {n} sizes", blocks.len());
+        let live = self.live.get_mut();
+        // Blocks handed out through `allocate` and not yet reset stay live.
+        let mark = live.len();
+        let mut res = Ok(());
+        for (slot, &size) in blocks.iter_mut().zip(sizes) {
+            if size == 0 {
+                *slot = Block::new(dangling(align), 0);
+                continue;
+            }
+            match self.blocks.take(size, align) {
+                Ok((ptr, held)) => {
+                    live.push(held);
+                    *slot = Block::new(ptr, size);
                 }
-                return Err(e);
+                Err(e) => {
+                    res = Err(e);
+                    break;
+                }
             }
         }
-    }
-    kernel(&blocks[..n]);
-    for b in &blocks[..n] {
-        if b.len != 0 {
-            free_one(b);
+        if res.is_ok() {
+            kernel(&blocks[..n]);
         }
+        // The kernel has returned (or never ran): the call's blocks go back.
+        Self::give_back_from(&self.blocks, live, mark);
+        res
     }
-    Ok(())
+
+    fn counters(&self) -> Counters {
+        self.blocks.counters()
+    }
+}
+
+impl<P: PerBlock> Drop for BlockWorker<P> {
+    fn drop(&mut self) {
+        // Dropping the worker ends the validity of what it handed out.
+        Self::give_back_from(&self.blocks, self.live.get_mut(), 0);
+    }
 }
 
 #[cfg(test)]
@@ -466,6 +524,94 @@ mod tests {
             Counters::default().plus(Counters::default()),
             Counters::default()
         );
+    }
+
+    /// A [`PerBlock`] over the system allocator that fails the take after `fail_after`
+    /// successful ones and counts what is out.
+    struct Flaky {
+        out: core::cell::Cell<isize>,
+        fail_after: core::cell::Cell<usize>,
+    }
+
+    impl PerBlock for Flaky {
+        type Held = (NonNull<u8>, std::alloc::Layout);
+
+        fn take(&self, size: usize, align: usize) -> Result<(NonNull<u8>, Self::Held), AllocError> {
+            let left = self.fail_after.get();
+            if left == 0 {
+                return Err(AllocError::OutOfMemory { size, align });
+            }
+            self.fail_after.set(left - 1);
+            let layout = std::alloc::Layout::from_size_align(size, align).unwrap();
+            // SAFETY: size > 0 (PerBlock's contract).
+            let p = NonNull::new(unsafe { std::alloc::alloc(layout) }).unwrap();
+            self.out.set(self.out.get() + 1);
+            Ok((p, (p, layout)))
+        }
+
+        unsafe fn give_back(&self, (p, layout): Self::Held) {
+            self.out.set(self.out.get() - 1);
+            // SAFETY: allocated above with this layout, given back once.
+            unsafe { std::alloc::dealloc(p.as_ptr(), layout) };
+        }
+    }
+
+    #[test]
+    fn a_block_worker_gives_every_block_back() {
+        let flaky = |fail_after| Flaky {
+            out: 0.into(),
+            fail_after: core::cell::Cell::new(fail_after),
+        };
+        let mut w = BlockWorker::new(flaky(usize::MAX));
+        let mut blocks = [Block::EMPTY; 3];
+        let mut seen = 0;
+        w.call(&[64, 0, 4096], 64, &mut blocks, &mut |b| {
+            seen = b.len();
+            assert_eq!(b[1].len, 0);
+        })
+        .unwrap();
+        assert_eq!((seen, w.blocks.out.get()), (3, 0));
+        // Through TempAllocator: live until reset, and a call in between keeps them.
+        let p = w.allocate(100, 128).unwrap();
+        assert_eq!(p.as_ptr() as usize % 128, 0);
+        w.call(&[64], 64, &mut blocks, &mut |_| {}).unwrap();
+        assert_eq!(w.blocks.out.get(), 1);
+        // SAFETY: `p` is not used again.
+        unsafe { w.reset() };
+        assert_eq!(w.blocks.out.get(), 0);
+        // A failed take gives back what the call took, and the kernel does not run.
+        w.blocks.fail_after.set(1);
+        let r = w.call(&[64, 64], 64, &mut blocks, &mut |_| panic!("kernel ran"));
+        assert!(matches!(r, Err(AllocError::OutOfMemory { .. })));
+        assert_eq!(w.blocks.out.get(), 0);
+        // Dropping the worker gives back what is still live.
+        let w = BlockWorker::new(flaky(usize::MAX));
+        w.allocate(64, 64).unwrap();
+        assert!(w.allocate(64, 48).is_err(), "alignment 48 accepted");
+        assert_eq!(w.blocks.out.get(), 1);
+        drop(w);
+    }
+
+    #[test]
+    fn arenas_and_block_sources_count_their_system_allocations() {
+        let mut blocks = [Block::EMPTY; 2];
+        for name in ["system", "fresh-pages", "bumpalo", "static", "exact-cache"] {
+            let source = (find(name).unwrap().build)(&SourceConfig::default());
+            let mut w = source.worker();
+            for _ in 0..2 {
+                w.call(&[1 << 20, 3 << 20], 64, &mut blocks, &mut |_| {})
+                    .unwrap();
+            }
+            let n = w.counters().plus(source.counters()).system_allocs.unwrap();
+            let expect = match name {
+                "system" | "fresh-pages" => 4..=4,
+                // Buffers and caches allocate once per block; an arena grows chunk by chunk
+                // and may need a new one on the second call (the reset keeps only the last).
+                "bumpalo" => 1..=4,
+                _ => 2..=2,
+            };
+            assert!(expect.contains(&n), "{name}: {n} system allocations");
+        }
     }
 
     #[test]
