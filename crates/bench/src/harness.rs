@@ -119,6 +119,9 @@ pub struct Measurement {
     pub workload: String,
     /// Source name.
     pub source: String,
+    /// What one "call" of the per-call figures is: `call` (a kernel call), `token`,
+    /// `prefill`.
+    pub unit: &'static str,
     /// Threads running the workload at once.
     pub threads: usize,
     /// Measured rounds.
@@ -146,6 +149,13 @@ pub struct Measurement {
     pub peak_reserved: Option<u64>,
     /// See `peak_reserved`.
     pub peak_live: Option<u64>,
+    /// Time over `static`'s on the same workload (harness: median over median; kernel
+    /// benchmarks: total over the same interleaved steps).
+    pub x_static: Option<f64>,
+    /// The same over `caching`'s.
+    pub x_caching: Option<f64>,
+    /// Bytes asked of the temp allocator per call, where counted (`llm`).
+    pub temp_bytes_per_call: Option<f64>,
     /// What the observed warm-up round saw (decode).
     pub observation: Option<Observation>,
     /// Why the source could not run the workload, if it could not.
@@ -298,6 +308,7 @@ pub fn measure_all(
         .map(|k| Measurement {
             workload: workload.name(),
             source: k.name.to_string(),
+            unit: "call",
             threads,
             rounds: cfg.rounds,
             ..Measurement::default()
@@ -402,7 +413,24 @@ pub fn measure_all(
     }
     drop(sh);
     drop(built);
+    median_ratios(&mut ms);
     ms
+}
+
+/// Sets `x_static` and `x_caching` of measurements of one workload: median time per call
+/// over the base's, where both succeeded.
+pub fn median_ratios(ms: &mut [Measurement]) {
+    let median_of = |name: &str, ms: &[Measurement]| {
+        ms.iter()
+            .find(|m| m.source == name && m.error.is_none() && m.ns_per_call.median > 0.0)
+            .map(|m| m.ns_per_call.median)
+    };
+    let floor = median_of(crate::report::FLOOR, ms);
+    let caching = median_of(crate::report::CACHING, ms);
+    for m in ms.iter_mut().filter(|m| m.error.is_none()) {
+        m.x_static = floor.map(|b| m.ns_per_call.median / b);
+        m.x_caching = caching.map(|b| m.ns_per_call.median / b);
+    }
 }
 
 #[cfg(test)]

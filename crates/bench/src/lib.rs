@@ -9,7 +9,8 @@
 //! - [`workload`]: the scratch patterns (`scratch` mixes, SDPA `decode`);
 //! - [`harness`]: timing, page faults, system allocations, peak RSS;
 //! - [`suite`]: which (workload, threads) runs a subcommand makes, and running them;
-//! - [`report`] and [`plot`]: table, targets, JSON and SVG;
+//! - [`steps`]: the interleaved-steps run loop of the kernel benchmarks (`sdpa`, `llm`);
+//! - [`report`] and [`plot`]: tables, targets, JSON and SVG, one path for every benchmark;
 //! - [`sdpa`]: the attention kernel over a model with every source, and its efficiency;
 //! - [`llm`]: a whole Llama-family model generating with every temp-memory source;
 //! - [`soak`]: random kernel-like traffic on one shared allocator, every block's tag checked.
@@ -22,5 +23,6 @@ pub mod report;
 pub mod sdpa;
 pub mod soak;
 pub mod source;
+pub mod steps;
 pub mod suite;
 pub mod workload;

@@ -18,21 +18,17 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 
 use comfy_table::Table;
 use serde_json::{json, Value};
 
-use crate::harness::{Measurement, RunConfig};
-use crate::os::{self, Machine};
+use crate::harness::Measurement;
 use crate::report::{
-    align_right, fmt_ns, held_cell, markdown_table, memory_cells, Report, TargetCheck, CACHING,
-    FLOOR,
+    comparison_table, efficiency_check, goal, markdown_table, pct, within_static, Column, RunInfo,
+    TargetCheck, CACHING,
 };
-use crate::sdpa::{finish, step_order, Acc};
-use crate::source::{
-    Counters, ScratchSource, ScratchWorker, SourceConfig, SourceKind, LLM_ONLY, SOURCES,
-};
+use crate::source::{ScratchSource, ScratchWorker, SourceConfig, SourceKind, LLM_ONLY, SOURCES};
+use crate::steps::Steps;
 use ::sdpa::baseline::{best, interleaved, median, sgemm, stream_read};
 use llm::safetensors::DType;
 use llm::{Llama, ModelOptions, Module, Sampler, TempRef, Weights};
@@ -59,13 +55,6 @@ pub fn llm_source_config() -> SourceConfig {
         caching_cap: RUNNER_CAP,
     }
 }
-
-/// The targets.
-pub const WITHIN_STATIC: f64 = 1.01;
-/// Decode: fraction of the weight-streaming bound.
-pub const DECODE_TARGET: f64 = 0.80;
-/// Prefill: fraction of sgemm's GFLOP/s.
-pub const PREFILL_TARGET: f64 = 0.50;
 
 /// What `allocbench llm` runs.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -105,21 +94,6 @@ impl LlmConfig {
     }
 }
 
-/// One source's results on one phase (`llm-prefill` or `llm-decode`).
-#[derive(Clone, Debug)]
-pub struct LlmRow {
-    /// `ns_per_call` is per prefill or per decode token; per-call counts are per token.
-    pub m: Measurement,
-    /// Total time over the measured steps over `static`'s.
-    pub x_static: Option<f64>,
-    /// The same over `caching`'s.
-    pub x_caching: Option<f64>,
-    /// Tokens per second from the median step.
-    pub tok_s: f64,
-    /// Bytes requested from the temp allocator per token.
-    pub temp_bytes_per_token: f64,
-}
-
 /// Decode against the streaming read.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct DecodeEff {
@@ -155,43 +129,30 @@ pub struct PrefillEff {
 /// A whole `allocbench llm` run.
 #[derive(Clone, Debug)]
 pub struct LlmReport {
-    /// Where it ran.
-    pub machine: Machine,
-    /// The command line.
-    pub command: String,
-    /// `quick` or `full`.
-    pub mode: &'static str,
+    /// Where and how it ran (`threads`: rayon threads).
+    pub info: RunInfo,
     /// What ran.
     pub config: LlmConfig,
     /// The model's architecture, as a one-line description.
     pub arch: String,
-    /// Rayon threads.
-    pub threads: usize,
     /// matrixmultiply's threads, if known.
     pub sgemm_threads: Option<usize>,
     /// The kernels' SIMD path.
     pub isa: String,
-    /// Rows: prefill then decode, every source.
-    pub rows: Vec<LlmRow>,
+    /// Prefill then decode, every source: time per prefill or per decode token; faults,
+    /// system allocations and temp bytes per token; peaks over both phases (one temp
+    /// allocator serves both).
+    pub rows: Vec<Measurement>,
     /// Decode efficiency.
     pub decode_eff: Option<DecodeEff>,
     /// Prefill efficiency.
     pub prefill_eff: Option<PrefillEff>,
     /// What could not be measured, with why.
     pub errors: Vec<String>,
-    /// Wall time, seconds.
-    pub elapsed_s: f64,
-    /// Load average at the end.
-    pub load_avg_end: f64,
 }
 
-/// Per-source, per-phase counters accumulated over measured steps only.
-#[derive(Default, Clone, Copy)]
-struct PhaseCount {
-    sys_allocs: u64,
-    counted: bool,
-    temp_bytes: u64,
-}
+/// A model whose kernels take their scratch from a source's worker.
+type Model<'w> = Llama<TempRef<'w, dyn ScratchWorker + 'w>>;
 
 /// Loads or generates the weights.
 pub fn weights(cfg: &LlmConfig) -> Result<Arc<Weights>, String> {
@@ -219,7 +180,7 @@ pub fn run(
     source_config: &SourceConfig,
     tick: &dyn Fn(),
 ) -> (
-    Vec<LlmRow>,
+    Vec<Measurement>,
     Option<DecodeEff>,
     Option<PrefillEff>,
     Vec<String>,
@@ -238,7 +199,6 @@ pub fn run(
     let sources: Vec<Box<dyn ScratchSource>> =
         kinds.iter().map(|k| (k.build)(source_config)).collect();
     let workers: Vec<Box<dyn ScratchWorker + '_>> = sources.iter().map(|s| s.worker()).collect();
-    let counters = |i: usize| sources[i].counters().plus(workers[i].counters());
     let mut models = Vec::new();
     for w in &workers {
         match Llama::new(weights.clone(), TempRef(w.as_ref()), &opts) {
@@ -249,133 +209,64 @@ pub fn run(
             }
         }
     }
-    let n = models.len();
-    let new_acc = || Acc {
-        steps: Vec::new(),
-        faults: 0,
-        calls: 0,
-        before: Counters {
-            system_allocs: Some(0),
-            ..Counters::default()
-        },
-        peak_rss_growth: 0,
-        error: None,
-    };
-    let mut pre: Vec<Acc> = (0..n).map(|_| new_acc()).collect();
-    let mut dec: Vec<Acc> = (0..n).map(|_| new_acc()).collect();
-    let mut pre_c = vec![PhaseCount::default(); n];
-    let mut dec_c = vec![PhaseCount::default(); n];
-    let mut next_tok = vec![0u32; n];
-    let mut step = 0usize;
+    let counters = |i: usize| sources[i].counters().plus(workers[i].counters());
+    let mut pre = Steps::new(kinds, &counters);
+    let mut dec = Steps::new(kinds, &counters);
     let mut sampler = Sampler::greedy();
-
-    // Round 0 warms up; rounds 1..=rounds are measured.
-    for round in 0..=cfg.rounds {
-        let measured = round > 0;
-        for phase_decode in
-            std::iter::once(false).chain(std::iter::repeat_n(true, cfg.decode_tokens))
-        {
-            for i in step_order(step, n) {
-                let (acc, pc) = if phase_decode {
-                    (&mut dec[i], &mut dec_c[i])
-                } else {
-                    (&mut pre[i], &mut pre_c[i])
-                };
-                if acc.error.is_some() {
-                    if measured {
-                        acc.steps.push(f64::NAN);
-                    }
-                    continue;
-                }
-                let m = &mut models[i];
-                let rss = os::rss_bytes();
-                if !measured && !phase_decode {
-                    os::reset_peak_rss();
-                }
-                let c0 = counters(i);
-                let tb0 = m.temp_usage().bytes;
-                let f0 = os::minor_faults();
-                let t0 = Instant::now();
-                let r = if phase_decode {
-                    m.forward(&[next_tok[i]])
-                        .map(|_| ())
-                        .and_then(|_| m.sample(&mut sampler))
-                } else {
-                    m.clear();
-                    m.forward(&prompt)
-                        .map(|_| ())
-                        .and_then(|_| m.sample(&mut sampler))
-                };
-                let dt = t0.elapsed().as_secs_f64();
-                let faults = os::minor_faults().saturating_sub(f0);
-                let tokens = if phase_decode { 1 } else { prompt.len() as u64 };
-                match r {
-                    Ok(t) => next_tok[i] = t,
-                    Err(e) => {
-                        acc.error.get_or_insert(e.to_string());
-                    }
-                }
-                if !measured {
-                    acc.peak_rss_growth = acc
-                        .peak_rss_growth
-                        .max(os::peak_rss_bytes().saturating_sub(rss));
-                    continue;
-                }
-                acc.steps
-                    .push(if acc.error.is_some() { f64::NAN } else { dt });
-                acc.faults += faults;
-                acc.calls += tokens;
-                let d = counters(i).since(c0);
-                if let Some(a) = d.system_allocs {
-                    pc.sys_allocs += a;
-                    pc.counted = true;
-                }
-                pc.temp_bytes += m.temp_usage().bytes - tb0;
+    // The next token of each source's model, and its temp bytes per phase (measured steps).
+    let mut next_tok = vec![0u32; models.len()];
+    let mut temp = vec![[0u64; 2]; models.len()];
+    let prefill = |m: &mut Model<'_>, sampler: &mut Sampler| {
+        m.clear();
+        m.forward(&prompt).map_err(|e| e.to_string())?;
+        m.sample(sampler).map_err(|e| e.to_string())
+    };
+    let decode = |m: &mut Model<'_>, tok: u32, sampler: &mut Sampler| {
+        m.forward(&[tok]).map_err(|e| e.to_string())?;
+        m.sample(sampler).map_err(|e| e.to_string())
+    };
+    // Warm-up: one round per source, in turn (every scratch size of the run seen once).
+    for (i, m) in models.iter_mut().enumerate() {
+        pre.warm_up(i, || {
+            next_tok[i] = prefill(m, &mut sampler)?;
+            Ok(())
+        });
+        dec.warm_up(i, || {
+            for _ in 0..cfg.decode_tokens {
+                next_tok[i] = decode(m, next_tok[i], &mut sampler)?;
             }
-            step += 1;
+            Ok(())
+        });
+    }
+    for _ in 0..cfg.rounds {
+        for _ in 0..cfg.prefill_reps.max(1) {
+            pre.step(|i| {
+                let b0 = models[i].temp_usage().bytes;
+                next_tok[i] = prefill(&mut models[i], &mut sampler)?;
+                temp[i][0] += models[i].temp_usage().bytes - b0;
+                Ok(prompt.len() as u64)
+            });
+            tick();
+        }
+        for _ in 0..cfg.decode_tokens {
+            dec.step(|i| {
+                let b0 = models[i].temp_usage().bytes;
+                next_tok[i] = decode(&mut models[i], next_tok[i], &mut sampler)?;
+                temp[i][1] += models[i].temp_usage().bytes - b0;
+                Ok(1)
+            });
             tick();
         }
     }
-    let mut rows = Vec::new();
-    for (label, accs, pcs, per_step_tokens) in [
-        ("llm-prefill", &pre, &pre_c, prompt.len()),
-        ("llm-decode", &dec, &dec_c, 1),
-    ] {
-        let phase = |i: usize| {
-            // The peaks are the temp allocator's, over both phases (one allocator serves both).
-            let end = counters(i);
-            Counters {
-                system_allocs: pcs[i].counted.then_some(pcs[i].sys_allocs),
-                peak_reserved: end.peak_reserved,
-                peak_live: end.peak_live,
-                ..Counters::default()
-            }
-        };
-        let steps_n = accs.first().map_or(0, |a| a.steps.len());
-        let out = finish(
-            label,
-            kinds,
-            accs,
-            &phase,
-            |s: &[f64]| s.iter().map(|x| x * 1e9).collect(),
-            steps_n,
-        );
-        for (i, r) in out.into_iter().enumerate() {
-            let med = r.m.ns_per_call.median;
-            let tokens = accs[i].calls.max(1) as f64;
-            rows.push(LlmRow {
-                tok_s: if med > 0.0 {
-                    per_step_tokens as f64 * 1e9 / med
-                } else {
-                    0.0
-                },
-                temp_bytes_per_token: pcs[i].temp_bytes as f64 / tokens,
-                m: r.m,
-                x_static: r.x_static,
-                x_caching: r.x_caching,
-            });
-        }
+    let ns = |t: &[f64]| t.iter().map(|x| x * 1e9).collect();
+    let mut rows = pre.measurements("llm-prefill", "prefill", ns);
+    rows.extend(dec.measurements("llm-decode", "token", ns));
+    let n = models.len();
+    for (k, r) in rows.iter_mut().enumerate() {
+        r.temp_bytes_per_call = Some(temp[k % n][k / n] as f64 / r.calls_total.max(1) as f64);
     }
+    drop(pre);
+    drop(dec);
     drop(models);
     drop(workers);
     drop(sources);
@@ -476,71 +367,42 @@ pub fn run(
     (rows, decode_eff, prefill_eff, errors)
 }
 
-/// Progress units of a run: steps of every round, plus two efficiency figures.
+/// Progress units of a run: the measured steps, plus two efficiency figures.
 pub fn progress_units(cfg: &LlmConfig) -> usize {
-    (cfg.rounds + 1) * cfg.decode_tokens + 1 + cfg.rounds * cfg.prefill_reps.max(1) + 2
-}
-
-fn pct(x: f64) -> String {
-    format!("{:.0}%", 100.0 * x)
+    cfg.rounds * (cfg.decode_tokens + cfg.prefill_reps.max(1)) + 2
 }
 
 impl LlmReport {
     /// The row of `source` in `phase`.
-    pub fn get(&self, phase: &str, source: &str) -> Option<&LlmRow> {
+    pub fn get(&self, phase: &str, source: &str) -> Option<&Measurement> {
         self.rows
             .iter()
-            .find(|r| r.m.workload == phase && r.m.source == source)
+            .find(|m| m.workload == phase && m.source == source)
+    }
+
+    /// Tokens per second of a row, from its median step.
+    pub fn tok_s(&self, m: &Measurement) -> f64 {
+        let tokens = if m.unit == "prefill" {
+            self.config.prompt_tokens as f64
+        } else {
+            1.0
+        };
+        tokens * m.calls_per_sec
     }
 
     /// The comparison table, as Markdown.
     pub fn table(&self) -> Table {
-        let mut t = markdown_table(&[
-            "phase",
-            "source",
-            "tok/s",
-            "median",
-            "x static",
-            "x caching",
-            "temp B/token",
-            "faults/token",
-            "sys allocs/token",
-            "peak RSS +MiB",
-            "peak held/live MiB",
-        ]);
-        for r in &self.rows {
-            let m = &r.m;
-            if let Some(e) = &m.error {
-                t.add_row(vec![
-                    m.workload.clone(),
-                    m.source.clone(),
-                    format!("FAILED: {e}"),
-                ]);
-                continue;
-            }
-            let x = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_else(|| "-".into());
-            let [faults, sys, rss] = memory_cells(m);
-            let unit = if m.workload == "llm-decode" {
-                "/token"
-            } else {
-                "/prefill"
-            };
-            t.add_row(vec![
-                m.workload.clone(),
-                m.source.clone(),
-                format!("{:.1}", r.tok_s),
-                format!("{}{unit}", fmt_ns(m.ns_per_call.median)),
-                x(r.x_static),
-                x(r.x_caching),
-                format!("{:.0}", r.temp_bytes_per_token),
-                faults,
-                sys,
-                rss,
-                held_cell(m),
-            ]);
-        }
-        align_right(&mut t, 2..11);
-        t
+        comparison_table(
+            &self.rows,
+            &[Column {
+                header: "tok/s",
+                cell: &|m| format!("{:.1}", self.tok_s(m)),
+            }],
+            &[Column {
+                header: "temp B/token",
+                cell: &|m| format!("{:.0}", m.temp_bytes_per_call.unwrap_or(0.0)),
+            }],
+        )
     }
 
     /// The efficiency table, as Markdown.
@@ -598,73 +460,52 @@ impl LlmReport {
 
     /// The targets, met or missed as measured.
     pub fn targets(&self) -> Vec<TargetCheck> {
-        let mut out = Vec::new();
+        let mut out = within_static(&self.rows, goal::LLM_WITHIN_STATIC, &[CACHING], false);
         for phase in ["llm-decode", "llm-prefill"] {
-            let Some(r) = self.get(phase, CACHING) else {
+            let Some(m) = self.get(phase, CACHING) else {
                 continue;
             };
-            out.push(TargetCheck {
-                target: format!(
-                    "caching (10 MiB cap) within {WITHIN_STATIC:.2}x of static on {phase}"
-                ),
-                measured: match (&r.m.error, r.x_static) {
-                    (Some(e), _) => format!("failed: {e}"),
-                    (None, Some(x)) => format!("{x:.3}x"),
-                    (None, None) => "no static row".into(),
-                },
-                met: if r.m.error.is_some() {
-                    Some(false)
-                } else {
-                    r.x_static.map(|x| x <= WITHIN_STATIC)
-                },
-            });
             out.push(TargetCheck {
                 target: format!(
                     "caching: 0 page faults and 0 system allocations per token on {phase}"
                 ),
                 measured: format!(
                     "{:.3} faults/token, {} system allocations/token",
-                    r.m.faults_per_call,
-                    r.m.sys_allocs_per_call
+                    m.faults_per_call,
+                    m.sys_allocs_per_call
                         .map(|x| format!("{x:.3}"))
                         .unwrap_or_else(|| "?".into())
                 ),
-                met: Some(r.m.faults_per_call == 0.0 && r.m.sys_allocs_per_call == Some(0.0)),
+                met: Some(m.faults_per_call == 0.0 && m.sys_allocs_per_call == Some(0.0)),
             });
         }
         if let Some(d) = &self.decode_eff {
-            out.push(TargetCheck {
-                target: format!(
+            out.push(efficiency_check(
+                format!(
                     "decode >= {} of the weight-streaming bound ({} threads)",
-                    pct(DECODE_TARGET),
-                    self.threads
+                    pct(goal::LLM_DECODE_STREAM),
+                    self.info.threads
                 ),
-                measured: format!(
-                    "{:.2} vs {:.2} GB/s: {} (median of same-turn ratios; best {})",
-                    d.decode_gbs,
-                    d.stream_gbs,
-                    pct(d.ratio_median),
-                    pct(d.ratio_best)
-                ),
-                met: Some(d.ratio_median >= DECODE_TARGET),
-            });
+                format!("{:.2} GB/s", d.decode_gbs),
+                format!("{:.2} GB/s", d.stream_gbs),
+                d.ratio_median,
+                d.ratio_best,
+                goal::LLM_DECODE_STREAM,
+            ));
         }
         if let Some(p) = &self.prefill_eff {
-            out.push(TargetCheck {
-                target: format!(
+            out.push(efficiency_check(
+                format!(
                     "prefill >= {} of sgemm GFLOP/s ({} threads)",
-                    pct(PREFILL_TARGET),
-                    self.threads
+                    pct(goal::LLM_PREFILL_SGEMM),
+                    self.info.threads
                 ),
-                measured: format!(
-                    "{:.1} vs {:.1} GFLOP/s: {} (median of same-turn ratios; best {})",
-                    p.prefill_gflops,
-                    p.sgemm_gflops,
-                    pct(p.ratio_median),
-                    pct(p.ratio_best)
-                ),
-                met: Some(p.ratio_median >= PREFILL_TARGET),
-            });
+                format!("{:.1} GFLOP/s", p.prefill_gflops),
+                format!("{:.1} GFLOP/s", p.sgemm_gflops),
+                p.ratio_median,
+                p.ratio_best,
+                goal::LLM_PREFILL_SGEMM,
+            ));
         }
         out
     }
@@ -672,27 +513,6 @@ impl LlmReport {
     /// The targets table.
     pub fn targets_table(&self) -> Table {
         crate::report::targets_table(&self.targets())
-    }
-
-    /// The measurements as a harness [`Report`] (for the SVG plot).
-    pub fn as_report(&self) -> Report {
-        Report {
-            machine: self.machine.clone(),
-            command: self.command.clone(),
-            mode: self.mode,
-            run: RunConfig {
-                warmup_rounds: 1,
-                rounds: self.config.rounds,
-                round_target: std::time::Duration::ZERO,
-                calibration_calls: 0,
-                max_round_calls: 0,
-            },
-            sources: SourceConfig::default(),
-            workloads: self.workloads(),
-            measurements: self.rows.iter().map(|r| r.m.clone()).collect(),
-            threads: self.threads,
-            elapsed_s: self.elapsed_s,
-        }
     }
 
     /// (label, what one step is).
@@ -717,63 +537,26 @@ impl LlmReport {
 
     /// Every figure, with units, as JSON.
     pub fn to_json(&self) -> Value {
-        let fig = |v: f64, unit: &str| json!({ "value": v, "unit": unit });
-        let rows: Vec<Value> = self
-            .rows
+        let mut j = self.info.json("llm", &self.rows, &self.targets());
+        for (k, m) in self.rows.iter().enumerate() {
+            j["measurements"][k]["tokens_per_second"] = json!(self.tok_s(m));
+        }
+        j["sgemm_threads"] = json!(self.sgemm_threads);
+        j["kernels"] = json!(self.isa);
+        j["config"] = json!(self.config);
+        j["architecture"] = json!(self.arch);
+        j["workloads"] = self
+            .workloads()
             .iter()
-            .map(|r| {
-                let m = &r.m;
-                let unit = if m.workload == "llm-decode" {
-                    "ns/token"
-                } else {
-                    "ns/prefill"
-                };
-                json!({
-                    "phase": m.workload,
-                    "source": m.source,
-                    "error": m.error,
-                    "tokens_per_second": fig(r.tok_s, "tok/s (median step)"),
-                    "time": {
-                        "median": fig(m.ns_per_call.median, unit),
-                        "min": fig(m.ns_per_call.min, unit),
-                        "max": fig(m.ns_per_call.max, unit),
-                    },
-                    "ratio_to_static": r.x_static.map(|x| fig(x, "x (total time over the same steps)")),
-                    "ratio_to_caching": r.x_caching.map(|x| fig(x, "x (total time over the same steps)")),
-                    "temp_bytes_per_token": fig(r.temp_bytes_per_token, "bytes/token"),
-                    "minor_page_faults_per_token": fig(m.faults_per_call, "faults/token"),
-                    "system_allocations_per_token": m.sys_allocs_per_call.map(|x| fig(x, "allocations/token")),
-                    "peak_rss_growth_warmup": fig(m.peak_rss_growth as f64, "bytes"),
-                    "peak_reserved": m.peak_reserved.map(|x| fig(x as f64, "bytes (both phases)")),
-                    "peak_live": m.peak_live.map(|x| fig(x as f64, "bytes (both phases)")),
-                })
-            })
+            .map(|(n, d)| json!({"name": n, "step": d}))
             .collect();
-        json!({
-            "tool": "allocbench",
-            "subcommand": "llm",
-            "command": self.command,
-            "mode": self.mode,
-            "machine": self.machine,
-            "cores": self.machine.cores,
-            "threads": self.threads,
-            "sgemm_threads": self.sgemm_threads,
-            "kernels": self.isa,
-            "config": self.config,
-            "architecture": self.arch,
-            "workloads": self.workloads().iter()
-                .map(|(n, d)| json!({"name": n, "step": d})).collect::<Vec<_>>(),
-            "elapsed": fig(self.elapsed_s, "s"),
-            "load_average_end": self.load_avg_end,
-            "measurements": rows,
-            "headline": self.headline(),
-            "efficiency": {
-                "decode": self.decode_eff,
-                "prefill": self.prefill_eff,
-                "errors": self.errors,
-            },
-            "targets": self.targets(),
-        })
+        j["headline"] = json!(self.headline());
+        j["efficiency"] = json!({
+            "decode": self.decode_eff,
+            "prefill": self.prefill_eff,
+            "errors": self.errors,
+        });
+        j
     }
 }
 
@@ -791,9 +574,6 @@ pub fn llm_sources() -> Vec<&'static SourceKind> {
         .filter_map(|n| find_source(n))
         .collect()
 }
-
-/// The floor's name, for callers that check it is selected.
-pub const FLOOR_SOURCE: &str = FLOOR;
 
 #[cfg(test)]
 mod tests {
@@ -831,47 +611,43 @@ mod tests {
         assert_eq!(rows.len(), 6);
         let caching = rows
             .iter()
-            .find(|r| r.m.workload == "llm-decode" && r.m.source == "caching")
+            .find(|r| r.workload == "llm-decode" && r.source == "caching")
             .unwrap();
-        assert_eq!(caching.m.sys_allocs_per_call, Some(0.0));
-        assert!(caching.x_static.is_some() && caching.tok_s > 0.0);
-        assert!(caching.temp_bytes_per_token > 0.0);
+        assert_eq!(caching.sys_allocs_per_call, Some(0.0));
+        assert!(caching.x_static.is_some() && caching.calls_per_sec > 0.0);
+        assert!(caching.temp_bytes_per_call.is_some_and(|b| b > 0.0));
         let system = rows
             .iter()
-            .find(|r| r.m.workload == "llm-decode" && r.m.source == "system")
+            .find(|r| r.workload == "llm-decode" && r.source == "system")
             .unwrap();
         assert!(
-            system.m.sys_allocs_per_call.unwrap() > 0.0,
+            system.sys_allocs_per_call.unwrap() > 0.0,
             "system mallocs every kernel's scratch"
         );
         let prefill = rows
             .iter()
-            .find(|r| r.m.workload == "llm-prefill" && r.m.source == "static")
+            .find(|r| r.workload == "llm-prefill" && r.source == "static")
             .unwrap();
-        assert!(prefill.m.ns_per_call.median > 0.0);
+        assert!(prefill.ns_per_call.median > 0.0);
         assert!(dec.is_some() && pre.is_some());
         let report = LlmReport {
-            machine: Machine::detect(),
-            command: "test".into(),
-            mode: "quick",
+            info: crate::report::tests::info(),
             config: cfg,
             arch: "tiny".into(),
-            threads: 2,
             sgemm_threads: None,
             isa: "test".into(),
             rows,
             decode_eff: dec,
             prefill_eff: pre,
             errors,
-            elapsed_s: 0.0,
-            load_avg_end: 0.0,
         };
         let j = report.to_json();
-        assert_eq!(j["measurements"][0]["time"]["median"]["unit"], "ns/prefill");
         assert_eq!(
-            j["measurements"][0]["minor_page_faults_per_token"]["unit"],
-            "faults/token"
+            j["measurements"][0]["time_per_call"]["median"]["unit"],
+            "ns/prefill"
         );
+        let tok_s = j["measurements"][0]["tokens_per_second"].as_f64().unwrap();
+        assert!(tok_s > 0.0, "{tok_s}");
         let t = report.targets();
         assert!(t
             .iter()

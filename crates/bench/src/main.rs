@@ -7,8 +7,9 @@ use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
 
+use allocbench::harness::Measurement;
 use allocbench::os::Machine;
-use allocbench::report::Report;
+use allocbench::report::{Report, RunInfo};
 use allocbench::source::{self, SourceConfig, SourceKind, SOURCES};
 use allocbench::suite::{self, Bench, Options};
 
@@ -242,14 +243,14 @@ fn run_sdpa(
     println!("# allocbench sdpa: {}", command.join(" "));
     println!(
         "machine: {} cores, {}, Linux {}, load average {:.2} at start; {} run; kernel on {} \
-         rayon threads (SIMD kernels: {}), sgemm on {} threads",
+         rayon threads (SIMD: {}), sgemm on {} threads",
         machine.cores,
         machine.cpu,
         machine.kernel,
         machine.load_avg_1m_at_start,
         if quick { "quick" } else { "full" },
         threads,
-        ::sdpa::simd_enabled(),
+        ::sdpa::simd_level().name(),
         ::sdpa::baseline::sgemm_threads()
             .map(|t| t.to_string())
             .unwrap_or_else(|| "?".into())
@@ -274,25 +275,20 @@ fn run_sdpa(
         sdpa::run(&cfg, sources, source_config, &|| pb.inc(1));
     pb.finish_and_clear();
     SdpaReport {
-        machine,
-        command: command.join(" "),
-        mode: if quick { "quick" } else { "full" },
+        info: RunInfo::new(machine, command.join(" "), quick, threads, started),
         config: cfg,
-        threads,
         sgemm_threads: ::sdpa::baseline::sgemm_threads(),
-        simd: ::sdpa::simd_enabled(),
+        simd: ::sdpa::simd_level().name().to_string(),
         rows,
         decode_eff,
         prefill_eff,
         eff_errors,
-        elapsed_s: started.elapsed().as_secs_f64(),
-        load_avg_end: allocbench::os::load_avg(),
     }
 }
 
 /// Prints the sdpa tables and targets.
 fn print_sdpa(report: &allocbench::sdpa::SdpaReport) {
-    let threads = report.threads;
+    let threads = report.info.threads;
     println!(
         "Allocator comparison (median: per token over {} layers for decode, per prefill of {} \
          layer calls; x static / x caching: total time over the same interleaved steps; \
@@ -326,7 +322,7 @@ fn print_sdpa(report: &allocbench::sdpa::SdpaReport) {
     println!("{}", report.targets_table());
     println!(
         "\nsdpa finished in {:.1} s; load average {:.2} at the end",
-        report.elapsed_s, report.load_avg_end
+        report.info.elapsed_s, report.info.load_avg_end
     );
 }
 
@@ -343,7 +339,7 @@ fn sdpa(tokens: usize, layers: usize, c: &Common) -> ExitCode {
     let cfg = allocbench::sdpa::SdpaConfig::new(c.quick, tokens, layers);
     let report = run_sdpa(cfg, c.quick, &sources, &source_config(c));
     print_sdpa(&report);
-    write_outputs(c, || report.to_json(), || report.as_report())
+    write_outputs(c, &report.info, || report.to_json(), &report.rows)
 }
 
 /// The llm sources selected by `--allocators` (all by default; unknown names are ignored
@@ -446,20 +442,21 @@ fn run_llm(
     });
     pb.finish_and_clear();
     let report = LlmReport {
-        machine,
-        command: command.join(" "),
-        mode: if quick { "quick" } else { "full" },
+        info: RunInfo::new(
+            machine,
+            command.join(" "),
+            quick,
+            rayon::current_num_threads(),
+            started,
+        ),
         config: cfg,
         arch,
-        threads: rayon::current_num_threads(),
         sgemm_threads: ::sdpa::baseline::sgemm_threads(),
         isa: format!("{:?}", ::llm::kernels::isa()),
         rows,
         decode_eff,
         prefill_eff,
         errors,
-        elapsed_s: started.elapsed().as_secs_f64(),
-        load_avg_end: allocbench::os::load_avg(),
     };
     println!("Allocator comparison (median step; x static / x caching: total time over the same interleaved steps; temp bytes, faults and system allocations per token):");
     println!();
@@ -482,7 +479,7 @@ fn run_llm(
     println!("{}", report.targets_table());
     println!(
         "\nllm finished in {:.1} s; load average {:.2} at the end",
-        report.elapsed_s, report.load_avg_end
+        report.info.elapsed_s, report.info.load_avg_end
     );
     Some(report)
 }
@@ -512,7 +509,7 @@ fn llm_cmd(
     let Some(report) = run_llm(cfg, c.quick, &sources) else {
         return ExitCode::FAILURE;
     };
-    write_outputs(c, || report.to_json(), || report.as_report())
+    write_outputs(c, &report.info, || report.to_json(), &report.rows)
 }
 
 fn source_config(c: &Common) -> SourceConfig {
@@ -522,20 +519,20 @@ fn source_config(c: &Common) -> SourceConfig {
     }
 }
 
-/// Writes the SVG plot of `report` to `path`; reports the outcome on stderr.
 /// Writes the `--json` and `--plot` files a command was asked for (each built only if asked);
 /// failure if either could not be written.
 fn write_outputs(
     c: &Common,
+    info: &RunInfo,
     json: impl FnOnce() -> serde_json::Value,
-    plot: impl FnOnce() -> Report,
+    plotted: &[Measurement],
 ) -> ExitCode {
     let mut ok = true;
     if let Some(path) = &c.json {
         ok &= write_json(path, &json());
     }
     if let Some(path) = &c.plot {
-        ok &= write_plot(&plot(), path);
+        ok &= write_plot(info, plotted, path);
     }
     if ok {
         ExitCode::SUCCESS
@@ -544,8 +541,9 @@ fn write_outputs(
     }
 }
 
-fn write_plot(report: &Report, path: &std::path::Path) -> bool {
-    report_write(path, allocbench::plot::write_svg(report, path))
+/// Writes the SVG plot of `measurements` to `path`; reports the outcome on stderr.
+fn write_plot(info: &RunInfo, measurements: &[Measurement], path: &std::path::Path) -> bool {
+    report_write(path, allocbench::plot::write_svg(info, measurements, path))
 }
 
 fn main() -> ExitCode {
@@ -633,9 +631,7 @@ fn main() -> ExitCode {
     pb.finish_and_clear();
 
     let report = Report {
-        machine,
-        command: command.join(" "),
-        mode: if quick { "quick" } else { "full" },
+        info: RunInfo::new(machine, command.join(" "), quick, opts.threads, started),
         run,
         sources: source_config.clone(),
         workloads: jobs
@@ -643,8 +639,6 @@ fn main() -> ExitCode {
             .map(|j| (j.label.clone(), j.workload.describe()))
             .collect(),
         measurements,
-        threads: opts.threads,
-        elapsed_s: started.elapsed().as_secs_f64(),
     };
 
     println!("{}", report.table());
@@ -663,7 +657,7 @@ fn main() -> ExitCode {
     }
     println!(
         "\nfinished in {:.1} s; load average {:.2} at the end",
-        report.elapsed_s,
+        report.info.elapsed_s,
         allocbench::os::load_avg()
     );
 
@@ -705,18 +699,10 @@ fn main() -> ExitCode {
         ok &= write_json(path, &json);
     }
     if let Some(path) = &c.plot {
-        let mut plotted = report.clone();
-        if let Some(r) = &sdpa_report {
-            plotted
-                .measurements
-                .extend(r.rows.iter().map(|row| row.m.clone()));
-        }
-        if let Some(r) = &llm_report {
-            plotted
-                .measurements
-                .extend(r.rows.iter().map(|row| row.m.clone()));
-        }
-        ok &= write_plot(&plotted, path);
+        let mut plotted = report.measurements.clone();
+        plotted.extend(sdpa_report.iter().flat_map(|r| r.rows.iter().cloned()));
+        plotted.extend(llm_report.iter().flat_map(|r| r.rows.iter().cloned()));
+        ok &= write_plot(&report.info, &plotted, path);
     }
     if ok {
         ExitCode::SUCCESS

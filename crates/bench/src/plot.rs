@@ -7,7 +7,8 @@ use std::path::Path;
 use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
 
-use crate::report::{fmt_ns, Report, CACHING, CACHING_SCOPE, FLOOR};
+use crate::harness::Measurement;
+use crate::report::{fmt_ns, labels, RunInfo, CACHING, CACHING_SCOPE, FLOOR};
 
 fn color_of(source: &str) -> RGBColor {
     match source {
@@ -20,9 +21,13 @@ fn color_of(source: &str) -> RGBColor {
     }
 }
 
-/// Writes the plot of `report` to `path` as SVG.
-pub fn write_svg(report: &Report, path: &Path) -> Result<(), Box<dyn Error>> {
-    let labels = report.workload_labels();
+/// Writes the plot of `measurements` (of the run `info`) to `path` as SVG.
+pub fn write_svg(
+    info: &RunInfo,
+    measurements: &[Measurement],
+    path: &Path,
+) -> Result<(), Box<dyn Error>> {
+    let labels = labels(measurements);
     let cols = 2usize;
     let rows = labels.len().div_ceil(cols).max(1);
     let width = 1200u32;
@@ -33,7 +38,7 @@ pub fn write_svg(report: &Report, path: &Path) -> Result<(), Box<dyn Error>> {
     title.draw(&Text::new(
         format!(
             "allocbench: median time per call (log scale), whiskers min-max; {} cores, {} run",
-            report.machine.cores, report.mode
+            info.machine.cores, info.mode
         ),
         (20, 12),
         ("sans-serif", 20).into_font(),
@@ -45,8 +50,7 @@ pub fn write_svg(report: &Report, path: &Path) -> Result<(), Box<dyn Error>> {
     ))?;
     let panels = body.split_evenly((rows, cols));
     for (panel, w) in panels.iter().zip(&labels) {
-        let data: Vec<(&str, f64, f64, f64)> = report
-            .measurements
+        let data: Vec<(&str, f64, f64, f64)> = measurements
             .iter()
             .filter(|m| &m.workload == w && m.error.is_none() && m.ns_per_call.median > 0.0)
             .map(|m| {

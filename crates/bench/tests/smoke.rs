@@ -4,7 +4,11 @@
 use std::collections::HashMap;
 use std::ptr::NonNull;
 
+use std::time::Instant;
+
 use allocbench::harness::{measure_all, RunConfig};
+use allocbench::os::Machine;
+use allocbench::report::RunInfo;
 use allocbench::source::{
     AllocError, Block, ScratchSource, SourceConfig, SourceKind, TempAllocator, SOURCES,
 };
@@ -194,14 +198,13 @@ fn sdpa_runs_on_every_source_with_tiny_shapes() {
         rows.len(),
         SOURCES.len() * (1 + cfg.prefill.len()) * cfg.dtypes.len()
     );
-    for r in &rows {
-        let m = &r.m;
+    for m in &rows {
         assert_eq!(m.error, None, "{} on {}", m.source, m.workload);
         assert!(m.ns_per_call.median > 0.0, "{} on {}", m.source, m.workload);
         assert!(m.calls_total > 0, "{} on {}", m.source, m.workload);
-        assert!(r.x_static.is_some_and(|x| x > 0.0), "{}", m.source);
+        assert!(m.x_static.is_some_and(|x| x > 0.0), "{}", m.source);
         if m.source == "static" {
-            assert_eq!(r.x_static, Some(1.0));
+            assert_eq!(m.x_static, Some(1.0));
             // Warm-up saw every shape: the floor allocates nothing while measured.
             assert_eq!(m.sys_allocs_per_call, Some(0.0), "{}", m.workload);
         }
@@ -233,19 +236,14 @@ fn sdpa_runs_on_every_source_with_tiny_shapes() {
         .all(|e| e.kernel_gflops > 0.0 && e.sgemm_gflops > 0.0));
 
     let report = SdpaReport {
-        machine: allocbench::os::Machine::detect(),
-        command: "test".into(),
-        mode: "quick",
+        info: RunInfo::new(Machine::detect(), "test".into(), true, 1, Instant::now()),
         config: cfg,
-        threads: 1,
         sgemm_threads: None,
-        simd: sdpa::simd_enabled(),
+        simd: sdpa::simd_level().name().into(),
         rows,
         decode_eff,
         prefill_eff,
         eff_errors: errors,
-        elapsed_s: 0.0,
-        load_avg_end: 0.0,
     };
     // Every target gets a verdict (no source was left out).
     let targets = report.targets();
@@ -261,7 +259,7 @@ fn sdpa_runs_on_every_source_with_tiny_shapes() {
     assert!(table.contains("sdpa-prefill-12-int8-kv"), "{table}");
     assert!(table.contains("sdpa-decode-bf16"), "{table}");
     let svg = std::env::temp_dir().join(format!("allocbench-sdpa-{}.svg", std::process::id()));
-    allocbench::plot::write_svg(&report.as_report(), &svg).unwrap();
+    allocbench::plot::write_svg(&report.info, &report.rows, &svg).unwrap();
     assert!(std::fs::metadata(&svg).unwrap().len() > 0);
     let _ = std::fs::remove_file(&svg);
 }

@@ -15,7 +15,7 @@
 //! Every source is warmed up first (one call of every shape the run makes, so the caches and
 //! `static`'s buffers have seen every size). Then the steps run **interleaved**: each step
 //! runs on every source back to back, in an order that is reversed every other step
-//! ([`step_order`]: forward, backward, so a drift in machine speed over a pair of steps costs
+//! ([`crate::steps::step_order`]: forward, backward, so a drift in machine speed over a pair of steps costs
 //! every source alike), so every source sees the same machine noise. `x static` is a source's
 //! total time over the measured steps divided by `static`'s over the same steps.
 //!
@@ -25,18 +25,16 @@
 pub mod baseline;
 pub mod inputs;
 
-use std::time::Instant;
-
 use comfy_table::Table;
 use serde_json::{json, Value};
 
-use crate::harness::{Measurement, RunConfig, Spread};
-use crate::os::{self, Machine};
+use crate::harness::Measurement;
 use crate::report::{
-    align_right, fmt_ns, held_cell, markdown_table, memory_cells, Report, TargetCheck, CACHING,
-    CACHING_SCOPE, FLOOR,
+    align_right, comparison_table, efficiency_check, goal, markdown_table, pct, within_static,
+    RunInfo, TargetCheck, CACHING, CACHING_SCOPE,
 };
-use crate::source::{Counters, ScratchSource, ScratchWorker, SourceConfig, SourceKind};
+use crate::source::{ScratchSource, ScratchWorker, SourceConfig, SourceKind};
+use crate::steps::Steps;
 use ::sdpa::{Params, Shape};
 use baseline::{DecodeEfficiency, PrefillEfficiency};
 pub use inputs::{Inputs, SdpaDtype};
@@ -220,17 +218,6 @@ impl SdpaConfig {
     }
 }
 
-/// The order in which `n` sources run in step `step`: steps come in pairs, the second of a
-/// pair the reverse of the first (forward, backward: a linear drift in machine speed over a
-/// pair costs every source the same), and each pair starts one source later than the last.
-pub fn step_order(step: usize, n: usize) -> Vec<usize> {
-    let mut o: Vec<usize> = (0..n).map(|j| (step / 2 + j) % n.max(1)).collect();
-    if step % 2 == 1 {
-        o.reverse();
-    }
-    o
-}
-
 fn describe_tokens(t: &[usize]) -> String {
     match t {
         [] => "{}".into(),
@@ -248,63 +235,26 @@ fn describe_tokens(t: &[usize]) -> String {
     }
 }
 
-/// One source's results on one sdpa workload.
-#[derive(Clone, Debug)]
-pub struct SdpaRow {
-    /// The figures: `ns_per_call` is per token (decode) or per prefill; `faults_per_call`
-    /// and `sys_allocs_per_call` are per attention call (one layer).
-    pub m: Measurement,
-    /// This source's total time over the measured steps over `static`'s over the same steps.
-    pub x_static: Option<f64>,
-    /// The same over `caching`'s.
-    pub x_caching: Option<f64>,
-}
-
 /// A whole `allocbench sdpa` run.
 #[derive(Clone, Debug)]
 pub struct SdpaReport {
-    /// Where it ran.
-    pub machine: Machine,
-    /// The command line.
-    pub command: String,
-    /// `quick` or `full`.
-    pub mode: &'static str,
+    /// Where and how it ran (`threads`: rayon threads the kernel ran on).
+    pub info: RunInfo,
     /// What ran.
     pub config: SdpaConfig,
-    /// Rayon threads the kernel ran on.
-    pub threads: usize,
     /// matrixmultiply's thread count, if known.
     pub sgemm_threads: Option<usize>,
-    /// Whether the kernel's AVX2/FMA kernels ran.
-    pub simd: bool,
-    /// Every (workload, source), in run order.
-    pub rows: Vec<SdpaRow>,
+    /// The kernel's SIMD level.
+    pub simd: String,
+    /// Every (workload, source), in run order: time per token (decode) or per prefill;
+    /// faults and system allocations per attention call (one layer).
+    pub rows: Vec<Measurement>,
     /// Decode efficiency per KV length.
     pub decode_eff: Vec<DecodeEfficiency>,
     /// Prefill efficiency per length.
     pub prefill_eff: Vec<PrefillEfficiency>,
     /// Efficiency figures that could not be measured, with why.
     pub eff_errors: Vec<String>,
-    /// Wall time, seconds.
-    pub elapsed_s: f64,
-    /// Load average (1 min) at the end.
-    pub load_avg_end: f64,
-}
-
-/// Per-source state of the comparison (also used by [`crate::llm`]).
-pub(crate) struct Acc {
-    /// Time of each step (seconds), NaN where the source had failed.
-    pub(crate) steps: Vec<f64>,
-    /// Minor page faults over the measured steps.
-    pub(crate) faults: u64,
-    /// Units (calls, tokens) over the measured steps: the divisor of the per-call figures.
-    pub(crate) calls: u64,
-    /// The source's counters after warm-up.
-    pub(crate) before: Counters,
-    /// Peak RSS growth during warm-up, bytes.
-    pub(crate) peak_rss_growth: u64,
-    /// The first error, after which the source is skipped.
-    pub(crate) error: Option<String>,
 }
 
 /// Runs the comparison (every source) and the efficiency measurements. `tick` is called after
@@ -315,7 +265,7 @@ pub fn run(
     source_config: &SourceConfig,
     tick: &dyn Fn(),
 ) -> (
-    Vec<SdpaRow>,
+    Vec<Measurement>,
     Vec<DecodeEfficiency>,
     Vec<PrefillEfficiency>,
     Vec<String>,
@@ -325,35 +275,25 @@ pub fn run(
         kinds.iter().map(|k| (k.build)(source_config)).collect();
     let workers: Vec<Box<dyn ScratchWorker + '_>> = sources.iter().map(|s| s.worker()).collect();
     let counters = |i: usize| sources[i].counters().plus(workers[i].counters());
-    let n = workers.len();
     let p = Params::default();
     let mut eff_errors = Vec::new();
 
-    // One attention call on worker `w`; an error is kept, and the source skipped from then on.
-    let call = |w: &dyn ScratchWorker, inputs: &mut Inputs, sh: &Shape| -> Result<(), String> {
-        let r = inputs.call(sh, &p, w).map_err(|e| e.to_string());
-        // SAFETY: the kernel has returned and nothing it got from the allocator is used
-        // again; this thread alone drives the worker.
-        unsafe { w.reset() };
-        r
-    };
-
-    let accs = |steps: usize| -> Vec<Acc> {
-        (0..n)
-            .map(|_| Acc {
-                steps: Vec::with_capacity(steps),
-                faults: 0,
-                calls: 0,
-                before: Counters::default(),
-                peak_rss_growth: 0,
-                error: None,
-            })
-            .collect()
+    // `times` attention calls on source `i`, each followed by a reset, as ExecuTorch's
+    // runtime drives its temp allocator.
+    let calls = |i: usize, inputs: &mut Inputs, sh: &Shape, times: usize| -> Result<u64, String> {
+        let w: &dyn ScratchWorker = workers[i].as_ref();
+        for _ in 0..times {
+            let r = inputs.call(sh, &p, w).map_err(|e| e.to_string());
+            // SAFETY: the kernel has returned and nothing it got from the allocator is used
+            // again; this thread alone drives the worker.
+            unsafe { w.reset() };
+            r?;
+        }
+        Ok(times as u64)
     };
 
     for &dt in &cfg.dtypes {
-        // ---- decode ----
-        // One layer's cache, shared by every layer.
+        // ---- decode: one layer's cache, shared by every layer ----
         let mut inputs = match Inputs::new(dt, &cfg.decode_shape(cfg.kv_capacity), 11) {
             Ok(i) => i,
             Err(e) => {
@@ -361,44 +301,19 @@ pub fn run(
                 continue;
             }
         };
-        let decode_steps = cfg.decode_tokens.len() * cfg.decode_rounds;
-        let mut acc = accs(decode_steps);
-        for (i, a) in acc.iter_mut().enumerate() {
-            let rss = os::rss_bytes();
-            os::reset_peak_rss();
-            for &t in &cfg.decode_tokens {
-                if let Err(e) = call(workers[i].as_ref(), &mut inputs, &cfg.decode_shape(t)) {
-                    a.error.get_or_insert(e);
-                    break;
+        let mut steps = Steps::new(kinds, &counters);
+        for i in 0..kinds.len() {
+            steps.warm_up(i, || {
+                for &t in &cfg.decode_tokens {
+                    calls(i, &mut inputs, &cfg.decode_shape(t), 1)?;
                 }
-            }
-            a.peak_rss_growth = os::peak_rss_bytes().saturating_sub(rss);
-            a.before = counters(i);
+                Ok(())
+            });
         }
-        let mut step = 0;
         for _ in 0..cfg.decode_rounds {
             for &t in &cfg.decode_tokens {
                 let sh = cfg.decode_shape(t);
-                for i in step_order(step, n) {
-                    let a = &mut acc[i];
-                    if a.error.is_some() {
-                        a.steps.push(f64::NAN);
-                        continue;
-                    }
-                    let f0 = os::minor_faults();
-                    let t0 = Instant::now();
-                    for _ in 0..cfg.layers {
-                        if let Err(e) = call(workers[i].as_ref(), &mut inputs, &sh) {
-                            a.error.get_or_insert(e);
-                            break;
-                        }
-                    }
-                    let dt = t0.elapsed().as_secs_f64();
-                    a.faults += os::minor_faults().saturating_sub(f0);
-                    a.calls += cfg.layers as u64;
-                    a.steps.push(if a.error.is_some() { f64::NAN } else { dt });
-                }
-                step += 1;
+                steps.step(|i| calls(i, &mut inputs, &sh, cfg.layers));
                 tick();
             }
         }
@@ -409,18 +324,11 @@ pub fn run(
                 .map(|c| c.iter().sum::<f64>() / c.len() as f64 * 1e9)
                 .collect()
         };
-        rows.extend(finish(
-            &dt.label("sdpa-decode"),
-            kinds,
-            &acc,
-            &counters,
-            per_token,
-            decode_steps,
-        ));
+        rows.extend(steps.measurements(&dt.label("sdpa-decode"), "token", per_token));
         drop(inputs);
 
-        // ---- prefill ----
-        for &(len, calls) in &cfg.prefill {
+        // ---- prefill: one layer call per step ----
+        for &(len, n_calls) in &cfg.prefill {
             let sh = cfg.prefill_shape(len);
             let mut inputs = match Inputs::new(dt, &sh, 21) {
                 Ok(i) => i,
@@ -429,49 +337,21 @@ pub fn run(
                     continue;
                 }
             };
-            let mut acc = accs(calls);
-            for (i, a) in acc.iter_mut().enumerate() {
-                let rss = os::rss_bytes();
-                os::reset_peak_rss();
-                if let Err(e) = call(workers[i].as_ref(), &mut inputs, &sh) {
-                    a.error.get_or_insert(e);
-                }
-                a.peak_rss_growth = os::peak_rss_bytes().saturating_sub(rss);
-                a.before = counters(i);
+            let mut steps = Steps::new(kinds, &counters);
+            for i in 0..kinds.len() {
+                steps.warm_up(i, || calls(i, &mut inputs, &sh, 1).map(drop));
             }
-            for s in 0..calls {
-                for i in step_order(s, n) {
-                    let a = &mut acc[i];
-                    if a.error.is_some() {
-                        a.steps.push(f64::NAN);
-                        continue;
-                    }
-                    let f0 = os::minor_faults();
-                    let t0 = Instant::now();
-                    let r = call(workers[i].as_ref(), &mut inputs, &sh);
-                    let dt = t0.elapsed().as_secs_f64();
-                    a.faults += os::minor_faults().saturating_sub(f0);
-                    a.calls += 1;
-                    match r {
-                        Ok(()) => a.steps.push(dt),
-                        Err(e) => {
-                            a.error.get_or_insert(e);
-                            a.steps.push(f64::NAN);
-                        }
-                    }
-                }
+            for _ in 0..n_calls {
+                steps.step(|i| calls(i, &mut inputs, &sh, 1));
                 tick();
             }
             let layers = cfg.layers as f64;
             let per_prefill =
-                |steps: &[f64]| -> Vec<f64> { steps.iter().map(|s| s * layers * 1e9).collect() };
-            rows.extend(finish(
+                |t: &[f64]| -> Vec<f64> { t.iter().map(|s| s * layers * 1e9).collect() };
+            rows.extend(steps.measurements(
                 &dt.label(&format!("sdpa-prefill-{len}")),
-                kinds,
-                &acc,
-                &counters,
+                "prefill",
                 per_prefill,
-                calls,
             ));
         }
     }
@@ -527,148 +407,10 @@ pub fn run(
     (rows, dec, pre, errors)
 }
 
-/// Turns per-source step times into rows: `per_unit` maps a source's step times to the
-/// samples of its reported time (ns per token or per prefill).
-pub(crate) fn finish(
-    label: &str,
-    kinds: &[&SourceKind],
-    acc: &[Acc],
-    counters: &dyn Fn(usize) -> Counters,
-    per_unit: impl Fn(&[f64]) -> Vec<f64>,
-    rounds: usize,
-) -> Vec<SdpaRow> {
-    let find = |name: &str| kinds.iter().position(|k| k.name == name);
-    let ratio = |i: usize, base: Option<usize>| -> Option<f64> {
-        let b = base?;
-        if acc[i].error.is_some() || acc[b].error.is_some() {
-            return None;
-        }
-        let (x, y) = acc[i]
-            .steps
-            .iter()
-            .zip(&acc[b].steps)
-            .filter(|(x, y)| x.is_finite() && y.is_finite())
-            .fold((0.0, 0.0), |(sx, sy), (x, y)| (sx + x, sy + y));
-        (y > 0.0).then(|| x / y)
-    };
-    let (floor, caching) = (find(FLOOR), find(CACHING));
-    (0..kinds.len())
-        .map(|i| {
-            let a = &acc[i];
-            let samples = per_unit(&a.steps);
-            let spread = Spread::of(&samples);
-            let after = counters(i);
-            let calls = a.calls.max(1) as f64;
-            let m = Measurement {
-                workload: label.to_string(),
-                source: kinds[i].name.to_string(),
-                threads: rayon::current_num_threads(),
-                rounds,
-                calls_per_round: 0,
-                ns_per_call: spread,
-                calls_per_sec: if spread.median > 0.0 {
-                    1e9 / spread.median
-                } else {
-                    0.0
-                },
-                faults_per_call: a.faults as f64 / calls,
-                sys_allocs_per_call: after
-                    .since(a.before)
-                    .system_allocs
-                    .map(|x| x as f64 / calls),
-                sys_allocs_total: after.system_allocs,
-                misses_total: after.misses,
-                peak_reserved: after.peak_reserved,
-                peak_live: after.peak_live,
-                calls_total: a.calls,
-                peak_rss_growth: a.peak_rss_growth,
-                observation: None,
-                error: a.error.clone(),
-            };
-            SdpaRow {
-                m,
-                x_static: ratio(i, floor),
-                x_caching: ratio(i, caching),
-            }
-        })
-        .collect()
-}
-
-fn pct(x: f64) -> String {
-    format!("{:.0}%", 100.0 * x)
-}
-
-/// The targets of the issue, checked for both variants of this project's allocator.
-pub const WITHIN_STATIC: f64 = 1.02;
-/// Decode, every dtype: fraction of the streaming-read bandwidth (over the bytes the dtype
-/// reads), at kv >= [`DECODE_TARGET_KV`] (issue 12).
-pub const DECODE_TARGET: f64 = 0.85;
-/// int8-KV decode: at least this many times faster per call than f32 at kv
-/// [`INT8_SPEEDUP_KV`].
-pub const INT8_SPEEDUP: f64 = 3.0;
-/// The KV length of the int8 speed-up target.
-pub const INT8_SPEEDUP_KV: usize = 4096;
-/// The KV length from which the decode bandwidth target applies.
-pub const DECODE_TARGET_KV: usize = 1024;
-/// Prefill: fraction of sgemm's GFLOP/s.
-pub const PREFILL_TARGET: f64 = 0.60;
-
 impl SdpaReport {
-    /// The row of `source` on `workload`.
-    pub fn get(&self, workload: &str, source: &str) -> Option<&SdpaRow> {
-        self.rows
-            .iter()
-            .find(|r| r.m.workload == workload && r.m.source == source)
-    }
-
     /// The comparison table, as Markdown.
     pub fn table(&self) -> Table {
-        let mut t = markdown_table(&[
-            "workload",
-            "source",
-            "median",
-            "min",
-            "max",
-            "x static",
-            "x caching",
-            "faults/call",
-            "sys allocs/call",
-            "peak RSS +MiB",
-            "peak held/live MiB",
-        ]);
-        for r in &self.rows {
-            let m = &r.m;
-            let x = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_else(|| "-".into());
-            let unit = if m.workload.starts_with("sdpa-decode") {
-                "/token"
-            } else {
-                "/prefill"
-            };
-            if let Some(e) = &m.error {
-                t.add_row(vec![
-                    m.workload.clone(),
-                    m.source.clone(),
-                    format!("FAILED: {e}"),
-                ]);
-                continue;
-            }
-            let [faults, sys_allocs, rss] = memory_cells(m);
-            t.add_row(vec![
-                m.workload.clone(),
-                m.source.clone(),
-                format!("{}{unit}", fmt_ns(m.ns_per_call.median)),
-                fmt_ns(m.ns_per_call.min),
-                fmt_ns(m.ns_per_call.max),
-                x(r.x_static),
-                x(r.x_caching),
-                faults,
-                sys_allocs,
-                rss,
-                held_cell(m),
-            ]);
-        }
-        align_right(&mut t, 2..11);
-        t
+        comparison_table(&self.rows, &[], &[])
     }
 
     /// The efficiency tables (decode, prefill), as Markdown.
@@ -721,88 +463,53 @@ impl SdpaReport {
         (d, p)
     }
 
-    /// The issue's targets: `caching` (and `caching-scope`) within 1.02x of `static` on decode
-    /// and every prefill; decode >= 75% of the streaming read at kv >= 1024; prefill >= 60% of
-    /// sgemm. Verdicts use the median same-round ratios.
+    /// The issue's targets: `caching` (and `caching-scope`) within 1.02x of `static` on every
+    /// row; decode >= 85% of the streaming read at kv >= 1024, int8-KV decode 3x faster than
+    /// f32; prefill >= 60% of sgemm ([`goal`]). Verdicts use the median same-round ratios.
     pub fn targets(&self) -> Vec<TargetCheck> {
-        let mut out = Vec::new();
-        let mut labels: Vec<&str> = Vec::new();
-        for r in &self.rows {
-            if !labels.contains(&r.m.workload.as_str()) {
-                labels.push(&r.m.workload);
-            }
-        }
-        for w in &labels {
-            for v in [CACHING, CACHING_SCOPE] {
-                let Some(r) = self.get(w, v) else { continue };
-                let floor_ok = self.get(w, FLOOR).is_some_and(|f| f.m.error.is_none());
-                out.push(TargetCheck {
-                    target: format!("{v} within {WITHIN_STATIC:.2}x of static on {w}"),
-                    measured: match (&r.m.error, r.x_static) {
-                        (Some(e), _) => format!("{v} failed: {e}"),
-                        (None, Some(x)) => format!(
-                            "{x:.3}x (total over the same steps); {} vs {}",
-                            fmt_ns(r.m.ns_per_call.median),
-                            self.get(w, FLOOR)
-                                .map(|f| fmt_ns(f.m.ns_per_call.median))
-                                .unwrap_or_default()
-                        ),
-                        (None, None) if !floor_ok => "static not measured".into(),
-                        (None, None) => "no ratio".into(),
-                    },
-                    met: if r.m.error.is_some() {
-                        Some(false)
-                    } else {
-                        r.x_static.map(|x| x <= WITHIN_STATIC)
-                    },
-                });
-            }
-        }
+        let mut out = within_static(
+            &self.rows,
+            goal::SDPA_WITHIN_STATIC,
+            &[CACHING, CACHING_SCOPE],
+            false,
+        );
         for e in self
             .decode_eff
             .iter()
-            .filter(|e| e.kv_len >= DECODE_TARGET_KV)
+            .filter(|e| e.kv_len >= goal::SDPA_DECODE_KV)
         {
-            out.push(TargetCheck {
-                target: format!(
+            out.push(efficiency_check(
+                format!(
                     "{} decode >= {} of streaming-read bandwidth at kv {}",
                     e.dtype.name(),
-                    pct(DECODE_TARGET),
+                    pct(goal::SDPA_DECODE_STREAM),
                     e.kv_len
                 ),
-                measured: format!(
-                    "{:.1} GB/s K/V vs {:.1} GB/s read: {} (median of same-round ratios; best {})",
-                    e.kernel_gbs,
-                    e.stream_gbs,
-                    pct(e.ratio_median),
-                    pct(e.ratio_best)
-                ),
-                met: Some(e.ratio_median >= DECODE_TARGET),
-            });
+                format!("{:.1} GB/s K/V", e.kernel_gbs),
+                format!("{:.1} GB/s read", e.stream_gbs),
+                e.ratio_median,
+                e.ratio_best,
+                goal::SDPA_DECODE_STREAM,
+            ));
         }
-        for e in self
-            .decode_eff
-            .iter()
-            .filter(|e| e.dtype == SdpaDtype::Int8Kv && e.kv_len == INT8_SPEEDUP_KV)
-        {
-            let Some(f) = self
-                .decode_eff
+        let at_kv = |dtype| {
+            self.decode_eff
                 .iter()
-                .find(|f| f.dtype == SdpaDtype::F32 && f.kv_len == e.kv_len)
-            else {
-                continue;
-            };
+                .find(|e| e.dtype == dtype && e.kv_len == goal::SDPA_INT8_KV)
+        };
+        if let (Some(e), Some(f)) = (at_kv(SdpaDtype::Int8Kv), at_kv(SdpaDtype::F32)) {
             let x = f.ms_per_call / e.ms_per_call;
             out.push(TargetCheck {
                 target: format!(
-                    "int8-kv decode >= {INT8_SPEEDUP:.0}x faster per call than f32 at kv {}",
+                    "int8-kv decode >= {:.0}x faster per call than f32 at kv {}",
+                    goal::SDPA_INT8_SPEEDUP,
                     e.kv_len
                 ),
                 measured: format!(
                     "{x:.2}x ({:.3} ms vs {:.3} ms, best calls of the same run)",
                     e.ms_per_call, f.ms_per_call
                 ),
-                met: Some(x >= INT8_SPEEDUP),
+                met: Some(x >= goal::SDPA_INT8_SPEEDUP),
             });
         }
         // Prefill targets are for f32 and bf16 (int8-KV prefill is reported, not targeted).
@@ -811,25 +518,22 @@ impl SdpaReport {
             .iter()
             .filter(|e| e.dtype != SdpaDtype::Int8Kv)
         {
-            out.push(TargetCheck {
-                target: format!(
+            out.push(efficiency_check(
+                format!(
                     "{} prefill {} >= {} of sgemm GFLOP/s ({} threads)",
                     e.dtype.name(),
                     e.len,
-                    pct(PREFILL_TARGET),
+                    pct(goal::SDPA_PREFILL_SGEMM),
                     self.sgemm_threads
                         .map(|t| t.to_string())
                         .unwrap_or_else(|| "?".into())
                 ),
-                measured: format!(
-                    "{:.1} GFLOP/s vs sgemm {:.1}: {} (median of same-round ratios; best {})",
-                    e.kernel_gflops,
-                    e.sgemm_gflops,
-                    pct(e.ratio_median),
-                    pct(e.ratio_best)
-                ),
-                met: Some(e.ratio_median >= PREFILL_TARGET),
-            });
+                format!("{:.1} GFLOP/s", e.kernel_gflops),
+                format!("sgemm {:.1}", e.sgemm_gflops),
+                e.ratio_median,
+                e.ratio_best,
+                goal::SDPA_PREFILL_SGEMM,
+            ));
         }
         out
     }
@@ -839,117 +543,24 @@ impl SdpaReport {
         crate::report::targets_table(&self.targets())
     }
 
-    /// The measurements as a harness [`Report`] (for the SVG plot: time per token or prefill).
-    pub fn as_report(&self) -> Report {
-        Report {
-            machine: self.machine.clone(),
-            command: self.command.clone(),
-            mode: self.mode,
-            run: RunConfig {
-                warmup_rounds: 1,
-                rounds: self.config.decode_rounds,
-                round_target: std::time::Duration::ZERO,
-                calibration_calls: 0,
-                max_round_calls: 0,
-            },
-            sources: SourceConfig::default(),
-            workloads: self.config.workloads(),
-            measurements: self.rows.iter().map(|r| r.m.clone()).collect(),
-            threads: self.threads,
-            elapsed_s: self.elapsed_s,
-        }
-    }
-
     /// Every figure, with units, as JSON.
     pub fn to_json(&self) -> Value {
-        let fig = |v: f64, unit: &str| json!({ "value": v, "unit": unit });
-        let rows: Vec<Value> = self
-            .rows
+        let mut j = self.info.json("sdpa", &self.rows, &self.targets());
+        j["sgemm_threads"] = json!(self.sgemm_threads);
+        j["simd"] = json!(self.simd);
+        j["config"] = json!(self.config);
+        j["workloads"] = self
+            .config
+            .workloads()
             .iter()
-            .map(|r| {
-                let m = &r.m;
-                let unit = if m.workload.starts_with("sdpa-decode") {
-                    "ns/token"
-                } else {
-                    "ns/prefill"
-                };
-                json!({
-                    "workload": m.workload,
-                    "source": m.source,
-                    "error": m.error,
-                    "threads": m.threads,
-                    "time": {
-                        "median": fig(m.ns_per_call.median, unit),
-                        "min": fig(m.ns_per_call.min, unit),
-                        "max": fig(m.ns_per_call.max, unit),
-                    },
-                    "attention_calls_measured": fig(m.calls_total as f64, "calls"),
-                    "minor_page_faults_per_call": fig(m.faults_per_call, "faults/attention call"),
-                    "system_allocations_per_call":
-                        m.sys_allocs_per_call.map(|x| fig(x, "allocations/attention call")),
-                    "system_allocations_whole_run":
-                        m.sys_allocs_total.map(|x| fig(x as f64, "allocations")),
-                    "misses_whole_run": m.misses_total.map(|x| fig(x as f64, "misses")),
-                    "peak_reserved": m.peak_reserved.map(|x| fig(x as f64, "bytes")),
-                    "peak_live": m.peak_live.map(|x| fig(x as f64, "bytes")),
-                    "peak_rss_growth_warmup": fig(m.peak_rss_growth as f64, "bytes"),
-                    "ratio_to_static": r.x_static.map(|x| fig(x, "x (total time over the same steps)")),
-                    "ratio_to_caching": r.x_caching.map(|x| fig(x, "x (total time over the same steps)")),
-                })
-            })
+            .map(|(n, d)| json!({"name": n, "step": d}))
             .collect();
-        let decode: Vec<Value> = self
-            .decode_eff
-            .iter()
-            .map(|e| {
-                json!({
-                    "dtype": e.dtype.name(),
-                    "kv_len": e.kv_len,
-                    "layer_caches": e.layers,
-                    "stream_buffer": fig(e.span_bytes as f64, "bytes"),
-                    "stream_read_best": fig(e.stream_gbs, "GB/s"),
-                    "kernel_kv_read_best": fig(e.kernel_gbs, "GB/s"),
-                    "ratio_best": fig(e.ratio_best, "fraction"),
-                    "ratio_median": fig(e.ratio_median, "fraction"),
-                    "time_per_call_best": fig(e.ms_per_call, "ms"),
-                })
-            })
-            .collect();
-        let prefill: Vec<Value> = self
-            .prefill_eff
-            .iter()
-            .map(|e| {
-                json!({
-                    "dtype": e.dtype.name(),
-                    "len": e.len,
-                    "causal": e.causal,
-                    "sgemm_best": fig(e.sgemm_gflops, "GFLOP/s"),
-                    "kernel_best": fig(e.kernel_gflops, "GFLOP/s (visible pairs, 4*head_dim each)"),
-                    "ratio_best": fig(e.ratio_best, "fraction"),
-                    "ratio_median": fig(e.ratio_median, "fraction"),
-                    "time_per_call_best": fig(e.ms_per_call, "ms"),
-                })
-            })
-            .collect();
-        json!({
-            "tool": "allocbench",
-            "subcommand": "sdpa",
-            "command": self.command,
-            "mode": self.mode,
-            "machine": self.machine,
-            "cores": self.machine.cores,
-            "threads": self.threads,
-            "sgemm_threads": self.sgemm_threads,
-            "simd_kernels": self.simd,
-            "config": self.config,
-            "workloads": self.config.workloads().iter()
-                .map(|(n, d)| json!({"name": n, "step": d})).collect::<Vec<_>>(),
-            "elapsed": fig(self.elapsed_s, "s"),
-            "load_average_end": self.load_avg_end,
-            "measurements": rows,
-            "efficiency": { "decode": decode, "prefill": prefill, "errors": self.eff_errors },
-            "targets": self.targets(),
-        })
+        j["efficiency"] = json!({
+            "decode": self.decode_eff,
+            "prefill": self.prefill_eff,
+            "errors": self.eff_errors,
+        });
+        j
     }
 }
 
@@ -957,37 +568,33 @@ impl SdpaReport {
 mod tests {
     use super::*;
 
-    fn row(w: &str, s: &str, ns: f64, x: Option<f64>) -> SdpaRow {
-        SdpaRow {
-            m: Measurement {
-                workload: w.into(),
-                source: s.into(),
-                ns_per_call: Spread {
-                    median: ns,
-                    min: ns,
-                    max: ns,
-                },
-                ..Measurement::default()
+    use crate::harness::Spread;
+
+    fn row(w: &str, s: &str, ns: f64, x: Option<f64>) -> Measurement {
+        Measurement {
+            workload: w.into(),
+            source: s.into(),
+            unit: if w.contains("decode") {
+                "token"
+            } else {
+                "prefill"
+            },
+            ns_per_call: Spread {
+                median: ns,
+                min: ns,
+                max: ns,
             },
             x_static: x,
-            x_caching: None,
+            ..Measurement::default()
         }
     }
 
-    fn report(rows: Vec<SdpaRow>) -> SdpaReport {
+    fn report(rows: Vec<Measurement>) -> SdpaReport {
         SdpaReport {
-            machine: Machine {
-                cores: 2,
-                cpu: "test".into(),
-                kernel: String::new(),
-                load_avg_1m_at_start: 0.0,
-            },
-            command: "test".into(),
-            mode: "quick",
+            info: crate::report::tests::info(),
             config: SdpaConfig::smoke(),
-            threads: 2,
             sgemm_threads: Some(2),
-            simd: true,
+            simd: "avx2".into(),
             rows,
             decode_eff: vec![
                 DecodeEfficiency {
@@ -1024,8 +631,6 @@ mod tests {
                 ms_per_call: 1.0,
             }],
             eff_errors: vec![],
-            elapsed_s: 0.0,
-            load_avg_end: 0.0,
         }
     }
 
@@ -1063,7 +668,7 @@ mod tests {
         let mut r = report(vec![]);
         let at = |dtype, ms| DecodeEfficiency {
             dtype,
-            kv_len: INT8_SPEEDUP_KV,
+            kv_len: goal::SDPA_INT8_KV,
             layers: 1,
             span_bytes: 1,
             stream_gbs: 10.0,
@@ -1096,18 +701,18 @@ mod tests {
     #[test]
     fn a_failed_source_misses_and_json_has_units() {
         let mut failed = row("sdpa-prefill-7", "caching", 0.0, None);
-        failed.m.error = Some("out of memory".into());
+        failed.error = Some("out of memory".into());
         let r = report(vec![
             row("sdpa-prefill-7", "static", 100.0, Some(1.0)),
             failed,
         ]);
         assert_eq!(r.targets()[0].met, Some(false));
         let j = r.to_json();
-        assert_eq!(j["measurements"][0]["time"]["median"]["unit"], "ns/prefill");
         assert_eq!(
-            j["efficiency"]["decode"][1]["stream_read_best"]["unit"],
-            "GB/s"
+            j["measurements"][0]["time_per_call"]["median"]["unit"],
+            "ns/prefill"
         );
+        assert_eq!(j["efficiency"]["decode"][1]["stream_gbs"], 10.0);
         assert_eq!(j["cores"], 2);
     }
 
@@ -1119,18 +724,5 @@ mod tests {
         assert_eq!(*sample_tokens(1024, 16).last().unwrap(), 1024);
         assert_eq!(sample_tokens(1024, 16)[1], 69);
         assert_eq!(sample_tokens(3, 10), vec![1, 2, 3]);
-    }
-
-    #[test]
-    fn step_orders_pair_forward_and_backward() {
-        assert_eq!(step_order(0, 3), vec![0, 1, 2]);
-        assert_eq!(step_order(1, 3), vec![2, 1, 0]);
-        assert_eq!(step_order(2, 3), vec![1, 2, 0]);
-        assert_eq!(step_order(3, 3), vec![0, 2, 1]);
-        for s in 0..10 {
-            let mut o = step_order(s, 5);
-            o.sort_unstable();
-            assert_eq!(o, vec![0, 1, 2, 3, 4]);
-        }
     }
 }

@@ -1,0 +1,248 @@
+//! The run loop of the kernel benchmarks (`sdpa`, `llm`): *steps* (one token, one prefill,
+//! one layer call) run on every source back to back, in an order that changes every step,
+//! so every source sees the same stretch of machine noise; then one [`Measurement`] per
+//! source, with its time over `static`'s and `caching`'s *over the same steps*.
+//!
+//! The harness workloads (`scratch`, `decode`, `threads`) run their rounds on threads with
+//! barriers ([`crate::harness`]); both end in the same [`Measurement`], so tables, JSON,
+//! targets and plots are one code path ([`crate::report`]).
+
+use std::time::Instant;
+
+use crate::harness::{Measurement, Spread};
+use crate::os;
+use crate::report::{CACHING, FLOOR};
+use crate::source::{Counters, SourceKind};
+
+/// The order in which `n` sources run in step `step`: steps come in pairs, the second of a
+/// pair the reverse of the first (forward, backward: a linear drift in machine speed over a
+/// pair costs every source the same), and each pair starts one source later than the last.
+pub fn step_order(step: usize, n: usize) -> Vec<usize> {
+    let mut o: Vec<usize> = (0..n).map(|j| (step / 2 + j) % n.max(1)).collect();
+    if step % 2 == 1 {
+        o.reverse();
+    }
+    o
+}
+
+/// What one source did over the measured steps.
+#[derive(Clone, Debug, Default)]
+struct Acc {
+    /// Time of each step (seconds), NaN where the source had failed.
+    steps: Vec<f64>,
+    /// Minor page faults over the measured steps.
+    faults: u64,
+    /// Units (calls, tokens) over the measured steps: the divisor of the per-call figures.
+    units: u64,
+    /// System allocations over the measured steps, where the source counts them.
+    sys_allocs: Option<u64>,
+    /// Peak RSS growth during warm-up, bytes.
+    peak_rss_growth: u64,
+    /// The first error, after which the source is skipped.
+    error: Option<String>,
+}
+
+/// Interleaved steps over a set of sources.
+pub struct Steps<'a> {
+    kinds: &'a [&'a SourceKind],
+    /// Each source's counters now (shared state plus its worker's).
+    counters: &'a dyn Fn(usize) -> Counters,
+    accs: Vec<Acc>,
+    /// Steps run so far (sets the order of the next one).
+    taken: usize,
+}
+
+impl<'a> Steps<'a> {
+    /// No step run yet on `kinds`, whose counters `counters(i)` reads.
+    pub fn new(kinds: &'a [&'a SourceKind], counters: &'a dyn Fn(usize) -> Counters) -> Self {
+        Steps {
+            kinds,
+            counters,
+            accs: vec![Acc::default(); kinds.len()],
+            taken: 0,
+        }
+    }
+
+    /// Whether source `i` has failed (it is skipped from then on).
+    pub fn failed(&self, i: usize) -> bool {
+        self.accs[i].error.is_some()
+    }
+
+    /// Warms source `i` up with `run` (untimed), keeping the largest peak RSS growth over its
+    /// warm-ups and its first error.
+    pub fn warm_up(&mut self, i: usize, run: impl FnOnce() -> Result<(), String>) {
+        if self.failed(i) {
+            return;
+        }
+        let rss = os::rss_bytes();
+        os::reset_peak_rss();
+        let r = run();
+        let a = &mut self.accs[i];
+        a.peak_rss_growth = a
+            .peak_rss_growth
+            .max(os::peak_rss_bytes().saturating_sub(rss));
+        if let Err(e) = r {
+            a.error = Some(e);
+        }
+    }
+
+    /// One measured step on every source, in [`step_order`]: `run(i)` does source `i`'s
+    /// part and returns how many units (calls, tokens) it was. A failed source records NaN.
+    pub fn step(&mut self, mut run: impl FnMut(usize) -> Result<u64, String>) {
+        for i in step_order(self.taken, self.accs.len()) {
+            if self.failed(i) {
+                self.accs[i].steps.push(f64::NAN);
+                continue;
+            }
+            let c0 = (self.counters)(i);
+            let f0 = os::minor_faults();
+            let t0 = Instant::now();
+            let r = run(i);
+            let dt = t0.elapsed().as_secs_f64();
+            let faults = os::minor_faults().saturating_sub(f0);
+            let allocs = (self.counters)(i).since(c0).system_allocs;
+            let a = &mut self.accs[i];
+            match r {
+                Ok(units) => {
+                    a.steps.push(dt);
+                    a.faults += faults;
+                    a.units += units;
+                    if let Some(n) = allocs {
+                        *a.sys_allocs.get_or_insert(0) += n;
+                    }
+                }
+                Err(e) => {
+                    a.steps.push(f64::NAN);
+                    a.error = Some(e);
+                }
+            }
+        }
+        self.taken += 1;
+    }
+
+    /// One [`Measurement`] per source, labelled `label`, time in ns per `unit` (`per_unit`
+    /// maps a source's step times in seconds to those samples); `x_static` and `x_caching`
+    /// are totals over the steps both sources completed.
+    pub fn measurements(
+        &self,
+        label: &str,
+        unit: &'static str,
+        per_unit: impl Fn(&[f64]) -> Vec<f64>,
+    ) -> Vec<Measurement> {
+        let find = |name: &str| self.kinds.iter().position(|k| k.name == name);
+        let ratio = |i: usize, base: Option<usize>| -> Option<f64> {
+            let b = base?;
+            if self.failed(i) || self.failed(b) {
+                return None;
+            }
+            let (x, y) = self.accs[i]
+                .steps
+                .iter()
+                .zip(&self.accs[b].steps)
+                .filter(|(x, y)| x.is_finite() && y.is_finite())
+                .fold((0.0, 0.0), |(sx, sy), (x, y)| (sx + x, sy + y));
+            (y > 0.0).then(|| x / y)
+        };
+        let (floor, caching) = (find(FLOOR), find(CACHING));
+        self.accs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let spread = Spread::of(&per_unit(&a.steps));
+                let end = (self.counters)(i);
+                let units = a.units.max(1) as f64;
+                Measurement {
+                    workload: label.to_string(),
+                    source: self.kinds[i].name.to_string(),
+                    unit,
+                    threads: rayon::current_num_threads(),
+                    rounds: a.steps.len(),
+                    calls_per_round: 0,
+                    ns_per_call: spread,
+                    calls_per_sec: if spread.median > 0.0 {
+                        1e9 / spread.median
+                    } else {
+                        0.0
+                    },
+                    faults_per_call: a.faults as f64 / units,
+                    sys_allocs_per_call: a.sys_allocs.map(|x| x as f64 / units),
+                    sys_allocs_total: end.system_allocs,
+                    misses_total: end.misses,
+                    peak_reserved: end.peak_reserved,
+                    peak_live: end.peak_live,
+                    calls_total: a.units,
+                    peak_rss_growth: a.peak_rss_growth,
+                    x_static: ratio(i, floor),
+                    x_caching: ratio(i, caching),
+                    error: a.error.clone(),
+                    ..Measurement::default()
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::find;
+
+    #[test]
+    fn step_orders_pair_forward_and_backward() {
+        assert_eq!(step_order(0, 3), vec![0, 1, 2]);
+        assert_eq!(step_order(1, 3), vec![2, 1, 0]);
+        assert_eq!(step_order(2, 3), vec![1, 2, 0]);
+        assert_eq!(step_order(3, 3), vec![0, 2, 1]);
+        for s in 0..10 {
+            let mut o = step_order(s, 5);
+            o.sort_unstable();
+            assert_eq!(o, vec![0, 1, 2, 3, 4]);
+        }
+    }
+
+    #[test]
+    fn ratios_are_totals_over_the_steps_both_completed() {
+        let kinds: Vec<&SourceKind> = ["static", "caching", "system"]
+            .iter()
+            .map(|n| find(n).unwrap())
+            .collect();
+        let allocs = std::cell::Cell::new(0u64);
+        let counters = |i: usize| {
+            if i == 2 {
+                Counters::allocs(allocs.get())
+            } else {
+                Counters::default()
+            }
+        };
+        let mut s = Steps::new(&kinds, &counters);
+        s.warm_up(1, || Ok(()));
+        for step in 0..4 {
+            s.step(|i| {
+                let spin = std::time::Duration::from_micros(200 * (i as u64 + 1));
+                let t = Instant::now();
+                while t.elapsed() < spin {}
+                if i == 2 {
+                    allocs.set(allocs.get() + 3);
+                    if step == 3 {
+                        return Err("out of memory".into());
+                    }
+                }
+                Ok(2)
+            });
+        }
+        let ms = s.measurements("w", "call", |t| t.iter().map(|x| x * 1e9).collect());
+        assert_eq!(ms.len(), 3);
+        assert_eq!((ms[0].x_static, ms[1].x_caching), (Some(1.0), Some(1.0)));
+        // caching spins twice as long as static on every step.
+        let x = ms[1].x_static.unwrap();
+        assert!((1.5..4.0).contains(&x), "{x}");
+        assert_eq!(ms[1].calls_total, 8);
+        assert_eq!(ms[1].sys_allocs_per_call, None);
+        // system failed on the last step: no ratio, its error kept, 3 allocations per 2 units
+        // over the steps it completed.
+        assert_eq!(ms[2].error.as_deref(), Some("out of memory"));
+        assert_eq!(ms[2].x_static, None);
+        assert_eq!(ms[2].sys_allocs_per_call, Some(1.5));
+        assert!(s.failed(2));
+    }
+}
