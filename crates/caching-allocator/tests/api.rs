@@ -1,11 +1,14 @@
 //! One test per behaviour of the core issue, and ExecuTorch's scenarios adapted to size classes.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use caching_allocator::{AllocError, CachingAllocator, Config, SizeClass, Stats, MAX_ALIGN};
+
+#[path = "common/counting.rs"]
+mod counting;
+use counting::Counting;
 
 fn addr(p: NonNull<u8>) -> usize {
     p.as_ptr() as usize
@@ -20,34 +23,6 @@ fn write_read(p: NonNull<u8>, len: usize, tag: u8) {
         let s = std::slice::from_raw_parts(p.as_ptr(), len);
         assert!(s.iter().step_by(step).all(|&b| b == tag));
         assert_eq!(s[len - 1], tag);
-    }
-}
-
-/// A system allocator that counts calls and bytes, and can refuse.
-#[derive(Default)]
-struct Counting {
-    allocs: AtomicUsize,
-    frees: AtomicUsize,
-    outstanding: AtomicUsize,
-    fail_all: std::sync::atomic::AtomicBool,
-}
-
-// SAFETY: forwards to `System`, only counting (and refusing, which `GlobalAlloc` permits).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if self.fail_all.load(Ordering::SeqCst) {
-            return std::ptr::null_mut();
-        }
-        self.allocs.fetch_add(1, Ordering::SeqCst);
-        self.outstanding.fetch_add(layout.size(), Ordering::SeqCst);
-        // SAFETY: the caller's contract is `System`'s.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        self.frees.fetch_add(1, Ordering::SeqCst);
-        self.outstanding.fetch_sub(layout.size(), Ordering::SeqCst);
-        // SAFETY: the caller's contract is `System`'s.
-        unsafe { System.dealloc(ptr, layout) }
     }
 }
 
@@ -189,7 +164,7 @@ fn cap_evicts_least_recently_used_and_never_refuses_live_memory() {
     assert!(s.cached_bytes <= 1024, "{s}");
     assert_eq!(s.cached_bytes, 1024);
     assert_eq!(s.evictions, 1);
-    assert_eq!(counting.outstanding.load(Ordering::SeqCst), 1024);
+    assert_eq!(counting.bytes.load(Ordering::SeqCst), 1024);
 }
 
 #[test]
@@ -226,7 +201,7 @@ fn zero_cap_caches_nothing() {
         alloc.reset();
     }
     assert_eq!(alloc.stats().cached_bytes, 0);
-    assert_eq!(counting.outstanding.load(Ordering::SeqCst), 0);
+    assert_eq!(counting.bytes.load(Ordering::SeqCst), 0);
     assert_eq!(alloc.stats().system_allocs, 3);
 }
 
@@ -312,7 +287,7 @@ fn limit_evicts_idle_blocks_then_refuses() {
         alloc.release(a).unwrap();
         alloc.release(c).unwrap();
     }
-    assert_eq!(counting.outstanding.load(Ordering::SeqCst), 3 * 4096);
+    assert_eq!(counting.bytes.load(Ordering::SeqCst), 3 * 4096);
 }
 
 // ---- behaviour 6: out of memory ------------------------------------------------------
@@ -477,7 +452,7 @@ fn an_overrun_block_is_reported_and_never_reused() {
         (s.corrupted_blocks, s.cached_blocks, s.reserved_bytes),
         (1, 0, 0)
     );
-    assert_eq!(counting.outstanding.load(Ordering::SeqCst), 0);
+    assert_eq!(counting.bytes.load(Ordering::SeqCst), 0);
 }
 
 #[test]
@@ -542,7 +517,7 @@ fn dropping_gives_every_block_back() {
     assert_eq!(allocs, 4);
     drop(alloc);
     assert_eq!(counting.frees.load(Ordering::SeqCst), allocs);
-    assert_eq!(counting.outstanding.load(Ordering::SeqCst), 0);
+    assert_eq!(counting.bytes.load(Ordering::SeqCst), 0);
 }
 
 // ---- best fit ------------------------------------------------------------------------

@@ -80,9 +80,9 @@ fn check_books(stats: &Stats, sys: &Faulty, cap: usize, ctx: &str) {
     );
 }
 
-#[path = "common/star_rng.rs"]
-mod star_rng;
-use star_rng::StarRng as Rng;
+#[path = "common/rng.rs"]
+mod rng;
+use rng::Rng;
 
 const CAP: usize = 256 << 10;
 const OPS: usize = if cfg!(miri) { 40 } else { 400 };

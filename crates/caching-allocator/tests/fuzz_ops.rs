@@ -8,12 +8,15 @@
 #[path = "common/ops.rs"]
 mod ops;
 
+#[path = "common/counting.rs"]
+mod counting;
+
 use std::path::Path;
 
 // The seeded inputs come from this generator, so they never change.
-#[path = "common/star_rng.rs"]
-mod star_rng;
-use star_rng::StarRng as Rng;
+#[path = "common/rng.rs"]
+mod rng;
+use rng::Rng;
 
 /// Runs an input; if it fails, prints it (ops numbered as in the failure message) first.
 fn run_verbose(input: &ops::Input) {

@@ -14,8 +14,6 @@
 //! exactly the bytes taken.
 #![cfg(loom)]
 
-use core::alloc::{GlobalAlloc, Layout};
-use std::alloc::System;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc as StdArc;
 
@@ -25,6 +23,10 @@ use loom::thread;
 
 #[path = "common/books.rs"]
 mod books;
+
+#[path = "common/counting.rs"]
+mod counting;
+use counting::Counting;
 
 /// Runs `f` under loom and reports how many interleavings it explored. One interleaving would
 /// mean loom sees no synchronisation in the crate (its primitives are not loom's): a failure.
@@ -38,34 +40,6 @@ fn model<F: Fn() + Sync + Send + 'static>(name: &str, f: F) {
     let runs = runs.load(SeqCst);
     eprintln!("loom model {name}: {runs} interleavings");
     assert!(runs > 1, "loom explored a single interleaving of {name}");
-}
-
-/// Counts what the allocator takes from and gives back to the system. Plain `std` atomics:
-/// the counts are checked only after every model thread has been joined.
-#[derive(Default)]
-struct Counting {
-    bytes: AtomicUsize,
-    blocks: AtomicUsize,
-}
-
-// SAFETY: forwards to `System` unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract is `System::alloc`'s.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            self.bytes.fetch_add(layout.size(), SeqCst);
-            self.blocks.fetch_add(1, SeqCst);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        self.bytes.fetch_sub(layout.size(), SeqCst);
-        self.blocks.fetch_sub(1, SeqCst);
-        // SAFETY: the caller's contract is `System::dealloc`'s.
-        unsafe { System.dealloc(ptr, layout) }
-    }
 }
 
 fn allocator(cap: usize) -> (Arc<CachingAllocator>, StdArc<Counting>) {

@@ -6,10 +6,9 @@
 //!
 //! Iteration counts and durations scale down under Miri.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Barrier, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use caching_allocator::{AllocError, CachingAllocator, Config, Stats, TempAllocator};
@@ -17,80 +16,11 @@ use caching_allocator::{AllocError, CachingAllocator, Config, Stats, TempAllocat
 #[path = "common/books.rs"]
 mod books;
 
+#[path = "common/counting.rs"]
+mod counting;
+use counting::Counting;
+
 const MIB: usize = 1 << 20;
-
-/// A system allocator that counts what it holds, logs what it frees, and refuses requests of
-/// `refuse_from` bytes or more (optionally after waiting until `rendezvous` of them are in
-/// flight at once, so concurrent refusals really overlap).
-struct Counting {
-    bytes: AtomicUsize,
-    blocks: AtomicUsize,
-    freed: Mutex<Vec<usize>>,
-    refuse_from: usize,
-    rendezvous: usize,
-    arrived: AtomicUsize,
-}
-
-impl Counting {
-    fn new() -> Self {
-        Self::refusing(usize::MAX, 0)
-    }
-
-    fn refusing(refuse_from: usize, rendezvous: usize) -> Self {
-        Counting {
-            bytes: AtomicUsize::new(0),
-            blocks: AtomicUsize::new(0),
-            freed: Mutex::new(Vec::new()),
-            refuse_from,
-            rendezvous,
-            arrived: AtomicUsize::new(0),
-        }
-    }
-
-    fn held(&self) -> (usize, usize) {
-        (
-            self.bytes.load(Ordering::SeqCst),
-            self.blocks.load(Ordering::SeqCst),
-        )
-    }
-
-    fn freed(&self) -> Vec<usize> {
-        self.freed.lock().unwrap().clone()
-    }
-}
-
-// SAFETY: forwards to `System`, only counting, logging, and refusing (which `GlobalAlloc`
-// permits: a null return).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if layout.size() >= self.refuse_from {
-            // Hold the refusal until `rendezvous` requests are here (bounded wait), so their
-            // reservations overlap.
-            self.arrived.fetch_add(1, Ordering::SeqCst);
-            let start = Instant::now();
-            let wait = Duration::from_millis(if cfg!(miri) { 50 } else { 500 });
-            while self.arrived.load(Ordering::SeqCst) < self.rendezvous && start.elapsed() < wait {
-                std::thread::yield_now();
-            }
-            return std::ptr::null_mut();
-        }
-        // SAFETY: the caller's contract is `System`'s.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            self.bytes.fetch_add(layout.size(), Ordering::SeqCst);
-            self.blocks.fetch_add(1, Ordering::SeqCst);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        self.bytes.fetch_sub(layout.size(), Ordering::SeqCst);
-        self.blocks.fetch_sub(1, Ordering::SeqCst);
-        self.freed.lock().unwrap().push(ptr as usize);
-        // SAFETY: the caller's contract is `System`'s.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
 
 fn counted(config: Config) -> (CachingAllocator, Arc<Counting>) {
     counted_with(config, Counting::new())

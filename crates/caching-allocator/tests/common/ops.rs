@@ -18,15 +18,15 @@
 //! Any violation panics with the op that broke it.
 #![allow(dead_code)] // each includer uses a part
 
-use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::NonNull;
-use std::alloc::System;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
 use arbitrary::{Arbitrary, Unstructured};
 use caching_allocator::{AllocError, CachingAllocator, Config, Scope, SizeClass, Stats};
+
+pub use super::counting::Counting;
 
 /// Bytes of canary debug checks add behind every requested size (`src/debug.rs`).
 pub const CANARY_LEN: usize = 16;
@@ -202,35 +202,6 @@ impl Input {
             }
         }
         Some(Input { config, ops })
-    }
-}
-
-/// A system allocator that counts what the allocator holds.
-#[derive(Default)]
-pub struct Counting {
-    /// Bytes handed out and not given back.
-    pub bytes: AtomicUsize,
-    /// Blocks handed out and not given back.
-    pub blocks: AtomicUsize,
-}
-
-// SAFETY: forwards to `System` unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract is `System::alloc`'s.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            self.bytes.fetch_add(layout.size(), SeqCst);
-            self.blocks.fetch_add(1, SeqCst);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        self.bytes.fetch_sub(layout.size(), SeqCst);
-        self.blocks.fetch_sub(1, SeqCst);
-        // SAFETY: the caller's contract is `System::dealloc`'s.
-        unsafe { System.dealloc(ptr, layout) }
     }
 }
 
