@@ -23,32 +23,10 @@
 #include <thread>
 #include <vector>
 
+#include "barrier.hpp"  // tests/cpp/support: std::barrier is C++20
+
 using caching_allocator::ExecuTorchTempAllocator;
 using executorch::runtime::MemoryAllocator;
-
-// std::barrier is C++20.
-class Barrier {
-public:
-    explicit Barrier(int count) : count_(count) {}
-    void wait() {
-        std::unique_lock<std::mutex> lock(mutex_);
-        const unsigned long generation = generation_;
-        if (++arrived_ == count_) {
-            arrived_ = 0;
-            generation_++;
-            cv_.notify_all();
-        } else {
-            cv_.wait(lock, [&] { return generation_ != generation; });
-        }
-    }
-
-private:
-    std::mutex mutex_;
-    std::condition_variable cv_;
-    int count_;
-    int arrived_ = 0;
-    unsigned long generation_ = 0;
-};
 
 struct Block {
     unsigned char* ptr;

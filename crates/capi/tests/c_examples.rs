@@ -107,7 +107,8 @@ fn run(cmd: &mut Command) -> Output {
 }
 
 /// Compiles `<crate>/<source>` into `<name>` and runs it, returning its stdout. C++ sources
-/// also see the stand-in of ExecuTorch's headers (`tests/cpp/executorch_standin/`).
+/// also see the stand-in of ExecuTorch's headers (`tests/cpp/executorch_standin/`) and the
+/// test support headers (`tests/cpp/support/`).
 fn build_and_run(source: &str, name: &str, sanitize: bool) -> String {
     let lib = library();
     let cpp = source.ends_with(".cpp");
@@ -123,7 +124,9 @@ fn build_and_run(source: &str, name: &str, sanitize: bool) -> String {
         .arg(Path::new(CRATE_DIR).join("include"));
     if cpp {
         cc.arg("-I")
-            .arg(Path::new(CRATE_DIR).join("tests/cpp/executorch_standin"));
+            .arg(Path::new(CRATE_DIR).join("tests/cpp/executorch_standin"))
+            .arg("-I")
+            .arg(Path::new(CRATE_DIR).join("tests/cpp/support"));
     }
     cc.arg(Path::new(CRATE_DIR).join(source))
         .arg("-o")

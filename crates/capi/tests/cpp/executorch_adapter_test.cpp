@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "barrier.hpp"  // tests/cpp/support: std::barrier is C++20
+
 using caching_allocator::ExecuTorchTempAllocator;
 using executorch::runtime::MemoryAllocator;
 
@@ -41,30 +43,6 @@ std::atomic<int> failures{0};
 bool aligned(const void* p, size_t alignment) {
   return reinterpret_cast<uintptr_t>(p) % alignment == 0;
 }
-
-// std::barrier is C++20.
-class Barrier {
- public:
-  explicit Barrier(int count) : count_(count) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const unsigned long generation = generation_;
-    if (++arrived_ == count_) {
-      arrived_ = 0;
-      generation_++;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return generation_ != generation; });
-    }
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  int count_;
-  int arrived_ = 0;
-  unsigned long generation_ = 0;
-};
 
 constexpr size_t kMiB = size_t{1} << 20;
 
