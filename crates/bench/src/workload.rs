@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use caching_allocator::SizeClass;
 
-use crate::source::{AllocError, Block, Counters, ScratchWorker, SCRATCH_ALIGN};
+use crate::source::{AllocError, Block, Call, Counters, ScratchWorker, SCRATCH_ALIGN};
 
 /// The page size the workloads touch at.
 pub const PAGE: usize = 4096;
@@ -87,10 +87,13 @@ fn touch_call(
     sizes: &[usize],
     blocks: &mut [Block],
 ) -> Result<(), AllocError> {
-    worker.call(sizes, SCRATCH_ALIGN, blocks, &mut |bs| {
+    worker.call(Call {
+        sizes,
+        align: SCRATCH_ALIGN,
+        blocks,
         // SAFETY: `ScratchWorker::call` passes blocks valid for writes of their length for
         // the whole callback (the trait's safety contract).
-        unsafe { touch_pages(bs) }
+        kernel: &mut |bs| unsafe { touch_pages(bs) },
     })
 }
 

@@ -10,7 +10,7 @@ use allocbench::harness::{measure_all, RunConfig};
 use allocbench::os::Machine;
 use allocbench::report::RunInfo;
 use allocbench::source::{
-    AllocError, Block, ScratchSource, SourceConfig, SourceKind, TempAllocator, SOURCES,
+    AllocError, Block, Call, ScratchSource, SourceConfig, SourceKind, TempAllocator, SOURCES,
 };
 use allocbench::workload::{Decode, Mix, Scratch, Workload};
 
@@ -118,16 +118,27 @@ fn every_worker_hands_out_aligned_disjoint_writable_blocks() {
         for align in [64, 128, 4096] {
             for _ in 0..3 {
                 let mut ran = false;
-                w.call(&sizes, align, &mut blocks, &mut |bs| {
-                    check_blocks(bs, &sizes, align);
-                    ran = true;
+                w.call(Call {
+                    sizes: &sizes,
+                    align,
+                    blocks: &mut blocks,
+                    kernel: &mut |bs| {
+                        check_blocks(bs, &sizes, align);
+                        ran = true;
+                    },
                 })
                 .unwrap_or_else(|e| panic!("{}: {e}", kind.name));
                 assert!(ran, "{}: kernel not run", kind.name);
             }
         }
         assert!(
-            w.call(&sizes, 48, &mut blocks, &mut |_| {}).is_err(),
+            w.call(Call {
+                sizes: &sizes,
+                align: 48,
+                blocks: &mut blocks,
+                kernel: &mut |_| {},
+            })
+            .is_err(),
             "{}: alignment 48 accepted",
             kind.name
         );

@@ -11,9 +11,7 @@ use core::ptr::NonNull;
 
 use caching_allocator::{CachingAllocator, Config, Stats, DEFAULT_WORKING_SET_SLACK};
 
-use super::{
-    check_align, AllocError, Block, Counters, ScratchSource, ScratchWorker, TempAllocator,
-};
+use super::{AllocError, Block, Call, Counters, ScratchSource, ScratchWorker, TempAllocator};
 
 /// How the benchmark drives the caching allocator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -160,36 +158,27 @@ struct CacheLine(#[allow(dead_code)] [u8; CACHING_MIN_ALIGN]);
 // until it is dropped after the kernel returns; the TempAllocator path hands out live blocks
 // from `allocate`, released only in `reset`.
 unsafe impl ScratchWorker for ScopeWorker<'_> {
-    fn call(
-        &mut self,
-        sizes: &[usize],
-        align: usize,
-        blocks: &mut [Block],
-        kernel: &mut dyn FnMut(&[Block]),
-    ) -> Result<(), AllocError> {
-        check_align(align)?;
+    fn call(&mut self, call: Call<'_>) -> Result<(), AllocError> {
+        let align = call.align;
         if align > CACHING_MIN_ALIGN {
             // A scope aligns to the element type; beyond the guaranteed 64 bytes use the
             // raw API, released per block.
-            return super::allocate_then_reset(self, sizes, align, blocks, kernel);
+            return super::allocate_then_reset(self, call);
         }
-        let n = sizes.len();
-        assert!(blocks.len() >= n, "{} blocks for {n} sizes", blocks.len());
         let scope = self.alloc.scope();
-        for (slot, &size) in blocks.iter_mut().zip(sizes) {
-            *slot = if size == 0 {
-                Block::new(super::dangling(align), 0)
-            } else {
-                // Cache lines, so the scope aligns them to 64 bytes even inside a bump chunk.
-                let s = scope.alloc_uninit::<CacheLine>(size.div_ceil(CACHING_MIN_ALIGN))?;
-                let p = NonNull::new(s.as_mut_ptr().cast::<u8>()).unwrap_or(NonNull::dangling());
-                debug_assert_eq!(p.as_ptr() as usize % align, 0);
-                Block::new(p, size)
-            };
-        }
-        kernel(&blocks[..n]);
+        let r = call.run(|_, size| {
+            if size == 0 {
+                return Ok(Block::new(super::dangling(align), 0));
+            }
+            // Cache lines, so the scope aligns them to 64 bytes even inside a bump chunk.
+            let s = scope.alloc_uninit::<CacheLine>(size.div_ceil(CACHING_MIN_ALIGN))?;
+            let p = NonNull::new(s.as_mut_ptr().cast::<u8>()).unwrap_or(NonNull::dangling());
+            debug_assert_eq!(p.as_ptr() as usize % align, 0);
+            Ok(Block::new(p, size))
+        });
+        // The kernel has returned (or never ran): the scope gives its blocks back.
         drop(scope);
-        Ok(())
+        r
     }
 }
 

@@ -9,7 +9,7 @@ use core::cell::{Cell, RefCell};
 use core::ptr::NonNull;
 use std::alloc::System;
 
-use super::{check_align, zero_size, AllocError, Block, Counters, ScratchWorker, TempAllocator};
+use super::{zero_size, AllocError, Block, Call, Counters, ScratchWorker, TempAllocator};
 
 /// One reusable buffer.
 struct Slot {
@@ -90,23 +90,9 @@ unsafe impl TempAllocator for StaticWorker {
 // SAFETY: block i of a call is slot i, a distinct System allocation of at least `size` bytes
 // at alignment >= `align`; slots are not touched again until the kernel has returned.
 unsafe impl ScratchWorker for StaticWorker {
-    fn call(
-        &mut self,
-        sizes: &[usize],
-        align: usize,
-        blocks: &mut [Block],
-        kernel: &mut dyn FnMut(&[Block]),
-    ) -> Result<(), AllocError> {
-        check_align(align)?;
-        let n = sizes.len();
-        assert!(blocks.len() >= n, "{} blocks for {n} sizes", blocks.len());
-        let slots = self.slots.get_mut();
-        for (i, (slot, &size)) in blocks.iter_mut().zip(sizes).enumerate() {
-            let p = ensure(slots, &self.allocs, i, size, align)?;
-            *slot = Block::new(p, size);
-        }
-        kernel(&blocks[..n]);
-        Ok(())
+    fn call(&mut self, call: Call<'_>) -> Result<(), AllocError> {
+        let (align, slots) = (call.align, self.slots.get_mut());
+        call.run(|i, size| ensure(slots, &self.allocs, i, size, align).map(|p| Block::new(p, size)))
     }
 
     fn counters(&self) -> Counters {

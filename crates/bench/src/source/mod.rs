@@ -67,6 +67,41 @@ impl Block {
     }
 }
 
+/// One kernel call's scratch: a block of each of `sizes`, aligned to `align`, written into
+/// the caller's `blocks` (so the harness itself allocates nothing), for `kernel`.
+pub struct Call<'a> {
+    /// The size of each block.
+    pub sizes: &'a [usize],
+    /// The alignment of every block.
+    pub align: usize,
+    /// Where the blocks go: at least `sizes.len()` entries.
+    pub blocks: &'a mut [Block],
+    /// The kernel, run once on `blocks[..sizes.len()]`.
+    pub kernel: &'a mut dyn FnMut(&[Block]),
+}
+
+impl Call<'_> {
+    /// Checks the alignment and the room in `blocks`, fills block `i` with `get(i, size)`,
+    /// then runs the kernel on the blocks. The first error stops it before the kernel runs.
+    fn run(
+        self,
+        mut get: impl FnMut(usize, usize) -> Result<Block, AllocError>,
+    ) -> Result<(), AllocError> {
+        check_align(self.align)?;
+        let n = self.sizes.len();
+        assert!(
+            self.blocks.len() >= n,
+            "{} blocks for {n} sizes",
+            self.blocks.len()
+        );
+        for (i, (slot, &size)) in self.blocks.iter_mut().zip(self.sizes).enumerate() {
+            *slot = get(i, size)?;
+        }
+        (self.kernel)(&self.blocks[..n]);
+        Ok(())
+    }
+}
+
 /// What a source can count about itself. `None` means "this source cannot count it".
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
@@ -141,20 +176,13 @@ pub trait ScratchSource: Send + Sync {
 /// and that their [`TempAllocator`] implementation keeps that trait's contract. Benchmark code
 /// writes through the blocks relying on this promise.
 pub unsafe trait ScratchWorker: TempAllocator {
-    /// One kernel call: obtain a block for each of `sizes` (alignment `align`) into
-    /// `blocks[..sizes.len()]`, run `kernel` on them, then give them all back.
+    /// One kernel call: obtain a block for each of `call.sizes` (alignment `call.align`),
+    /// run `call.kernel` on them, then give them all back.
     ///
     /// The default goes through [`TempAllocator`]: `allocate` each block, then `reset`, which
-    /// is how ExecuTorch's runtime drives its temp allocator. `blocks` must hold at least
-    /// `sizes.len()` entries (it is caller-provided so the harness itself allocates nothing).
-    fn call(
-        &mut self,
-        sizes: &[usize],
-        align: usize,
-        blocks: &mut [Block],
-        kernel: &mut dyn FnMut(&[Block]),
-    ) -> Result<(), AllocError> {
-        allocate_then_reset(self, sizes, align, blocks, kernel)
+    /// is how ExecuTorch's runtime drives its temp allocator.
+    fn call(&mut self, call: Call<'_>) -> Result<(), AllocError> {
+        allocate_then_reset(self, call)
     }
 
     /// This worker's own counters (state not shared with other workers).
@@ -324,30 +352,14 @@ pub(crate) fn zero_size(size: usize, align: usize) -> Result<Option<NonNull<u8>>
 /// override that falls back to it.
 pub(crate) fn allocate_then_reset<W: TempAllocator + ?Sized>(
     w: &mut W,
-    sizes: &[usize],
-    align: usize,
-    blocks: &mut [Block],
-    kernel: &mut dyn FnMut(&[Block]),
+    call: Call<'_>,
 ) -> Result<(), AllocError> {
-    let n = sizes.len();
-    assert!(blocks.len() >= n, "{} blocks for {n} sizes", blocks.len());
-    for (slot, &size) in blocks.iter_mut().zip(sizes) {
-        match w.allocate(size, align) {
-            Ok(ptr) => *slot = Block::new(ptr, size),
-            Err(e) => {
-                // SAFETY: `&mut W` proves no other call on this allocator runs concurrently,
-                // and nothing handed out so far has reached a kernel, so none of it is used
-                // after this reset.
-                unsafe { w.reset() };
-                return Err(e);
-            }
-        }
-    }
-    kernel(&blocks[..n]);
-    // SAFETY: the kernel has returned and the blocks it saw are not used again; `&mut W`
-    // proves no other call on this allocator runs concurrently.
+    let align = call.align;
+    let r = call.run(|_, size| w.allocate(size, align).map(|p| Block::new(p, size)));
+    // SAFETY: the kernel has returned (or never ran) and the blocks it saw are not used
+    // again; `&mut W` proves no other call on this allocator runs concurrently.
     unsafe { w.reset() };
-    Ok(())
+    r
 }
 
 /// A source with no state shared between threads: each worker is `make()`, made on the
@@ -448,41 +460,21 @@ unsafe impl<P: PerBlock> TempAllocator for BlockWorker<P> {
 // SAFETY: each block of a call is its own `take` (distinct, `size` bytes at `align`), given
 // back only after the kernel has returned.
 unsafe impl<P: PerBlock> ScratchWorker for BlockWorker<P> {
-    fn call(
-        &mut self,
-        sizes: &[usize],
-        align: usize,
-        blocks: &mut [Block],
-        kernel: &mut dyn FnMut(&[Block]),
-    ) -> Result<(), AllocError> {
-        check_align(align)?;
-        let n = sizes.len();
-        assert!(blocks.len() >= n, "{} blocks for {n} sizes", blocks.len());
-        let live = self.live.get_mut();
+    fn call(&mut self, call: Call<'_>) -> Result<(), AllocError> {
+        let align = call.align;
+        let (blocks, live) = (&self.blocks, self.live.get_mut());
         // Blocks handed out through `allocate` and not yet reset stay live.
         let mark = live.len();
-        let mut res = Ok(());
-        for (slot, &size) in blocks.iter_mut().zip(sizes) {
+        let res = call.run(|_, size| {
             if size == 0 {
-                *slot = Block::new(dangling(align), 0);
-                continue;
+                return Ok(Block::new(dangling(align), 0));
             }
-            match self.blocks.take(size, align) {
-                Ok((ptr, held)) => {
-                    live.push(held);
-                    *slot = Block::new(ptr, size);
-                }
-                Err(e) => {
-                    res = Err(e);
-                    break;
-                }
-            }
-        }
-        if res.is_ok() {
-            kernel(&blocks[..n]);
-        }
+            let (ptr, held) = blocks.take(size, align)?;
+            live.push(held);
+            Ok(Block::new(ptr, size))
+        });
         // The kernel has returned (or never ran): the call's blocks go back.
-        Self::give_back_from(&self.blocks, live, mark);
+        Self::give_back_from(blocks, live, mark);
         res
     }
 
@@ -565,23 +557,39 @@ mod tests {
         let mut w = BlockWorker::new(flaky(usize::MAX));
         let mut blocks = [Block::EMPTY; 3];
         let mut seen = 0;
-        w.call(&[64, 0, 4096], 64, &mut blocks, &mut |b| {
-            seen = b.len();
-            assert_eq!(b[1].len, 0);
+        w.call(Call {
+            sizes: &[64, 0, 4096],
+            align: 64,
+            blocks: &mut blocks,
+            kernel: &mut |b| {
+                seen = b.len();
+                assert_eq!(b[1].len, 0);
+            },
         })
         .unwrap();
         assert_eq!((seen, w.blocks.out.get()), (3, 0));
         // Through TempAllocator: live until reset, and a call in between keeps them.
         let p = w.allocate(100, 128).unwrap();
         assert_eq!(p.as_ptr() as usize % 128, 0);
-        w.call(&[64], 64, &mut blocks, &mut |_| {}).unwrap();
+        w.call(Call {
+            sizes: &[64],
+            align: 64,
+            blocks: &mut blocks,
+            kernel: &mut |_| {},
+        })
+        .unwrap();
         assert_eq!(w.blocks.out.get(), 1);
         // SAFETY: `p` is not used again.
         unsafe { w.reset() };
         assert_eq!(w.blocks.out.get(), 0);
         // A failed take gives back what the call took, and the kernel does not run.
         w.blocks.fail_after.set(1);
-        let r = w.call(&[64, 64], 64, &mut blocks, &mut |_| panic!("kernel ran"));
+        let r = w.call(Call {
+            sizes: &[64, 64],
+            align: 64,
+            blocks: &mut blocks,
+            kernel: &mut |_| panic!("kernel ran"),
+        });
         assert!(matches!(r, Err(AllocError::OutOfMemory { .. })));
         assert_eq!(w.blocks.out.get(), 0);
         // Dropping the worker gives back what is still live.
@@ -599,8 +607,13 @@ mod tests {
             let source = (find(name).unwrap().build)(&SourceConfig::default());
             let mut w = source.worker();
             for _ in 0..2 {
-                w.call(&[1 << 20, 3 << 20], 64, &mut blocks, &mut |_| {})
-                    .unwrap();
+                w.call(Call {
+                    sizes: &[1 << 20, 3 << 20],
+                    align: 64,
+                    blocks: &mut blocks,
+                    kernel: &mut |_| {},
+                })
+                .unwrap();
             }
             let n = w.counters().plus(source.counters()).system_allocs.unwrap();
             let expect = match name {
