@@ -178,10 +178,7 @@ fn soak(seconds: f64, c: &Common) -> ExitCode {
     }
     let machine = Machine::detect();
     let threads = c.threads.unwrap_or(machine.cores).max(1);
-    println!(
-        "# allocbench soak: {seconds} s on {threads} threads; {} cores, {}, load average {:.2}",
-        machine.cores, machine.cpu, machine.load_avg_1m_at_start
-    );
+    println!("# allocbench soak: {seconds} s on {threads} threads; {machine}");
     let r = allocbench::soak::run(seconds, threads);
     println!("{r}");
     println!(
@@ -190,22 +187,21 @@ fn soak(seconds: f64, c: &Common) -> ExitCode {
     );
     let mut ok = r.passed();
     if let Some(path) = &c.json {
-        let json = serde_json::json!({
-            "tool": "allocbench",
-            "command": std::env::args().collect::<Vec<_>>().join(" "),
-            "mode": "soak",
-            "machine": machine,
-            "cores": machine.cores,
-            "threads": r.threads,
-            "elapsed": { "value": r.seconds, "unit": "s" },
-            "ops": { "value": r.ops, "unit": "allocator calls" },
-            "ops_per_second": { "value": r.ops_per_sec, "unit": "ops/s (all threads)" },
-            "peak_live_bytes": { "value": r.peak_live_bytes, "unit": "bytes" },
-            "peak_reserved_bytes": { "value": r.peak_reserved_bytes, "unit": "bytes" },
-            "violations": r.violations,
-            "first_violations": r.first_violations,
-            "passed": r.passed(),
-        });
+        let command = std::env::args().collect::<Vec<_>>().join(" ");
+        let mut info = RunInfo::new(machine, command, false, r.threads, Instant::now());
+        info.mode = "soak";
+        info.elapsed_s = r.seconds;
+        let mut json = info.json("soak", &[], &[]);
+        json["ops"] = serde_json::json!({ "value": r.ops, "unit": "allocator calls" });
+        json["ops_per_second"] =
+            serde_json::json!({ "value": r.ops_per_sec, "unit": "ops/s (all threads)" });
+        json["peak_live_bytes"] =
+            serde_json::json!({ "value": r.peak_live_bytes, "unit": "bytes" });
+        json["peak_reserved_bytes"] =
+            serde_json::json!({ "value": r.peak_reserved_bytes, "unit": "bytes" });
+        json["violations"] = serde_json::json!(r.violations);
+        json["first_violations"] = serde_json::json!(r.first_violations);
+        json["passed"] = serde_json::json!(r.passed());
         ok &= write_json(path, &json);
     }
     if !r.passed() {
@@ -242,12 +238,7 @@ fn run_sdpa(
     let command: Vec<String> = std::env::args().collect();
     println!("# allocbench sdpa: {}", command.join(" "));
     println!(
-        "machine: {} cores, {}, Linux {}, load average {:.2} at start; {} run; kernel on {} \
-         rayon threads (SIMD: {}), sgemm on {} threads",
-        machine.cores,
-        machine.cpu,
-        machine.kernel,
-        machine.load_avg_1m_at_start,
+        "machine: {machine}; {} run; kernel on {} rayon threads (SIMD: {}), sgemm on {} threads",
         if quick { "quick" } else { "full" },
         threads,
         ::sdpa::simd_level().name(),
@@ -320,10 +311,7 @@ fn print_sdpa(report: &allocbench::sdpa::SdpaReport) {
     println!("sdpa targets (goals for the kernel and the library, not assertions):");
     println!();
     println!("{}", report.targets_table());
-    println!(
-        "\nsdpa finished in {:.1} s; load average {:.2} at the end",
-        report.info.elapsed_s, report.info.load_avg_end
-    );
+    println!("\n{}", report.info.finished("sdpa"));
 }
 
 /// `allocbench sdpa`: the kernel over the model with every selected source, efficiency,
@@ -413,12 +401,8 @@ fn run_llm(
         weights.decode_weight_bytes() as f64 / (1 << 20) as f64
     );
     println!(
-        "machine: {} cores, {}, Linux {}, load average {:.2} at start; {} run ({} measured \
-         rounds after 1 warm-up); {} rayon threads, kernels {:?}; weights ready in {:.1} s",
-        machine.cores,
-        machine.cpu,
-        machine.kernel,
-        machine.load_avg_1m_at_start,
+        "machine: {machine}; {} run ({} measured rounds after 1 warm-up); {} rayon threads, \
+         kernels {:?}; weights ready in {:.1} s",
         if quick { "quick" } else { "full" },
         cfg.rounds,
         rayon::current_num_threads(),
@@ -477,10 +461,7 @@ fn run_llm(
     println!("llm targets (goals, not assertions):");
     println!();
     println!("{}", report.targets_table());
-    println!(
-        "\nllm finished in {:.1} s; load average {:.2} at the end",
-        report.info.elapsed_s, report.info.load_avg_end
-    );
+    println!("\n{}", report.info.finished("llm"));
     Some(report)
 }
 
@@ -605,12 +586,7 @@ fn main() -> ExitCode {
     let command: Vec<String> = std::env::args().collect();
     println!("# allocbench: {}", command.join(" "));
     println!(
-        "machine: {} cores, {}, Linux {}, load average {:.2} at start; {} run: {} warm-up + {} \
-         measured rounds per figure",
-        machine.cores,
-        machine.cpu,
-        machine.kernel,
-        machine.load_avg_1m_at_start,
+        "machine: {machine}; {} run: {} warm-up + {} measured rounds per figure",
         if quick { "quick" } else { "full" },
         run.warmup_rounds,
         run.rounds
@@ -655,11 +631,7 @@ fn main() -> ExitCode {
     for k in &sources {
         println!("  {:<14} {}", k.name, k.about);
     }
-    println!(
-        "\nfinished in {:.1} s; load average {:.2} at the end",
-        report.info.elapsed_s,
-        allocbench::os::load_avg()
-    );
+    println!("\n{}", report.info.finished("harness"));
 
     // `all` runs the attention kernel too, after the scratch workloads.
     let sdpa_report = (bench == Bench::All).then(|| {

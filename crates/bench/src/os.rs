@@ -52,6 +52,17 @@ pub struct Machine {
     pub load_avg_1m_at_start: f64,
 }
 
+impl std::fmt::Display for Machine {
+    /// "2 cores, CPU, Linux release, load average 1.50 at start": the line every run opens with.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} cores, {}, Linux {}, load average {:.2} at start",
+            self.cores, self.cpu, self.kernel, self.load_avg_1m_at_start
+        )
+    }
+}
+
 impl Machine {
     /// Reads the machine's description.
     pub fn detect() -> Self {

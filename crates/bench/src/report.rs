@@ -88,6 +88,14 @@ impl RunInfo {
         }
     }
 
+    /// The line a finished run prints: "{what} finished in 12.3 s; load average 1.50 at the end".
+    pub fn finished(&self, what: &str) -> String {
+        format!(
+            "{what} finished in {:.1} s; load average {:.2} at the end",
+            self.elapsed_s, self.load_avg_end
+        )
+    }
+
     /// The run's JSON header: tool, subcommand, command, machine, cores, threads, elapsed,
     /// every measurement and the target checks. Callers add their own fields.
     pub fn json(
