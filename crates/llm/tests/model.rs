@@ -6,50 +6,10 @@ mod common;
 use std::sync::Arc;
 
 use caching_allocator::CachingAllocator;
-use common::{prompt, rel_err, Reference, Spec, TempDir};
+use common::{check_against_reference, model, prompt, Spec, TempDir};
 use llm::runtime::Runtime;
 use llm::safetensors::DType;
 use llm::{Llama, LlmError, ModelOptions, Module, Sampler, Weights};
-
-fn model(dir: &std::path::Path) -> Llama<CachingAllocator> {
-    let w = Arc::new(Weights::load(dir).unwrap());
-    Llama::new(
-        w,
-        llm::caching_temp(llm::DEFAULT_TEMP_CAP),
-        &ModelOptions::default(),
-    )
-    .unwrap()
-}
-
-/// 16-token prompt (every position's logits), then 8 decode steps, against the reference.
-fn check_against_reference(spec: &Spec, bound: f64) {
-    let dir = TempDir::new("ref");
-    let ts = spec.write(dir.path());
-    let reference = Reference::new(spec, &ts);
-    let mut m = model(dir.path());
-    let mut tokens = prompt(spec.vocab, 16, spec.seed + 100);
-    let got = m.forward_all(&tokens).unwrap().to_vec();
-    let want = reference.logits(&tokens);
-    let v = spec.vocab;
-    for (i, w) in want.iter().enumerate() {
-        let e = rel_err(&got[i * v..][..v], w);
-        assert!(
-            e < bound,
-            "{spec:?}: prompt position {i}: relative error {e:e}"
-        );
-    }
-    let extra = prompt(spec.vocab, 8, spec.seed + 200);
-    for (step, &t) in extra.iter().enumerate() {
-        tokens.push(t);
-        let got = m.forward(&[t]).unwrap().to_vec();
-        let want = reference.logits(&tokens);
-        let e = rel_err(&got, want.last().unwrap());
-        assert!(
-            e < bound,
-            "{spec:?}: decode step {step}: relative error {e:e}"
-        );
-    }
-}
 
 #[test]
 fn f32_matches_reference_gqa_separate_head() {
@@ -102,26 +62,6 @@ fn wide_model_matches_reference() {
         ..Spec::default()
     };
     check_against_reference(&spec, 1e-4);
-}
-
-/// The portable kernels (what CPUs without AVX2/FMA/F16C run), forced on this machine.
-#[test]
-fn portable_kernels_match_reference() {
-    llm::kernels::force_portable(true);
-    for dtype in [DType::F32, DType::BF16, DType::F16] {
-        let spec = Spec {
-            dtype,
-            hidden: 40,
-            heads: 5,
-            kv_heads: 1,
-            ffn: 72,
-            seed: 13,
-            ..Spec::default()
-        };
-        check_against_reference(&spec, 1e-4);
-    }
-    assert_eq!(llm::kernels::isa(), llm::kernels::Isa::Portable);
-    llm::kernels::force_portable(false);
 }
 
 #[test]

@@ -513,3 +513,44 @@ pub fn prompt(vocab: usize, n: usize, seed: u64) -> Vec<u32> {
         .map(|_| 4 + (r.next() * (vocab - 4) as f64) as u32)
         .collect()
 }
+
+/// A model over the checkpoint in `dir`, with the runner's default temp allocator.
+pub fn model(dir: &std::path::Path) -> llm::Llama<caching_allocator::CachingAllocator> {
+    let w = std::sync::Arc::new(llm::Weights::load(dir).unwrap());
+    llm::Module::new(
+        w,
+        llm::caching_temp(llm::DEFAULT_TEMP_CAP),
+        &llm::ModelOptions::default(),
+    )
+    .unwrap()
+}
+
+/// 16-token prompt (every position's logits), then 8 decode steps, against the reference.
+pub fn check_against_reference(spec: &Spec, bound: f64) {
+    let dir = TempDir::new("ref");
+    let ts = spec.write(dir.path());
+    let reference = Reference::new(spec, &ts);
+    let mut m = model(dir.path());
+    let mut tokens = prompt(spec.vocab, 16, spec.seed + 100);
+    let got = m.forward_all(&tokens).unwrap().to_vec();
+    let want = reference.logits(&tokens);
+    let v = spec.vocab;
+    for (i, w) in want.iter().enumerate() {
+        let e = rel_err(&got[i * v..][..v], w);
+        assert!(
+            e < bound,
+            "{spec:?}: prompt position {i}: relative error {e:e}"
+        );
+    }
+    let extra = prompt(spec.vocab, 8, spec.seed + 200);
+    for (step, &t) in extra.iter().enumerate() {
+        tokens.push(t);
+        let got = m.forward(&[t]).unwrap().to_vec();
+        let want = reference.logits(&tokens);
+        let e = rel_err(&got, want.last().unwrap());
+        assert!(
+            e < bound,
+            "{spec:?}: decode step {step}: relative error {e:e}"
+        );
+    }
+}
