@@ -410,12 +410,16 @@ pub(crate) fn memory_cells(m: &Measurement) -> [String; 3] {
 }
 
 /// The cell "peak held/live MiB": the most bytes the source held (live + cached) and the most
-/// live at once, where it can tell ("n/a" otherwise).
+/// live at once, where it can tell ("-" for a figure it does not count, "n/a" for neither).
 pub(crate) fn held_cell(m: &Measurement) -> String {
-    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let mib = |b: Option<u64>| {
+        b.map_or("-".into(), |b| {
+            format!("{:.1}", b as f64 / (1 << 20) as f64)
+        })
+    };
     match (m.peak_reserved, m.peak_live) {
-        (Some(r), Some(l)) => format!("{:.1}/{:.1}", mib(r), mib(l)),
-        _ => "n/a".into(),
+        (None, None) => "n/a".into(),
+        (r, l) => format!("{}/{}", mib(r), mib(l)),
     }
 }
 
@@ -798,6 +802,16 @@ pub(crate) mod tests {
             "ns/call"
         );
         assert_eq!(j["measurements"][0]["ratio_to_static"]["value"], 1.0);
+    }
+
+    #[test]
+    fn held_cells_say_what_a_source_counts() {
+        let mut x = m("decode", "static", 1.0, 0.0);
+        assert_eq!(held_cell(&x), "n/a");
+        x.peak_reserved = Some(3 << 20);
+        assert_eq!(held_cell(&x), "3.0/-");
+        x.peak_live = Some(1 << 19);
+        assert_eq!(held_cell(&x), "3.0/0.5");
     }
 
     #[test]

@@ -95,8 +95,19 @@ unsafe impl ScratchWorker for StaticWorker {
         call.run(|i, size| ensure(slots, &self.allocs, i, size, align).map(|p| Block::new(p, size)))
     }
 
+    /// System allocations, and the bytes the buffers hold (they only grow, so that is also
+    /// the peak). Live bytes are not counted: it would add work to the floor's calls.
     fn counters(&self) -> Counters {
-        Counters::allocs(self.allocs.get())
+        let held = self
+            .slots
+            .borrow()
+            .iter()
+            .map(|s| s.layout.size() as u64)
+            .sum();
+        Counters {
+            peak_reserved: Some(held),
+            ..Counters::allocs(self.allocs.get())
+        }
     }
 }
 

@@ -624,6 +624,10 @@ mod tests {
                 _ => 2..=2,
             };
             assert!(expect.contains(&n), "{name}: {n} system allocations");
+            if name == "static" {
+                // Its buffers: what the floor holds.
+                assert_eq!(w.counters().peak_reserved, Some(4 << 20));
+            }
         }
     }
 
