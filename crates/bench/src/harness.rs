@@ -150,7 +150,7 @@ pub struct Measurement {
     /// See `peak_reserved`.
     pub peak_live: Option<u64>,
     /// Time over `static`'s on the same workload (harness: median over median; kernel
-    /// benchmarks: total over the same interleaved steps).
+    /// benchmarks: median of the step-by-step ratios over the same interleaved steps).
     pub x_static: Option<f64>,
     /// The same over `caching`'s.
     pub x_caching: Option<f64>,

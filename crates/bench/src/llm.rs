@@ -8,7 +8,7 @@
 //! first), each step run on every source back to back in the
 //! order of [`step_order`] (forward, backward, ...), so machine noise hits every source alike.
 //! One unmeasured round warms every source up (every scratch size of the run seen once).
-//! `x static` is a source's total time over the measured steps over `static`'s; system
+//! `x static` is the median of a source's step-by-step time over `static`'s; system
 //! allocations, page faults and temp bytes are per token.
 //!
 //! **Efficiency**, with the `caching` source: decode tokens/s times the bytes of weights a
@@ -450,7 +450,7 @@ impl LlmReport {
             for rival in ["system", "fresh-pages", "exact-cache"] {
                 if let Some(x) = self.get(phase, rival).and_then(|r| r.x_caching) {
                     out.push(format!(
-                        "{phase}: caching is {x:.3}x as fast as {rival} (total time over the same steps)"
+                        "{phase}: caching is {x:.3}x as fast as {rival} (median of step-by-step ratios)"
                     ));
                 }
             }

@@ -282,7 +282,7 @@ fn print_sdpa(report: &allocbench::sdpa::SdpaReport) {
     let threads = report.info.threads;
     println!(
         "Allocator comparison (median: per token over {} layers for decode, per prefill of {} \
-         layer calls; x static / x caching: total time over the same interleaved steps; \
+         layer calls; x static / x caching: median of step-by-step ratios over the same interleaved steps; \
          faults and system allocations per attention call):",
         report.config.layers, report.config.layers
     );
@@ -442,7 +442,7 @@ fn run_llm(
         prefill_eff,
         errors,
     };
-    println!("Allocator comparison (median step; x static / x caching: total time over the same interleaved steps; temp bytes, faults and system allocations per token):");
+    println!("Allocator comparison (median step; x static / x caching: median of step-by-step ratios over the same interleaved steps; temp bytes, faults and system allocations per token):");
     println!();
     println!("{}", report.table());
     println!();

@@ -1,7 +1,8 @@
 //! The run loop of the kernel benchmarks (`sdpa`, `llm`): *steps* (one token, one prefill,
 //! one layer call) run on every source back to back, in an order that changes every step,
 //! so every source sees the same stretch of machine noise; then one [`Measurement`] per
-//! source, with its time over `static`'s and `caching`'s *over the same steps*.
+//! source, with its time over `static`'s and `caching`'s: the median of their ratios step by
+//! step.
 //!
 //! The harness workloads (`scratch`, `decode`, `threads`) run their rounds on threads with
 //! barriers ([`crate::harness`]); both end in the same [`Measurement`], so tables, JSON,
@@ -122,7 +123,9 @@ impl<'a> Steps<'a> {
 
     /// One [`Measurement`] per source, labelled `label`, time in ns per `unit` (`per_unit`
     /// maps a source's step times in seconds to those samples); `x_static` and `x_caching`
-    /// are totals over the steps both sources completed.
+    /// are the median, over the steps both sources completed, of the two sources' time ratio
+    /// in that step: the steps pair the sources up in time, and the median keeps one step
+    /// that another process disturbed from moving the ratio.
     pub fn measurements(
         &self,
         label: &str,
@@ -135,13 +138,14 @@ impl<'a> Steps<'a> {
             if self.failed(i) || self.failed(b) {
                 return None;
             }
-            let (x, y) = self.accs[i]
+            let ratios: Vec<f64> = self.accs[i]
                 .steps
                 .iter()
                 .zip(&self.accs[b].steps)
-                .filter(|(x, y)| x.is_finite() && y.is_finite())
-                .fold((0.0, 0.0), |(sx, sy), (x, y)| (sx + x, sy + y));
-            (y > 0.0).then(|| x / y)
+                .filter(|(x, y)| x.is_finite() && y.is_finite() && **y > 0.0)
+                .map(|(x, y)| x / y)
+                .collect();
+            (!ratios.is_empty()).then(|| Spread::of(&ratios).median)
         };
         let (floor, caching) = (find(FLOOR), find(CACHING));
         self.accs
@@ -201,7 +205,7 @@ mod tests {
     }
 
     #[test]
-    fn ratios_are_totals_over_the_steps_both_completed() {
+    fn ratios_are_medians_of_the_steps_both_completed() {
         let kinds: Vec<&SourceKind> = ["static", "caching", "system"]
             .iter()
             .map(|n| find(n).unwrap())
@@ -218,7 +222,9 @@ mod tests {
         s.warm_up(1, || Ok(()));
         for step in 0..4 {
             s.step(|i| {
-                let spin = std::time::Duration::from_micros(200 * (i as u64 + 1));
+                // caching takes twice static's time, and 20 times in one disturbed step.
+                let disturbed = if step == 0 && i == 1 { 10 } else { 1 };
+                let spin = std::time::Duration::from_micros(200 * (i as u64 + 1) * disturbed);
                 let t = Instant::now();
                 while t.elapsed() < spin {}
                 if i == 2 {
@@ -233,9 +239,9 @@ mod tests {
         let ms = s.measurements("w", "call", |t| t.iter().map(|x| x * 1e9).collect());
         assert_eq!(ms.len(), 3);
         assert_eq!((ms[0].x_static, ms[1].x_caching), (Some(1.0), Some(1.0)));
-        // caching spins twice as long as static on every step.
+        // The median ratio is 2: the disturbed step (a total ratio of 6.5) does not move it.
         let x = ms[1].x_static.unwrap();
-        assert!((1.5..4.0).contains(&x), "{x}");
+        assert!((1.5..3.0).contains(&x), "{x}");
         assert_eq!(ms[1].calls_total, 8);
         assert_eq!(ms[1].sys_allocs_per_call, None);
         // system failed on the last step: no ratio, its error kept, 3 allocations per 2 units

@@ -16,8 +16,8 @@
 //! `static`'s buffers have seen every size). Then the steps run **interleaved**: each step
 //! runs on every source back to back, in an order that is reversed every other step
 //! ([`crate::steps::step_order`]: forward, backward, so a drift in machine speed over a pair of steps costs
-//! every source alike), so every source sees the same machine noise. `x static` is a source's
-//! total time over the measured steps divided by `static`'s over the same steps.
+//! every source alike), so every source sees the same machine noise. `x static` is the
+//! median over the measured steps of a source's time divided by `static`'s in the same step.
 //!
 //! **Efficiency** ([`baseline`]): decode GB/s of K/V read against a streaming read, prefill
 //! GFLOP/s against matrixmultiply's sgemm on the same thread count, timed in turns.
