@@ -30,7 +30,7 @@ pub mod goal {
     pub const SCALING: f64 = 1.8;
     /// Decode jobs: peak RSS growth over `static`'s.
     pub const DECODE_RSS_VS_STATIC: f64 = 1.25;
-    /// `sdpa`: `caching` total time over `static`'s over the same steps, every row.
+    /// `sdpa`: `caching` time over `static`'s (median of step-by-step ratios), every row.
     pub const SDPA_WITHIN_STATIC: f64 = 1.02;
     /// `sdpa` decode, every dtype: fraction of the streaming read of the bytes it must read,
     /// at kv >= [`SDPA_DECODE_KV`].
@@ -44,7 +44,8 @@ pub mod goal {
     pub const SDPA_INT8_KV: usize = 4096;
     /// `sdpa` causal prefill, f32 and bf16: fraction of sgemm's GFLOP/s.
     pub const SDPA_PREFILL_SGEMM: f64 = 0.60;
-    /// `llm`: `caching` (10 MiB cap) total time over `static`'s, per phase.
+    /// `llm`: `caching` (10 MiB cap) time over `static`'s (median of step-by-step ratios),
+    /// per phase.
     pub const LLM_WITHIN_STATIC: f64 = 1.01;
     /// `llm` decode: fraction of the weight-streaming bound.
     pub const LLM_DECODE_STREAM: f64 = 0.80;
