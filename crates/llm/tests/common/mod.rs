@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use llm::safetensors::{self, bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
+use llm::sample::Rng;
 
 /// A fresh empty directory under the system temp dir, removed on drop.
 pub struct TempDir(pub PathBuf);
@@ -73,24 +74,10 @@ impl Default for Spec {
     }
 }
 
-/// SplitMix64, independent of the library's.
-pub struct TestRng(u64);
-
-impl TestRng {
-    pub fn new(seed: u64) -> Self {
-        TestRng(seed)
-    }
-    pub fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
-    }
-    pub fn uniform(&mut self, scale: f64) -> f32 {
-        ((self.next() * 2.0 - 1.0) * scale) as f32
-    }
+/// Uniform in `[-scale, scale)` from the library's seeded SplitMix64 (the weights need a
+/// reproducible source, not an independent one: the reference below is what is independent).
+fn uniform(rng: &mut Rng, scale: f64) -> f32 {
+    ((rng.next_f64() * 2.0 - 1.0) * scale) as f32
 }
 
 impl Spec {
@@ -131,7 +118,7 @@ impl Spec {
 
     /// Every tensor (HF name, shape, f32 values already rounded to `dtype`).
     pub fn tensors(&self) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-        let mut rng = TestRng::new(self.seed);
+        let mut rng = Rng::new(self.seed);
         let (h, hd) = (self.hidden, self.head_dim());
         let (qd, kvd) = (self.heads * hd, self.kv_heads * hd);
         let mut out = Vec::new();
@@ -139,7 +126,7 @@ impl Spec {
         let mut mat = |name: String, shape: Vec<usize>, scale: f64, offset: f32| {
             let n: usize = shape.iter().product();
             let v: Vec<f32> = (0..n)
-                .map(|_| round_to(dtype, offset + rng.uniform(scale)))
+                .map(|_| round_to(dtype, offset + uniform(&mut rng, scale)))
                 .collect();
             out.push((name, shape, v));
         };
@@ -508,9 +495,9 @@ pub fn rel_err(a: &[f32], b: &[f64]) -> f64 {
 
 /// 16 prompt ids in `4..vocab`.
 pub fn prompt(vocab: usize, n: usize, seed: u64) -> Vec<u32> {
-    let mut r = TestRng::new(seed);
+    let mut r = Rng::new(seed);
     (0..n)
-        .map(|_| 4 + (r.next() * (vocab - 4) as f64) as u32)
+        .map(|_| 4 + (r.next_f64() * (vocab - 4) as f64) as u32)
         .collect()
 }
 
