@@ -2,14 +2,14 @@
 //! scratch from every temp-memory source, and its speed against this machine's limits.
 //!
 //! **Allocator comparison.** One [`llm::Llama`] per source, all sharing one set of weights
-//! (random, seeded, bf16, at a named real shape; or a checkpoint). A *round* is: a prefill of
-//! the prompt (+ sampling the first token) on every source, then `decode_tokens` decode steps
-//! (forward of one token + greedy sampling; the prefill is repeated `prefill_reps` times
-//! first), each step run on every source back to back in the
-//! order of [`step_order`] (forward, backward, ...), so machine noise hits every source alike.
-//! One unmeasured round warms every source up (every scratch size of the run seen once).
-//! `x static` is the median of a source's step-by-step time over `static`'s; system
-//! allocations, page faults and temp bytes are per token.
+//! (random, seeded, bf16, at a named real shape; or a checkpoint). Every source is warmed up
+//! in turn (a prefill and the decode steps: every scratch size of the run seen once). A
+//! measured *round* is `prefill_reps` prefills of the prompt (+ sampling the first token),
+//! then `decode_tokens` decode steps (forward of one token + greedy sampling), each step run
+//! on every source back to back in the order of [`crate::steps::step_order`] (forward,
+//! backward, ...), so machine noise hits every source alike. `x static` is the median of a
+//! source's step-by-step time over `static`'s; system allocations, page faults and temp bytes
+//! are per token.
 //!
 //! **Efficiency**, with the `caching` source: decode tokens/s times the bytes of weights a
 //! step reads, against a streaming read of as many bytes (`sdpa::baseline::stream_read`);

@@ -64,7 +64,7 @@ pub fn isa() -> Isa {
 /// `Linear` layer over `m` rows. `out` holds `m * n` floats (row stride `n`); with
 /// `accumulate` the result is added to `out` (a fused residual add).
 ///
-/// Decode (`m == 1`) reads every weight once, widened in registers. Prefill widens [`NB`] rows
+/// Decode (`m == 1`) reads every weight once, widened in registers. Prefill widens `NB` rows
 /// at a time into a scratch block per task and multiplies every input row against them.
 #[allow(clippy::too_many_arguments)]
 pub fn linear<A: TempAllocator + ?Sized>(
