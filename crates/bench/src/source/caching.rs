@@ -31,14 +31,13 @@ pub struct CachingSource {
 }
 
 impl CachingSource {
-    /// A source with `Config::default().max_cached_bytes(max_cached_bytes)`; `caching` (a
-    /// temp allocator reset after every kernel) also keeps its working set
-    /// (`working_set_slack(Some(1.25))`, as the `llm` runner configures it).
+    /// A source with `Config::default().max_cached_bytes(max_cached_bytes)` that keeps its
+    /// working set (`working_set_slack(Some(1.25))`, as the `llm` runner configures it): both
+    /// ways of driving it give all scratch back after every kernel call.
     pub fn new(mode: CachingMode, max_cached_bytes: usize) -> Self {
-        let mut config = Config::default().max_cached_bytes(max_cached_bytes);
-        if mode == CachingMode::Reset {
-            config = config.working_set_slack(Some(DEFAULT_WORKING_SET_SLACK));
-        }
+        let config = Config::default()
+            .max_cached_bytes(max_cached_bytes)
+            .working_set_slack(Some(DEFAULT_WORKING_SET_SLACK));
         let shared = match mode {
             CachingMode::Reset => None,
             CachingMode::Scope => Some(CachingAllocator::with_config(config.clone())),

@@ -279,7 +279,7 @@ pub const SOURCES: &[SourceKind] = &[
     },
     SourceKind {
         name: "caching-scope",
-        about: "this project: one shared CachingAllocator, a Scope per call",
+        about: "this project: one shared CachingAllocator, a Scope per call, working-set slack 1.25",
         build: |c| Box::new(CachingSource::new(CachingMode::Scope, c.caching_cap)),
     },
     SourceKind {
