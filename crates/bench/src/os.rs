@@ -103,27 +103,18 @@ mod tests {
 
     #[test]
     fn touching_fresh_pages_counts_faults() {
+        use crate::source::{fresh::FreshPages, PerBlock};
         let len = 1000 * 4096;
-        // SAFETY: a fresh anonymous mapping, checked below, unmapped at the end.
-        let p = unsafe {
-            libc::mmap(
-                core::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
+        let pages = FreshPages::default();
+        let (p, mapping) = pages.take(len, 4096).unwrap();
         let before = minor_faults();
         for i in 0..1000 {
             // SAFETY: the mapping holds 1000 pages; each write is inside it.
-            unsafe { p.cast::<u8>().add(i * 4096).write_volatile(1) };
+            unsafe { p.as_ptr().add(i * 4096).write_volatile(1) };
         }
         let faults = minor_faults() - before;
-        // SAFETY: unmapping exactly the mapping made above, no longer used.
-        unsafe { libc::munmap(p, len) };
+        // SAFETY: the mapping came from `take` on `pages`, is given back once, not used after.
+        unsafe { pages.give_back(mapping) };
         assert!(faults >= 100, "only {faults} faults for 1000 fresh pages");
         assert!(rss_bytes() > 0);
         assert!(peak_rss_bytes() > 0);

@@ -27,7 +27,7 @@ mod bump;
 mod caching;
 mod exact;
 mod fixed;
-mod fresh;
+pub(crate) mod fresh;
 mod global;
 mod pools;
 
