@@ -1,68 +1,209 @@
-//! Decode's dot and axpy kernels reading bf16 or int8 K/V directly (widened or dequantized in
-//! registers). On the decode path each K/V head vector is used once per query head of its
-//! group, so converting it to an f32 buffer first only adds a store and a reload per element;
-//! fusing the conversion makes bf16 and int8 decode read-bound like f32 (the prefill path,
-//! which reuses each converted tile across many query rows, keeps its scratch tiles).
+//! Decode's kernels over a whole K or V position row (all KV heads of one position, contiguous
+//! in the cache), reading f32, bf16 or int8 storage directly (widened or dequantized in
+//! registers).
+//!
+//! On the decode path each K/V head vector is used once per query head of its group, so
+//! converting it to an f32 buffer first only adds a store and a reload per element (measured
+//! slower); and one kernel call per head and position (the previous version) spent ~16% of
+//! int8 decode in the loop around the calls. A call here covers every query head of one query
+//! row against one position row (scores), or every head's accumulator against four position
+//! rows (`acc += P . V`).
 //!
 //! int8 values enter as `(q - zero_point)` converted to f32 (exact), so the only roundings are
-//! the ones of the f32 dot/axpy on the dequantized values up to the scale, which the caller
-//! applies (`scale * dot`, `p * scale` as the axpy weight).
+//! those of the f32 dot/axpy on the dequantized values up to the scale, which is applied once
+//! per head (`scale * dot`, `p * scale` as the axpy weight).
 
-use crate::elem::Bf16;
+use crate::elem::{Bf16, F16};
 
-/// `sum q[j] * k[j]`; panics if the lengths differ.
-///
-/// # Safety
-/// None (safe to call).
-pub(crate) unsafe fn dot_bf16(q: &[f32], k: &[Bf16]) -> f32 {
-    assert_eq!(q.len(), k.len());
-    q.iter().zip(k).map(|(a, b)| a * b.to_f32()).sum()
+/// The storage types a position row can have.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LaneKind {
+    F32,
+    Bf16,
+    F16,
+    I8,
 }
 
-/// `sum q[j] * (k[j] - zp)`; panics if the lengths differ.
-///
-/// # Safety
-/// None (safe to call).
-pub(crate) unsafe fn dot_i8(q: &[f32], k: &[i8], zp: i8) -> f32 {
-    assert_eq!(q.len(), k.len());
-    let zp = i32::from(zp);
-    q.iter()
-        .zip(k)
-        .map(|(a, &b)| a * (i32::from(b) - zp) as f32)
-        .sum()
+/// An element type the row kernels read.
+pub(crate) trait Lane: Copy {
+    /// Which one (the SIMD loads branch on it at compile time).
+    const KIND: LaneKind;
+    /// `self - zp` as f32 (`zp` is 0 for the dense types).
+    fn widen(self, zp: i32) -> f32;
 }
 
-/// `acc[j] += sum_u p[u] * v[u][j]`; panics if a length differs from `acc`'s.
-///
-/// # Safety
-/// None (safe to call).
-pub(crate) unsafe fn axpy4_bf16(acc: &mut [f32], p: [f32; 4], v: [&[Bf16]; 4]) {
-    let n = acc.len();
-    assert!(v.iter().all(|r| r.len() == n));
-    for (j, a) in acc.iter_mut().enumerate() {
-        *a += p[0] * v[0][j].to_f32()
-            + p[1] * v[1][j].to_f32()
-            + p[2] * v[2][j].to_f32()
-            + p[3] * v[3][j].to_f32();
+impl Lane for f32 {
+    const KIND: LaneKind = LaneKind::F32;
+    #[inline]
+    fn widen(self, _: i32) -> f32 {
+        self
     }
 }
 
-/// `acc[j] += sum_u w[u] * (v[u][j] - zp[u])`; panics if a length differs from `acc`'s.
+impl Lane for Bf16 {
+    const KIND: LaneKind = LaneKind::Bf16;
+    #[inline]
+    fn widen(self, _: i32) -> f32 {
+        self.to_f32()
+    }
+}
+
+impl Lane for F16 {
+    const KIND: LaneKind = LaneKind::F16;
+    #[inline]
+    fn widen(self, _: i32) -> f32 {
+        self.to_f32()
+    }
+}
+
+impl Lane for i8 {
+    const KIND: LaneKind = LaneKind::I8;
+    #[inline]
+    fn widen(self, zp: i32) -> f32 {
+        (i32::from(self) - zp) as f32
+    }
+}
+
+/// One K or V position row: `kv_heads` head vectors of `d` elements in `x`, and for the int8
+/// cache one scale and zero point per head (`scales` empty for the dense types, which have
+/// scale 1 and zero point 0).
+#[derive(Clone, Copy)]
+pub(crate) struct KvRow<'a, E> {
+    pub x: &'a [E],
+    pub scales: &'a [f32],
+    pub zps: &'a [i8],
+}
+
+impl<E: Lane> KvRow<'_, E> {
+    /// A dense row (scale 1, zero point 0).
+    pub(crate) fn dense(x: &[E]) -> KvRow<'_, E> {
+        KvRow {
+            x,
+            scales: &[],
+            zps: &[],
+        }
+    }
+
+    /// Head `g`'s scale and zero point.
+    #[inline]
+    fn head(&self, g: usize) -> (f32, i32) {
+        if self.scales.is_empty() {
+            (1.0, 0)
+        } else {
+            (self.scales[g], i32::from(self.zps[g]))
+        }
+    }
+
+    /// Panics unless this row holds `kv_heads` head vectors of `d` elements (and, if scaled,
+    /// `kv_heads` scales and zero points).
+    fn check(&self, kv_heads: usize, d: usize) {
+        assert_eq!(self.x.len(), kv_heads * d, "row length");
+        assert!(
+            self.scales.is_empty() && self.zps.is_empty()
+                || self.scales.len() == kv_heads && self.zps.len() == kv_heads,
+            "scales / zero points"
+        );
+    }
+}
+
+/// Checks the arguments shared by both kernels and returns the number of query heads: `n`
+/// floats of query rows (or accumulators) of `d` lanes, `group` query heads per KV head, rows
+/// `rows`, and a strided operand (`s` or `p`) of `len` floats read or written at
+/// `h * ld + j` for `j < width`.
+fn check<E: Lane>(
+    n: usize,
+    d: usize,
+    group: usize,
+    rows: &[KvRow<'_, E>],
+    len: usize,
+    ld: usize,
+    width: usize,
+) -> usize {
+    assert!(d > 0 && group > 0 && n.is_multiple_of(d), "query rows");
+    let heads = n / d;
+    assert!(heads.is_multiple_of(group), "group");
+    for r in rows {
+        r.check(heads / group, d);
+    }
+    assert!(
+        heads == 0 || (heads - 1) * ld + width <= len,
+        "strided operand too short"
+    );
+    heads
+}
+
+/// Scores of one query row against one position row: for each query head `h < q.len() / d`,
+/// with `g = h / group`, `s[h * lds] = scale_g * sum_j q[h d + j] * (k[g d + j] - zp_g)`.
+/// Panics if the lengths do not fit.
 ///
 /// # Safety
 /// None (safe to call).
-pub(crate) unsafe fn axpy4_i8(acc: &mut [f32], w: [f32; 4], v: [&[i8]; 4], zp: [i8; 4]) {
-    let n = acc.len();
-    assert!(v.iter().all(|r| r.len() == n));
-    let x = |u: usize, j: usize| (i32::from(v[u][j]) - i32::from(zp[u])) as f32;
-    for (j, a) in acc.iter_mut().enumerate() {
-        *a += w[0] * x(0, j) + w[1] * x(1, j) + w[2] * x(2, j) + w[3] * x(3, j);
+pub(crate) unsafe fn scores_row<E: Lane>(
+    q: &[f32],
+    d: usize,
+    group: usize,
+    k: KvRow<'_, E>,
+    s: &mut [f32],
+    lds: usize,
+) {
+    let heads = check(q.len(), d, group, &[k], s.len(), lds, 1);
+    for h in 0..heads {
+        let g = h / group;
+        let (sc, zp) = k.head(g);
+        let kh = &k.x[g * d..(g + 1) * d];
+        let dot: f32 = q[h * d..(h + 1) * d]
+            .iter()
+            .zip(kh)
+            .map(|(a, b)| a * b.widen(zp))
+            .sum();
+        s[h * lds] = sc * dot;
     }
 }
+
+/// `acc += P . V` over up to four position rows: for each head `h < acc.len() / d`, with
+/// `g = h / group`, `acc[h d + j] += sum_{u < w} p[h * ldp + u] * scale_{u,g} *
+/// (v_u[g d + j] - zp_{u,g})`. Rows `u >= w` (`1 <= w <= 4`) and heads whose `w` weights are
+/// all 0 are skipped. Panics if the lengths do not fit.
+///
+/// # Safety
+/// None (safe to call).
+pub(crate) unsafe fn axpy_row<E: Lane>(
+    acc: &mut [f32],
+    d: usize,
+    group: usize,
+    p: &[f32],
+    ldp: usize,
+    w: usize,
+    v: [KvRow<'_, E>; 4],
+) {
+    assert!((1..=4).contains(&w), "w");
+    let heads = check(acc.len(), d, group, &v[..w], p.len(), ldp, w);
+    for h in 0..heads {
+        let g = h / group;
+        let pw = &p[h * ldp..h * ldp + w];
+        if pw.iter().all(|&x| x == 0.0) {
+            continue;
+        }
+        let a = &mut acc[h * d..(h + 1) * d];
+        for (u, &pu) in pw.iter().enumerate() {
+            let (sc, zp) = v[u].head(g);
+            let wu = pu * sc;
+            for (x, e) in a.iter_mut().zip(&v[u].x[g * d..(g + 1) * d]) {
+                *x += wu * e.widen(zp);
+            }
+        }
+    }
+}
+
+/// Signature of [`scores_row`] and its SIMD versions.
+pub(crate) type ScoresRow<E> = unsafe fn(&[f32], usize, usize, KvRow<'_, E>, &mut [f32], usize);
+/// Signature of [`axpy_row`] and its SIMD versions.
+pub(crate) type AxpyRow<E> =
+    unsafe fn(&mut [f32], usize, usize, &[f32], usize, usize, [KvRow<'_, E>; 4]);
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
-    use crate::elem::Bf16;
+    use super::{check, KvRow, Lane, LaneKind};
     use core::arch::x86_64::*;
 
     #[target_feature(enable = "avx2,fma")]
@@ -73,142 +214,135 @@ pub(crate) mod avx2 {
         _mm_cvtss_f32(s)
     }
 
-    /// 8 bf16 at `p` as f32.
+    /// 8 elements at `p` as f32, minus `zp` for int8 (exact). f16 is not read here (the AVX2
+    /// set does not assume F16C).
     ///
     /// # Safety
     /// AVX2; `p` readable for 8 elements.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn load_bf16(p: *const Bf16) -> __m256 {
-        // SAFETY: 16 bytes readable (caller).
-        let h = unsafe { _mm_loadu_si128(p.cast()) };
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    unsafe fn load8<E: Lane>(p: *const E, zp: __m256i) -> __m256 {
+        match E::KIND {
+            // SAFETY: 8 f32 (32 bytes) at `p` are readable (caller).
+            LaneKind::F32 => unsafe { _mm256_loadu_ps(p.cast()) },
+            LaneKind::Bf16 => {
+                // SAFETY: 8 bf16 (16 bytes) at `p` are readable (caller).
+                let h = unsafe { _mm_loadu_si128(p.cast()) };
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+            }
+            LaneKind::I8 => {
+                // SAFETY: 8 int8 (8 bytes) at `p` are readable (caller).
+                let q = unsafe { _mm_loadl_epi64(p.cast()) };
+                _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepi8_epi32(q), zp))
+            }
+            LaneKind::F16 => unreachable!("no AVX2 f16 row kernel"),
+        }
     }
 
-    /// 8 int8 at `p`, minus `zp`, as f32 (exact).
-    ///
-    /// # Safety
-    /// AVX2; `p` readable for 8 bytes.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn load_i8(p: *const i8, zp: __m256i) -> __m256 {
-        // SAFETY: 8 bytes readable (caller).
-        let q = unsafe { _mm_loadl_epi64(p.cast()) };
-        _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepi8_epi32(q), zp))
-    }
-
-    /// AVX2 version of [`super::dot_bf16`].
+    /// AVX2 version of [`super::scores_row`] (not for f16).
     ///
     /// # Safety
     /// The CPU supports AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn dot_bf16(q: &[f32], k: &[Bf16]) -> f32 {
-        assert_eq!(q.len(), k.len());
-        let n = q.len();
-        let mut acc = [_mm256_setzero_ps(); 2];
-        let mut i = 0;
-        while i + 16 <= n {
-            for (u, au) in acc.iter_mut().enumerate() {
-                // SAFETY: `i + 8u + 8 <= n`: in bounds of both slices.
+    pub(crate) unsafe fn scores_row<E: Lane>(
+        q: &[f32],
+        d: usize,
+        group: usize,
+        k: KvRow<'_, E>,
+        s: &mut [f32],
+        lds: usize,
+    ) {
+        let heads = check(q.len(), d, group, &[k], s.len(), lds, 1);
+        let (d32, d8) = (d / 32 * 32, d / 8 * 8);
+        for h in 0..heads {
+            let g = h / group;
+            let (sc, zp) = k.head(g);
+            let zv = _mm256_set1_epi32(zp);
+            // SAFETY: `h < heads`, `g < heads / group`: query row h and head vector g are
+            // `d` elements inside `q` and `k.x` (checked above).
+            let (qp, kp) = unsafe { (q.as_ptr().add(h * d), k.x.as_ptr().add(g * d)) };
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut j = 0;
+            while j < d32 {
+                for (u, au) in acc.iter_mut().enumerate() {
+                    // SAFETY: `j + 8u + 8 <= d32 <= d`: inside both head vectors.
+                    unsafe {
+                        let kv = load8(kp.add(j + 8 * u), zv);
+                        *au = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j + 8 * u)), kv, *au);
+                    }
+                }
+                j += 32;
+            }
+            while j < d8 {
+                // SAFETY: `j + 8 <= d8 <= d`: inside both head vectors.
                 unsafe {
-                    let kv = load_bf16(k.as_ptr().add(i + 8 * u));
-                    *au = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i + 8 * u)), kv, *au);
+                    let kv = load8(kp.add(j), zv);
+                    acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j)), kv, acc[0]);
                 }
+                j += 8;
             }
-            i += 16;
+            let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+            let mut dot = hsum(v);
+            for j in d8..d {
+                dot += q[h * d + j] * k.x[g * d + j].widen(zp);
+            }
+            s[h * lds] = sc * dot;
         }
-        let mut s = hsum(_mm256_add_ps(acc[0], acc[1]));
-        for j in i..n {
-            s += q[j] * k[j].to_f32();
-        }
-        s
     }
 
-    /// AVX2 version of [`super::dot_i8`].
+    /// AVX2 version of [`super::axpy_row`] (not for f16).
     ///
     /// # Safety
     /// The CPU supports AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn dot_i8(q: &[f32], k: &[i8], zp: i8) -> f32 {
-        assert_eq!(q.len(), k.len());
-        let n = q.len();
-        let zv = _mm256_set1_epi32(i32::from(zp));
-        let mut acc = [_mm256_setzero_ps(); 2];
-        let mut i = 0;
-        while i + 16 <= n {
-            for (u, au) in acc.iter_mut().enumerate() {
-                // SAFETY: `i + 8u + 8 <= n`: in bounds of both slices.
+    pub(crate) unsafe fn axpy_row<E: Lane>(
+        acc: &mut [f32],
+        d: usize,
+        group: usize,
+        p: &[f32],
+        ldp: usize,
+        w: usize,
+        v: [KvRow<'_, E>; 4],
+    ) {
+        assert!((1..=4).contains(&w), "w");
+        let heads = check(acc.len(), d, group, &v[..w], p.len(), ldp, w);
+        // Rows past `w` repeat row 0 with weight 0 (finite values, so they add exact zeros).
+        let v: [KvRow<'_, E>; 4] = core::array::from_fn(|u| if u < w { v[u] } else { v[0] });
+        let d8 = d / 8 * 8;
+        for h in 0..heads {
+            let g = h / group;
+            let pw: [f32; 4] = core::array::from_fn(|u| if u < w { p[h * ldp + u] } else { 0.0 });
+            if pw == [0.0; 4] {
+                continue;
+            }
+            let heads_v = v.map(|r| r.head(g));
+            let wv: [__m256; 4] = core::array::from_fn(|u| _mm256_set1_ps(pw[u] * heads_v[u].0));
+            let zv: [__m256i; 4] = core::array::from_fn(|u| _mm256_set1_epi32(heads_v[u].1));
+            // SAFETY: `h < heads`, `g < heads / group`: accumulator h and head vector g of
+            // every row are `d` elements inside `acc` and the rows (checked above).
+            let (ap, vp) = unsafe {
+                (
+                    acc.as_mut_ptr().add(h * d),
+                    v.map(|r| r.x.as_ptr().add(g * d)),
+                )
+            };
+            let mut j = 0;
+            while j < d8 {
+                // SAFETY: `j + 8 <= d8 <= d`: inside the accumulator and every head vector.
                 unsafe {
-                    let kv = load_i8(k.as_ptr().add(i + 8 * u), zv);
-                    *au = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i + 8 * u)), kv, *au);
+                    let mut a = _mm256_loadu_ps(ap.add(j));
+                    for u in 0..4 {
+                        a = _mm256_fmadd_ps(wv[u], load8(vp[u].add(j), zv[u]), a);
+                    }
+                    _mm256_storeu_ps(ap.add(j), a);
                 }
+                j += 8;
             }
-            i += 16;
-        }
-        let mut s = hsum(_mm256_add_ps(acc[0], acc[1]));
-        let zp = i32::from(zp);
-        for j in i..n {
-            s += q[j] * (i32::from(k[j]) - zp) as f32;
-        }
-        s
-    }
-
-    /// AVX2 version of [`super::axpy4_bf16`].
-    ///
-    /// # Safety
-    /// The CPU supports AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn axpy4_bf16(acc: &mut [f32], p: [f32; 4], v: [&[Bf16]; 4]) {
-        let n = acc.len();
-        assert!(v.iter().all(|r| r.len() == n));
-        let pv = p.map(|x| _mm256_set1_ps(x));
-        let pa = acc.as_mut_ptr();
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: `i + 8 <= n` and every row has length `n`: all accesses in bounds.
-            unsafe {
-                let mut a = _mm256_loadu_ps(pa.add(i));
+            for j in d8..d {
                 for u in 0..4 {
-                    a = _mm256_fmadd_ps(pv[u], load_bf16(v[u].as_ptr().add(i)), a);
+                    acc[h * d + j] += pw[u] * heads_v[u].0 * v[u].x[g * d + j].widen(heads_v[u].1);
                 }
-                _mm256_storeu_ps(pa.add(i), a);
             }
-            i += 8;
-        }
-        for j in i..n {
-            acc[j] += p[0] * v[0][j].to_f32()
-                + p[1] * v[1][j].to_f32()
-                + p[2] * v[2][j].to_f32()
-                + p[3] * v[3][j].to_f32();
-        }
-    }
-
-    /// AVX2 version of [`super::axpy4_i8`].
-    ///
-    /// # Safety
-    /// The CPU supports AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn axpy4_i8(acc: &mut [f32], w: [f32; 4], v: [&[i8]; 4], zp: [i8; 4]) {
-        let n = acc.len();
-        assert!(v.iter().all(|r| r.len() == n));
-        let wv = w.map(|x| _mm256_set1_ps(x));
-        let zv = zp.map(|z| _mm256_set1_epi32(i32::from(z)));
-        let pa = acc.as_mut_ptr();
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: `i + 8 <= n` and every row has length `n`: all accesses in bounds.
-            unsafe {
-                let mut a = _mm256_loadu_ps(pa.add(i));
-                for u in 0..4 {
-                    a = _mm256_fmadd_ps(wv[u], load_i8(v[u].as_ptr().add(i), zv[u]), a);
-                }
-                _mm256_storeu_ps(pa.add(i), a);
-            }
-            i += 8;
-        }
-        let x = |u: usize, j: usize| (i32::from(v[u][j]) - i32::from(zp[u])) as f32;
-        for (j, a) in acc.iter_mut().enumerate().skip(i) {
-            *a += w[0] * x(0, j) + w[1] * x(1, j) + w[2] * x(2, j) + w[3] * x(3, j);
         }
     }
 }

@@ -9,12 +9,9 @@
 
 use crate::convert;
 use crate::elem::{Bf16, F16};
-use crate::fused;
+use crate::fused::{self, AxpyRow, ScoresRow};
 use crate::plan::{MR, NR};
 use crate::simd::{simd_level, SimdLevel};
-
-/// `acc += sum_u w[u] * (v[u] - zp[u])`: see [`fused::axpy4_i8`].
-pub(crate) type Axpy4I8 = unsafe fn(&mut [f32], [f32; 4], [&[i8]; 4], [i8; 4]);
 
 /// The kernel set of a call. Every function pointer is `unsafe` because the AVX2 versions
 /// require the CPU features checked by [`Kernels::detect`], on top of each kernel's own
@@ -43,14 +40,18 @@ pub(crate) struct Kernels {
     pub widen_f16: unsafe fn(&[F16], &mut [f32]),
     /// int8 to f32: see [`convert::dequant`].
     pub dequant: unsafe fn(&[i8], f32, i8, &mut [f32]),
-    /// Decode's dot on bf16 K: see [`fused::dot_bf16`].
-    pub dot_bf16: unsafe fn(&[f32], &[Bf16]) -> f32,
-    /// Decode's dot on int8 K: see [`fused::dot_i8`].
-    pub dot_i8: unsafe fn(&[f32], &[i8], i8) -> f32,
-    /// Decode's axpy on bf16 V: see [`fused::axpy4_bf16`].
-    pub axpy4_bf16: unsafe fn(&mut [f32], [f32; 4], [&[Bf16]; 4]),
-    /// Decode's axpy on int8 V: see [`fused::axpy4_i8`].
-    pub axpy4_i8: Axpy4I8,
+    /// Decode's scores against one f32 K position row: see [`fused::scores_row`].
+    pub scores_f32: ScoresRow<f32>,
+    /// The same on a bf16 K row.
+    pub scores_bf16: ScoresRow<Bf16>,
+    /// The same on an int8 K row.
+    pub scores_i8: ScoresRow<i8>,
+    /// Decode's `acc += P . V` over f32 V position rows: see [`fused::axpy_row`].
+    pub axpy_f32: AxpyRow<f32>,
+    /// The same on bf16 V rows.
+    pub axpy_bf16: AxpyRow<Bf16>,
+    /// The same on int8 V rows.
+    pub axpy_i8: AxpyRow<i8>,
     /// Which set this is.
     pub level: SimdLevel,
 }
@@ -87,10 +88,12 @@ impl Kernels {
                         convert::widen_f16
                     },
                     dequant: convert::avx2::dequant,
-                    dot_bf16: fused::avx2::dot_bf16,
-                    dot_i8: fused::avx2::dot_i8,
-                    axpy4_bf16: fused::avx2::axpy4_bf16,
-                    axpy4_i8: fused::avx2::axpy4_i8,
+                    scores_f32: fused::avx2::scores_row,
+                    scores_bf16: fused::avx2::scores_row,
+                    scores_i8: fused::avx2::scores_row,
+                    axpy_f32: fused::avx2::axpy_row,
+                    axpy_bf16: fused::avx2::axpy_row,
+                    axpy_i8: fused::avx2::axpy_row,
                     level,
                 };
             }
@@ -110,10 +113,12 @@ impl Kernels {
                     widen_bf16: convert::neon::widen_bf16,
                     widen_f16: convert::widen_f16,
                     dequant: convert::neon::dequant,
-                    dot_bf16: fused::dot_bf16,
-                    dot_i8: fused::dot_i8,
-                    axpy4_bf16: fused::axpy4_bf16,
-                    axpy4_i8: fused::axpy4_i8,
+                    scores_f32: fused::scores_row,
+                    scores_bf16: fused::scores_row,
+                    scores_i8: fused::scores_row,
+                    axpy_f32: fused::axpy_row,
+                    axpy_bf16: fused::axpy_row,
+                    axpy_i8: fused::axpy_row,
                     level,
                 };
             }
@@ -136,10 +141,12 @@ impl Kernels {
             widen_bf16: convert::widen_bf16,
             widen_f16: convert::widen_f16,
             dequant: convert::dequant,
-            dot_bf16: fused::dot_bf16,
-            dot_i8: fused::dot_i8,
-            axpy4_bf16: fused::axpy4_bf16,
-            axpy4_i8: fused::axpy4_i8,
+            scores_f32: fused::scores_row,
+            scores_bf16: fused::scores_row,
+            scores_i8: fused::scores_row,
+            axpy_f32: fused::axpy_row,
+            axpy_bf16: fused::axpy_row,
+            axpy_i8: fused::axpy_row,
             level: SimdLevel::Portable,
         }
     }
@@ -774,53 +781,143 @@ mod tests {
         }
     }
 
-    /// The fused decode kernels of `f` agree with the scalar ones (lengths 1..40).
+    /// The decode row kernels of `f` (f32, bf16, int8 rows) agree with the scalar ones, and the
+    /// scalar ones with an f64 sum, to 1e-5 relative to the sum of magnitudes: head dims
+    /// 1..40 (every vector tail) and 128, MHA and groups of 2 and 4, every `w`, zero weights.
     fn fused_match_scalar(f: Kernels) {
+        use crate::fused::KvRow;
         let s = Kernels::scalar();
-        let q = data(40, 31);
-        let bf: Vec<Vec<Bf16>> = (0..4)
-            .map(|u| {
-                data(40, 32 + u)
-                    .iter()
-                    .map(|&x| Bf16::from_f32(x))
-                    .collect()
-            })
-            .collect();
-        let i8s: Vec<Vec<i8>> = (0..4u32)
-            .map(|u| {
-                (0..40u32)
-                    .map(|j| ((j * 37 + u * 11) % 256) as u8 as i8)
-                    .collect()
-            })
-            .collect();
-        for n in 1..40 {
-            // SAFETY: slice-based kernels on a CPU that runs `f`'s level.
-            let (a, b) = unsafe {
-                (
-                    (f.dot_bf16)(&q[..n], &bf[0][..n]),
-                    (s.dot_bf16)(&q[..n], &bf[0][..n]),
-                )
+        for (d, heads, group) in (1..40)
+            .map(|d| (d, 4, 1 + d % 3 * (d % 3)))
+            .chain([(128, 8, 1), (128, 8, 4)])
+        {
+            let group = if heads % group == 0 { group } else { 1 };
+            let kvh = heads / group;
+            let n = kvh * d;
+            let q = data(heads * d, 31 + d as u32);
+            let fl: Vec<Vec<f32>> = (0..4).map(|u| data(n, 32 + u + d as u32)).collect();
+            let bf: Vec<Vec<Bf16>> = fl
+                .iter()
+                .map(|r| r.iter().map(|&x| Bf16::from_f32(x)).collect())
+                .collect();
+            let i8s: Vec<Vec<i8>> = (0..4)
+                .map(|u| {
+                    (0..n)
+                        .map(|j| ((j * 37 + u * 11) % 256) as u8 as i8)
+                        .collect()
+                })
+                .collect();
+            let scales: Vec<Vec<f32>> = (0..4).map(|u| data(kvh, 40 + u)).collect();
+            let zps: Vec<Vec<i8>> = (0..4)
+                .map(|u| {
+                    (0..kvh)
+                        .map(|g| ((g * 53 + u * 7) % 256) as u8 as i8)
+                        .collect()
+                })
+                .collect();
+            let rf = |u: usize| KvRow::dense(&fl[u][..]);
+            let rb = |u: usize| KvRow::dense(&bf[u][..]);
+            let ri = |u: usize| KvRow {
+                x: &i8s[u][..],
+                scales: &scales[u][..],
+                zps: &zps[u][..],
             };
-            close(&[a], &[b], 1e-5);
-            // SAFETY: as above.
-            let (a, b) = unsafe {
-                (
-                    (f.dot_i8)(&q[..n], &i8s[0][..n], -3),
-                    (s.dot_i8)(&q[..n], &i8s[0][..n], -3),
-                )
+            // f64 reference of element j of head g of row u, and its magnitude bound.
+            let deq = |u: usize, kind: usize, g: usize, j: usize| -> f64 {
+                match kind {
+                    0 => f64::from(fl[u][g * d + j]),
+                    1 => f64::from(bf[u][g * d + j].to_f32()),
+                    _ => {
+                        (f64::from(i8s[u][g * d + j]) - f64::from(zps[u][g]))
+                            * f64::from(scales[u][g])
+                    }
+                }
             };
-            close(&[a / 100.0], &[b / 100.0], 1e-5);
-            let (mut a1, mut a2) = (data(n, 33), data(n, 33));
-            let vb: [&[Bf16]; 4] = core::array::from_fn(|u| &bf[u][..n]);
-            let vi: [&[i8]; 4] = core::array::from_fn(|u| &i8s[u][..n]);
-            // SAFETY: as above.
-            unsafe {
-                (f.axpy4_bf16)(&mut a1, [0.5, -1.0, 2.0, 0.25], vb);
-                (s.axpy4_bf16)(&mut a2, [0.5, -1.0, 2.0, 0.25], vb);
-                (f.axpy4_i8)(&mut a1, [0.01, -0.02, 0.005, 0.03], vi, [1, -2, 0, 127]);
-                (s.axpy4_i8)(&mut a2, [0.01, -0.02, 0.005, 0.03], vi, [1, -2, 0, 127]);
+            let lds = 3;
+            for kind in 0..3 {
+                let (mut s1, mut s2) = (vec![f32::NAN; heads * lds], vec![f32::NAN; heads * lds]);
+                // SAFETY: slice-based kernels (they check their lengths) on a CPU that runs
+                // `f`'s level.
+                unsafe {
+                    match kind {
+                        0 => {
+                            (f.scores_f32)(&q, d, group, rf(0), &mut s1, lds);
+                            (s.scores_f32)(&q, d, group, rf(0), &mut s2, lds);
+                        }
+                        1 => {
+                            (f.scores_bf16)(&q, d, group, rb(0), &mut s1, lds);
+                            (s.scores_bf16)(&q, d, group, rb(0), &mut s2, lds);
+                        }
+                        _ => {
+                            (f.scores_i8)(&q, d, group, ri(0), &mut s1, lds);
+                            (s.scores_i8)(&q, d, group, ri(0), &mut s2, lds);
+                        }
+                    }
+                }
+                for h in 0..heads {
+                    let g = h / group;
+                    let (mut want, mut mag) = (0f64, 0f64);
+                    for j in 0..d {
+                        let x = f64::from(q[h * d + j]) * deq(0, kind, g, j);
+                        want += x;
+                        mag += x.abs();
+                    }
+                    for got in [s1[h * lds], s2[h * lds]] {
+                        assert!(
+                            (f64::from(got) - want).abs() <= 1e-5 * mag + 1e-30,
+                            "scores kind {kind} d {d} group {group} h {h}: {got} vs {want}"
+                        );
+                    }
+                    assert!(s1[h * lds + 1].is_nan(), "wrote between heads");
+                }
+                for w in 1..=4 {
+                    let ldp = 5;
+                    let mut p = data(heads * ldp, 50 + w as u32);
+                    p[ldp..2 * ldp].fill(0.0); // head 1: all weights 0, skipped
+                    let a0 = data(heads * d, 51);
+                    let (mut a1, mut a2) = (a0.clone(), a0.clone());
+                    // SAFETY: as above.
+                    unsafe {
+                        match kind {
+                            0 => {
+                                let v = [0, 1, 2, 3].map(rf);
+                                (f.axpy_f32)(&mut a1, d, group, &p, ldp, w, v);
+                                (s.axpy_f32)(&mut a2, d, group, &p, ldp, w, v);
+                            }
+                            1 => {
+                                let v = [0, 1, 2, 3].map(rb);
+                                (f.axpy_bf16)(&mut a1, d, group, &p, ldp, w, v);
+                                (s.axpy_bf16)(&mut a2, d, group, &p, ldp, w, v);
+                            }
+                            _ => {
+                                let v = [0, 1, 2, 3].map(ri);
+                                (f.axpy_i8)(&mut a1, d, group, &p, ldp, w, v);
+                                (s.axpy_i8)(&mut a2, d, group, &p, ldp, w, v);
+                            }
+                        }
+                    }
+                    for h in 0..heads {
+                        let g = h / group;
+                        for j in 0..d {
+                            let i = h * d + j;
+                            let (mut want, mut mag) = (f64::from(a0[i]), f64::from(a0[i]).abs());
+                            for u in 0..w {
+                                let x = f64::from(p[h * ldp + u]) * deq(u, kind, g, j);
+                                want += x;
+                                mag += x.abs();
+                            }
+                            for got in [a1[i], a2[i]] {
+                                assert!(
+                                    (f64::from(got) - want).abs() <= 1e-5 * mag,
+                                    "axpy kind {kind} d {d} group {group} w {w} at {i}: \
+                                     {got} vs {want}"
+                                );
+                            }
+                        }
+                    }
+                    assert_eq!(a1[d..2 * d], a0[d..2 * d], "head 1 (zero weights) changed");
+                }
             }
-            close(&a1, &a2, 1e-5);
         }
     }
 

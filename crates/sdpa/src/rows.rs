@@ -162,30 +162,33 @@ fn chunk<T: Element>(
     let qb = as_f32(kern, &a.q[b * nq * d..(b + 1) * nq * d], qbuf);
     let kv_off = |t: usize| (b * sh.kv_capacity + t) * row_len;
 
-    // bf16 and int8 K/V are read by fused kernels; f16 through the conversion buffers.
+    // f32, bf16 and int8 K/V are read by the row kernels (one call per query row and
+    // position row, all heads); f16 through the conversion buffers, head by head.
     let fused = a.k.fused();
+    let hd = heads * d; // floats of one query row's heads
     let mut t0 = c0;
     while t0 < c1 {
         let nb = tile.min(c1 - t0);
-        // Scores: one K position row (all kv heads, contiguous) at a time, head by head: a
-        // non-f32 head vector is converted into `kbuf` (D floats, so it stays in L1 while the
-        // query heads of its group use it).
+        // Scores: one K position row (all kv heads, contiguous) at a time.
         for u in 0..nb {
-            let off = kv_off(t0 + u);
-            if a.k.converts() && t0 + u + PREFETCH_AHEAD < c1 {
-                a.k.prefetch(kern, kv_off(t0 + u + PREFETCH_AHEAD), row_len, 1, row_len);
-                a.v.prefetch(kern, kv_off(t0 + u + PREFETCH_AHEAD), row_len, 1, row_len);
+            let t = t0 + u;
+            if a.k.converts() && t + PREFETCH_AHEAD < c1 {
+                a.k.prefetch(kern, kv_off(t + PREFETCH_AHEAD), row_len, 1, row_len);
+                a.v.prefetch(kern, kv_off(t + PREFETCH_AHEAD), row_len, 1, row_len);
             }
-            for kvh in 0..sh.kv_heads {
-                let ko = off + kvh * d;
-                if fused {
-                    let row = (b * sh.kv_capacity + t0 + u) * sh.kv_heads + kvh;
-                    for r in group_rows(sh.q_len, heads, group, kvh) {
-                        s[r * tile + u] = a.k.dot(kern, &qb[r * d..(r + 1) * d], row);
-                    }
-                    continue;
+            if fused {
+                for i in 0..sh.q_len {
+                    let qi = &qb[i * hd..(i + 1) * hd];
+                    let si = &mut s[i * heads * tile + u..];
+                    a.k.scores_row(kern, qi, d, group, b * sh.kv_capacity + t, si, tile);
                 }
-                let kh = a.k.load(kern, d, ko, d, kbuf);
+                continue;
+            }
+            // f16: each head vector converted into `kbuf` (D floats, so it stays in L1 while
+            // the query heads of its group use it).
+            let off = kv_off(t);
+            for kvh in 0..sh.kv_heads {
+                let kh = a.k.load(kern, d, off + kvh * d, d, kbuf);
                 for r in group_rows(sh.q_len, heads, group, kvh) {
                     let qr = &qb[r * d..(r + 1) * d];
                     // SAFETY: slice-based kernel (equal lengths d); kernel set from `detect`.
@@ -211,27 +214,24 @@ fn chunk<T: Element>(
             }
             m[r] = mn;
         }
-        // acc += P . V, V_GROUP position rows at a time (each read contiguously), head by
-        // head (non-f32 heads converted into `vbuf`, V_GROUP x D floats, L1-resident).
+        // acc += P . V, V_GROUP position rows at a time (each read contiguously).
         let mut u = 0;
         while u < nb {
             let w = V_GROUP.min(nb - u);
+            if fused {
+                let rows = core::array::from_fn(|j| b * sh.kv_capacity + t0 + u + j.min(w - 1));
+                for i in 0..sh.q_len {
+                    let acc_i = &mut acc[i * hd..(i + 1) * hd];
+                    let p = &s[i * heads * tile + u..];
+                    a.v.axpy_row(kern, acc_i, d, group, p, tile, w, rows);
+                }
+                u += w;
+                continue;
+            }
+            // f16: head by head, converted into `vbuf` (V_GROUP x D floats, L1-resident).
             for kvh in 0..sh.kv_heads {
                 let offs: [usize; V_GROUP] =
                     core::array::from_fn(|j| kv_off(t0 + u + j.min(w - 1)) + kvh * d);
-                if fused {
-                    let rows = core::array::from_fn(|j| {
-                        (b * sh.kv_capacity + t0 + u + j.min(w - 1)) * sh.kv_heads + kvh
-                    });
-                    for r in group_rows(sh.q_len, heads, group, kvh) {
-                        let p: [f32; V_GROUP] =
-                            core::array::from_fn(|j| if j < w { s[r * tile + u + j] } else { 0.0 });
-                        if p != [0.0; V_GROUP] {
-                            a.v.axpy4(kern, &mut acc[r * d..(r + 1) * d], p, rows);
-                        }
-                    }
-                    continue;
-                }
                 let mut vbufs = vbuf.chunks_mut(d);
                 let vs: [&[f32]; V_GROUP] = core::array::from_fn(|j| {
                     a.v.load(kern, d, offs[j], d, vbufs.next().unwrap_or_default())
