@@ -197,6 +197,8 @@ pub(crate) unsafe fn axpy_row<E: Lane>(
 
 /// Signature of [`scores_row`] and its SIMD versions.
 pub(crate) type ScoresRow<E> = unsafe fn(&[f32], usize, usize, KvRow<'_, E>, &mut [f32], usize);
+/// Signature of [`scores_row_q16`] and its SIMD versions.
+pub(crate) type ScoresQ16 = unsafe fn(Q16<'_>, usize, usize, KvRow<'_, i8>, &mut [f32], usize);
 /// Signature of [`axpy_row`] and its SIMD versions.
 pub(crate) type AxpyRow<E> =
     unsafe fn(&mut [f32], usize, usize, &[f32], usize, usize, [KvRow<'_, E>; 4]);
@@ -344,5 +346,130 @@ pub(crate) mod avx2 {
                 }
             }
         }
+    }
+
+    /// AVX2 version of [`super::scores_row_q16`]: `vpmaddwd` on the i16 query and the int8
+    /// values widened to i16, 16 lanes per instruction, summed in i32 over blocks of 256
+    /// lanes (at most 256 * 32767 * 128 < 2^31) and in i64 across blocks.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn scores_row_q16(
+        q: super::Q16<'_>,
+        d: usize,
+        group: usize,
+        k: KvRow<'_, i8>,
+        s: &mut [f32],
+        lds: usize,
+    ) {
+        let heads = check(q.q.len(), d, group, &[k], s.len(), lds, 1);
+        let d16 = d / 16 * 16;
+        for h in 0..heads {
+            let g = h / group;
+            let (sc, zp) = k.head(g);
+            // SAFETY: `h < heads`, `g < heads / group`: query row h and head vector g are `d`
+            // elements inside `q.q` and `k.x` (checked above).
+            let (qp, kp) = unsafe { (q.q.as_ptr().add(h * d), k.x.as_ptr().add(g * d)) };
+            let mut dot = 0i64;
+            let mut j = 0;
+            while j < d16 {
+                let end = d16.min(j + 256);
+                let mut acc = [_mm256_setzero_si256(); 2];
+                while j + 32 <= end {
+                    for (u, au) in acc.iter_mut().enumerate() {
+                        // SAFETY: `j + 16u + 16 <= end <= d`: inside both head vectors.
+                        unsafe {
+                            let kv =
+                                _mm256_cvtepi8_epi16(_mm_loadu_si128(kp.add(j + 16 * u).cast()));
+                            let qv = _mm256_loadu_si256(qp.add(j + 16 * u).cast());
+                            *au = _mm256_add_epi32(*au, _mm256_madd_epi16(qv, kv));
+                        }
+                    }
+                    j += 32;
+                }
+                if j < end {
+                    // SAFETY: `j + 16 <= end <= d` (end and j are multiples of 16).
+                    unsafe {
+                        let kv = _mm256_cvtepi8_epi16(_mm_loadu_si128(kp.add(j).cast()));
+                        let qv = _mm256_loadu_si256(qp.add(j).cast());
+                        acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(qv, kv));
+                    }
+                    j += 16;
+                }
+                let a = _mm256_add_epi32(acc[0], acc[1]);
+                let a = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a));
+                let a = _mm_add_epi32(a, _mm_shuffle_epi32::<0b01_00_11_10>(a));
+                let a = _mm_add_epi32(a, _mm_shuffle_epi32::<0b10_11_00_01>(a));
+                dot += i64::from(_mm_cvtsi128_si32(a));
+            }
+            for j in d16..d {
+                dot += i64::from(q.q[h * d + j]) * i64::from(k.x[g * d + j]);
+            }
+            let dot = dot - i64::from(zp) * i64::from(q.sum[h]);
+            s[h * lds] = sc * q.scale[h] * dot as f32;
+        }
+    }
+}
+
+/// Query heads quantized to i16 for the integer int8 dot product: `q[h d + j] ~= q16[h d + j] *
+/// scale[h]`, with `sum[h] = sum_j q16[h d + j]` (exact).
+#[derive(Clone, Copy)]
+pub(crate) struct Q16<'a> {
+    pub q: &'a [i16],
+    pub scale: &'a [f32],
+    pub sum: &'a [i32],
+}
+
+/// Quantizes the query heads `q` (`heads * d` floats) symmetrically to i16, per head:
+/// `scale[h] = max_j |q[h d + j]| / 32767`, `q16 = round(q / scale)`. A head of zeros (or a
+/// non-finite one: its scale is then non-finite and so are its scores, as in f32) gets scale 0
+/// or NaN.
+pub(crate) fn quantize_q16(
+    q: &[f32],
+    d: usize,
+    q16: &mut [i16],
+    scale: &mut [f32],
+    sum: &mut [i32],
+) {
+    for (h, qh) in q.chunks_exact(d).enumerate() {
+        let mx = qh.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let sc = mx / 32767.0;
+        let inv = if sc > 0.0 { 1.0 / sc } else { 0.0 };
+        let mut s = 0i32;
+        for (o, &x) in q16[h * d..(h + 1) * d].iter_mut().zip(qh) {
+            *o = (x * inv).round().clamp(-32767.0, 32767.0) as i16;
+            s += i32::from(*o);
+        }
+        scale[h] = if mx.is_finite() { sc } else { f32::NAN };
+        sum[h] = s;
+    }
+}
+
+/// Integer version of [`scores_row`] for an int8 K row and i16 query heads:
+/// `s[h * lds] = kscale_g * qscale_h * (sum_j q16[h d + j] k[g d + j] - zp_g * qsum_h)`, the
+/// sums exact in integers.
+///
+/// # Safety
+/// None (safe to call).
+pub(crate) unsafe fn scores_row_q16(
+    q: Q16<'_>,
+    d: usize,
+    group: usize,
+    k: KvRow<'_, i8>,
+    s: &mut [f32],
+    lds: usize,
+) {
+    let heads = check(q.q.len(), d, group, &[k], s.len(), lds, 1);
+    for h in 0..heads {
+        let g = h / group;
+        let (sc, zp) = k.head(g);
+        let dot: i64 = q.q[h * d..(h + 1) * d]
+            .iter()
+            .zip(&k.x[g * d..(g + 1) * d])
+            .map(|(&a, &b)| i64::from(a) * i64::from(b))
+            .sum();
+        let dot = dot - i64::from(zp) * i64::from(q.sum[h]);
+        s[h * lds] = sc * q.scale[h] * dot as f32;
     }
 }

@@ -9,7 +9,7 @@
 
 use crate::convert;
 use crate::elem::{Bf16, F16};
-use crate::fused::{self, AxpyRow, ScoresRow};
+use crate::fused::{self, AxpyRow, ScoresQ16, ScoresRow};
 use crate::plan::{MR, NR};
 use crate::simd::{simd_level, SimdLevel};
 
@@ -44,8 +44,9 @@ pub(crate) struct Kernels {
     pub scores_f32: ScoresRow<f32>,
     /// The same on a bf16 K row.
     pub scores_bf16: ScoresRow<Bf16>,
-    /// The same on an int8 K row.
-    pub scores_i8: ScoresRow<i8>,
+    /// The same on an int8 K row, with the query quantized to i16 (an integer dot product):
+    /// see [`fused::scores_row_q16`].
+    pub scores_q16: ScoresQ16,
     /// Decode's `acc += P . V` over f32 V position rows: see [`fused::axpy_row`].
     pub axpy_f32: AxpyRow<f32>,
     /// The same on bf16 V rows.
@@ -90,7 +91,7 @@ impl Kernels {
                     dequant: convert::avx2::dequant,
                     scores_f32: fused::avx2::scores_row,
                     scores_bf16: fused::avx2::scores_row,
-                    scores_i8: fused::avx2::scores_row,
+                    scores_q16: fused::avx2::scores_row_q16,
                     axpy_f32: fused::avx2::axpy_row,
                     axpy_bf16: fused::avx2::axpy_row,
                     axpy_i8: fused::avx2::axpy_row,
@@ -115,7 +116,7 @@ impl Kernels {
                     dequant: convert::neon::dequant,
                     scores_f32: fused::scores_row,
                     scores_bf16: fused::scores_row,
-                    scores_i8: fused::scores_row,
+                    scores_q16: fused::scores_row_q16,
                     axpy_f32: fused::axpy_row,
                     axpy_bf16: fused::axpy_row,
                     axpy_i8: fused::axpy_row,
@@ -143,7 +144,7 @@ impl Kernels {
             dequant: convert::dequant,
             scores_f32: fused::scores_row,
             scores_bf16: fused::scores_row,
-            scores_i8: fused::scores_row,
+            scores_q16: fused::scores_row_q16,
             axpy_f32: fused::axpy_row,
             axpy_bf16: fused::axpy_row,
             axpy_i8: fused::axpy_row,
@@ -785,7 +786,7 @@ mod tests {
     /// scalar ones with an f64 sum, to 1e-5 relative to the sum of magnitudes: head dims
     /// 1..40 (every vector tail) and 128, MHA and groups of 2 and 4, every `w`, zero weights.
     fn fused_match_scalar(f: Kernels) {
-        use crate::fused::KvRow;
+        use crate::fused::{KvRow, Q16};
         let s = Kernels::scalar();
         for (d, heads, group) in (1..40)
             .map(|d| (d, 4, 1 + d % 3 * (d % 3)))
@@ -833,6 +834,9 @@ mod tests {
                     }
                 }
             };
+            let (mut q16, mut q16_scale, mut q16_sum) =
+                (vec![0i16; heads * d], vec![0f32; heads], vec![0i32; heads]);
+            fused::quantize_q16(&q, d, &mut q16, &mut q16_scale, &mut q16_sum);
             let lds = 3;
             for kind in 0..3 {
                 let (mut s1, mut s2) = (vec![f32::NAN; heads * lds], vec![f32::NAN; heads * lds]);
@@ -849,22 +853,30 @@ mod tests {
                             (s.scores_bf16)(&q, d, group, rb(0), &mut s2, lds);
                         }
                         _ => {
-                            (f.scores_i8)(&q, d, group, ri(0), &mut s1, lds);
-                            (s.scores_i8)(&q, d, group, ri(0), &mut s2, lds);
+                            let q16 = Q16 {
+                                q: &q16,
+                                scale: &q16_scale,
+                                sum: &q16_sum,
+                            };
+                            (f.scores_q16)(q16, d, group, ri(0), &mut s1, lds);
+                            (s.scores_q16)(q16, d, group, ri(0), &mut s2, lds);
                         }
                     }
                 }
                 for h in 0..heads {
                     let g = h / group;
-                    let (mut want, mut mag) = (0f64, 0f64);
+                    let (mut want, mut mag, mut q16_err) = (0f64, 0f64, 0f64);
                     for j in 0..d {
                         let x = f64::from(q[h * d + j]) * deq(0, kind, g, j);
                         want += x;
                         mag += x.abs();
+                        // int8: each query element is off by at most half its head's i16 step.
+                        q16_err += 0.5 * f64::from(q16_scale[h]) * deq(0, kind, g, j).abs();
                     }
+                    let bound = 1e-5 * mag + if kind == 2 { q16_err } else { 0.0 };
                     for got in [s1[h * lds], s2[h * lds]] {
                         assert!(
-                            (f64::from(got) - want).abs() <= 1e-5 * mag + 1e-30,
+                            (f64::from(got) - want).abs() <= bound + 1e-30,
                             "scores kind {kind} d {d} group {group} h {h}: {got} vs {want}"
                         );
                     }

@@ -7,6 +7,7 @@
 use rayon::prelude::*;
 
 use crate::elem::Element;
+use crate::fused::Q16;
 use crate::plan::{Path, Plan, RowsLayout, V_GROUP};
 use crate::source::as_f32;
 use crate::sync::{Scratch, SharedOut};
@@ -157,7 +158,10 @@ fn chunk<T: Element>(
     // The worker slice: scores, then the conversion buffers (empty for f32 inputs).
     let (s, conv) = ws.split_at_mut(lay.qc);
     let (qbuf, conv) = conv.split_at_mut(lay.kc - lay.qc);
-    let (kbuf, vbuf) = conv.split_at_mut(lay.vc - lay.kc);
+    let (kbuf, conv) = conv.split_at_mut(lay.vc - lay.kc);
+    let (vbuf, conv) = conv.split_at_mut(lay.q16 - lay.vc);
+    let (q16, conv) = conv.split_at_mut(lay.q16_scale - lay.q16);
+    let (q16_scale, q16_sum) = conv.split_at_mut(lay.q16_sum - lay.q16_scale);
     let s = &mut s[..nq * tile];
     let qb = as_f32(kern, &a.q[b * nq * d..(b + 1) * nq * d], qbuf);
     let kv_off = |t: usize| (b * sh.kv_capacity + t) * row_len;
@@ -166,6 +170,17 @@ fn chunk<T: Element>(
     // position row, all heads); f16 through the conversion buffers, head by head.
     let fused = a.k.fused();
     let hd = heads * d; // floats of one query row's heads
+                        // The int8 cache: Q rows quantized to i16 once per chunk (empty regions otherwise).
+    let (q16, q16_scale, q16_sum) = (as_i16(q16), &mut q16_scale[..], as_i32(q16_sum));
+    if lay.q16_scale > lay.q16 {
+        crate::fused::quantize_q16(
+            qb,
+            d,
+            &mut q16[..nq * d],
+            &mut q16_scale[..nq],
+            &mut q16_sum[..nq],
+        );
+    }
     let mut t0 = c0;
     while t0 < c1 {
         let nb = tile.min(c1 - t0);
@@ -179,8 +194,13 @@ fn chunk<T: Element>(
             if fused {
                 for i in 0..sh.q_len {
                     let qi = &qb[i * hd..(i + 1) * hd];
+                    let q16 = (lay.q16_scale > lay.q16).then(|| Q16 {
+                        q: &q16[i * hd..(i + 1) * hd],
+                        scale: &q16_scale[i * heads..(i + 1) * heads],
+                        sum: &q16_sum[i * heads..(i + 1) * heads],
+                    });
                     let si = &mut s[i * heads * tile + u..];
-                    a.k.scores_row(kern, qi, d, group, b * sh.kv_capacity + t, si, tile);
+                    a.k.scores_row(kern, qi, q16, d, group, b * sh.kv_capacity + t, si, tile);
                 }
                 continue;
             }
@@ -250,4 +270,18 @@ fn chunk<T: Element>(
         }
         t0 += nb;
     }
+}
+
+/// A scratch region of floats reused as i16 (twice as many).
+fn as_i16(x: &mut [f32]) -> &mut [i16] {
+    // SAFETY: the `2 * len` i16 cover exactly the bytes of `x`; f32's alignment is a multiple
+    // of i16's; every bit pattern is a valid i16 (and the bytes are initialised f32s); the
+    // returned borrow replaces `x`'s for its lifetime.
+    unsafe { core::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), x.len() * 2) }
+}
+
+/// A scratch region of floats reused as i32.
+fn as_i32(x: &mut [f32]) -> &mut [i32] {
+    // SAFETY: as in `as_i16`, with the same size and alignment as f32.
+    unsafe { core::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), x.len()) }
 }

@@ -2,7 +2,7 @@
 //! f16) or dequantized (int8 cache) into a scratch buffer of the caller's worker slice.
 
 use crate::elem::{Element, Elems};
-use crate::fused::KvRow;
+use crate::fused::{KvRow, Q16};
 use crate::kernels::Kernels;
 use crate::quant::QuantizedKv;
 
@@ -93,13 +93,16 @@ impl<T: Element> Kv<'_, T> {
     }
 
     /// Scores of the query heads `q` (`heads * d` floats, `kv_heads = heads / group`)
-    /// against position row `t`: `s[h * lds] = q_h . k_{t, h / group}`.
+    /// against position row `t`: `s[h * lds] = q_h . k_{t, h / group}`. The int8 cache takes
+    /// the same query rows quantized to i16 (`q16`, required then; see
+    /// [`crate::fused::scores_row_q16`]).
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub(crate) fn scores_row(
         &self,
         kern: &Kernels,
         q: &[f32],
+        q16: Option<Q16<'_>>,
         d: usize,
         group: usize,
         t: usize,
@@ -110,8 +113,9 @@ impl<T: Element> Kv<'_, T> {
         match self {
             Kv::Int8(c) => {
                 let k = Self::int8_row(c, t, kvh, d);
+                let q16 = q16.expect("int8 K is scored with the i16 query");
                 // SAFETY: slice-based kernel (checks its lengths); set chosen for this CPU.
-                unsafe { (kern.scores_i8)(q, d, group, k, s, lds) }
+                unsafe { (kern.scores_q16)(q16, d, group, k, s, lds) }
             }
             Kv::Dense(x) => {
                 let r = t * kvh;
