@@ -2,8 +2,9 @@
 //! turns in one run: a quicker loop than `allocbench sdpa` while working on the decode
 //! kernels.
 //!
-//! `cargo run --release -p sdpa --example decode_dtypes [-- KV...]` (default KV lengths 1024
-//! and 4096; 32 heads MHA, head_dim 128, 256 MiB of K/V per measurement so it comes from DRAM).
+//! `cargo run --release -p sdpa --example decode_dtypes [-- KV... DTYPE...]` (default KV
+//! lengths 1024 and 4096, dtypes `f32 bf16 int8-kv`; 32 heads MHA, head_dim 128, 256 MiB of
+//! K/V per measurement so it comes from DRAM).
 
 use std::hint::black_box;
 
@@ -65,6 +66,10 @@ fn main() {
     } else {
         kvs
     };
+    let names: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a.parse::<usize>().is_err())
+        .collect();
     let temp = CachingAllocator::new(64 << 20);
     let stream = fill(SPAN / 4, 7);
     println!(
@@ -86,6 +91,9 @@ fn main() {
         let n = kv * HEADS * HEAD_DIM;
         for (name, bytes_per_elem) in [("f32", 4.0), ("bf16", 2.0), ("int8-kv", 1.0 + 5.0 / 128.0)]
         {
+            if !names.is_empty() && !names.iter().any(|x| x == name) {
+                continue;
+            }
             let per_layer = (2.0 * n as f64 * bytes_per_elem) as usize;
             let layers = SPAN.div_ceil(per_layer).clamp(1, 64);
             let layers: Vec<Layer> = (0..layers)

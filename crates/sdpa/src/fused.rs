@@ -216,14 +216,14 @@ pub(crate) mod avx2 {
         _mm_cvtss_f32(s)
     }
 
-    /// 8 elements at `p` as f32, minus `zp` for int8 (exact). f16 is not read here (the AVX2
-    /// set does not assume F16C).
+    /// 8 elements at `p` as f32 (int8 values as they are: the caller applies the zero point).
+    /// f16 is not read here (the AVX2 set does not assume F16C).
     ///
     /// # Safety
     /// AVX2; `p` readable for 8 elements.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn load8<E: Lane>(p: *const E, zp: __m256i) -> __m256 {
+    unsafe fn load8<E: Lane>(p: *const E) -> __m256 {
         match E::KIND {
             // SAFETY: 8 f32 (32 bytes) at `p` are readable (caller).
             LaneKind::F32 => unsafe { _mm256_loadu_ps(p.cast()) },
@@ -235,13 +235,14 @@ pub(crate) mod avx2 {
             LaneKind::I8 => {
                 // SAFETY: 8 int8 (8 bytes) at `p` are readable (caller).
                 let q = unsafe { _mm_loadl_epi64(p.cast()) };
-                _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepi8_epi32(q), zp))
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))
             }
             LaneKind::F16 => unreachable!("no AVX2 f16 row kernel"),
         }
     }
 
-    /// AVX2 version of [`super::scores_row`] (not for f16).
+    /// AVX2 version of [`super::scores_row`] for f32 and bf16 (int8 K is scored by
+    /// [`scores_row_q16`]).
     ///
     /// # Safety
     /// The CPU supports AVX2 and FMA.
@@ -254,12 +255,12 @@ pub(crate) mod avx2 {
         s: &mut [f32],
         lds: usize,
     ) {
+        assert!(E::KIND == LaneKind::F32 || E::KIND == LaneKind::Bf16);
         let heads = check(q.len(), d, group, &[k], s.len(), lds, 1);
         let (d32, d8) = (d / 32 * 32, d / 8 * 8);
         for h in 0..heads {
             let g = h / group;
             let (sc, zp) = k.head(g);
-            let zv = _mm256_set1_epi32(zp);
             // SAFETY: `h < heads`, `g < heads / group`: query row h and head vector g are
             // `d` elements inside `q` and `k.x` (checked above).
             let (qp, kp) = unsafe { (q.as_ptr().add(h * d), k.x.as_ptr().add(g * d)) };
@@ -269,7 +270,7 @@ pub(crate) mod avx2 {
                 for (u, au) in acc.iter_mut().enumerate() {
                     // SAFETY: `j + 8u + 8 <= d32 <= d`: inside both head vectors.
                     unsafe {
-                        let kv = load8(kp.add(j + 8 * u), zv);
+                        let kv = load8(kp.add(j + 8 * u));
                         *au = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j + 8 * u)), kv, *au);
                     }
                 }
@@ -278,7 +279,7 @@ pub(crate) mod avx2 {
             while j < d8 {
                 // SAFETY: `j + 8 <= d8 <= d`: inside both head vectors.
                 unsafe {
-                    let kv = load8(kp.add(j), zv);
+                    let kv = load8(kp.add(j));
                     acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j)), kv, acc[0]);
                 }
                 j += 8;
@@ -318,8 +319,11 @@ pub(crate) mod avx2 {
                 continue;
             }
             let heads_v = v.map(|r| r.head(g));
-            let wv: [__m256; 4] = core::array::from_fn(|u| _mm256_set1_ps(pw[u] * heads_v[u].0));
-            let zv: [__m256i; 4] = core::array::from_fn(|u| _mm256_set1_epi32(heads_v[u].1));
+            let wu: [f32; 4] = core::array::from_fn(|u| pw[u] * heads_v[u].0);
+            let wv = wu.map(|x| _mm256_set1_ps(x));
+            // int8: `sum_u w_u (x_u - zp_u) = sum_u w_u x_u - sum_u w_u zp_u`, the second sum
+            // subtracted once per 8 lanes instead of a zero point per element and row.
+            let zsum = _mm256_set1_ps((0..4).map(|u| wu[u] * heads_v[u].1 as f32).sum::<f32>());
             // SAFETY: `h < heads`, `g < heads / group`: accumulator h and head vector g of
             // every row are `d` elements inside `acc` and the rows (checked above).
             let (ap, vp) = unsafe {
@@ -334,7 +338,10 @@ pub(crate) mod avx2 {
                 unsafe {
                     let mut a = _mm256_loadu_ps(ap.add(j));
                     for u in 0..4 {
-                        a = _mm256_fmadd_ps(wv[u], load8(vp[u].add(j), zv[u]), a);
+                        a = _mm256_fmadd_ps(wv[u], load8(vp[u].add(j)), a);
+                    }
+                    if E::KIND == LaneKind::I8 {
+                        a = _mm256_sub_ps(a, zsum);
                     }
                     _mm256_storeu_ps(ap.add(j), a);
                 }
