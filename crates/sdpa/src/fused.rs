@@ -195,6 +195,66 @@ pub(crate) unsafe fn axpy_row<E: Lane>(
     }
 }
 
+/// The arguments of [`axpy_row`] checked (panics as it documents), as its SIMD versions take
+/// them: the number of heads, and the four rows with rows `u >= w` replaced by row 0 (finite
+/// values, weighted 0, so they add exact zeros).
+fn axpy_args<'a, E: Lane>(
+    acc: &[f32],
+    d: usize,
+    group: usize,
+    p: &[f32],
+    ldp: usize,
+    w: usize,
+    v: [KvRow<'a, E>; 4],
+) -> (usize, [KvRow<'a, E>; 4]) {
+    assert!((1..=4).contains(&w), "w");
+    assert!(E::KIND != LaneKind::F16, "no SIMD f16 row kernel");
+    let heads = check(acc.len(), d, group, &v[..w], p.len(), ldp, w);
+    (
+        heads,
+        core::array::from_fn(|u| if u < w { v[u] } else { v[0] }),
+    )
+}
+
+/// Head `h`'s weights in the SIMD [`axpy_row`]s: `p[h * ldp + u]` (0 for `u >= w`) times row
+/// `u`'s scale of head `g`, and the zero points' share `sum_u w_u zp_u`, which they subtract
+/// once per lane instead of a zero point per row and lane; `None` if all weights are 0.
+#[inline]
+fn head_weights<E: Lane>(
+    p: &[f32],
+    ldp: usize,
+    w: usize,
+    v: &[KvRow<'_, E>; 4],
+    h: usize,
+    g: usize,
+) -> Option<([f32; 4], f32)> {
+    let pw: [f32; 4] = core::array::from_fn(|u| if u < w { p[h * ldp + u] } else { 0.0 });
+    if pw == [0.0; 4] {
+        return None;
+    }
+    let sz = v.map(|r| r.head(g));
+    let wu: [f32; 4] = core::array::from_fn(|u| pw[u] * sz[u].0);
+    Some((wu, (0..4).map(|u| wu[u] * sz[u].1 as f32).sum()))
+}
+
+/// Lanes `j0..d` of head `h` in the SIMD [`axpy_row`]s (the vector tail), in scalar code.
+#[inline]
+fn axpy_tail<E: Lane>(
+    acc: &mut [f32],
+    h: usize,
+    g: usize,
+    d: usize,
+    j0: usize,
+    wu: [f32; 4],
+    v: &[KvRow<'_, E>; 4],
+) {
+    for j in j0..d {
+        for (u, r) in v.iter().enumerate() {
+            acc[h * d + j] += wu[u] * r.x[g * d + j].widen(r.head(g).1);
+        }
+    }
+}
+
 /// Signature of [`scores_row`] and its SIMD versions.
 pub(crate) type ScoresRow<E> = unsafe fn(&[f32], usize, usize, KvRow<'_, E>, &mut [f32], usize);
 /// Signature of [`scores_row_q16`] and its SIMD versions.
@@ -206,15 +266,8 @@ pub(crate) type AxpyRow<E> =
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::{check, KvRow, Lane, LaneKind};
+    use crate::kernels::avx2::hsum;
     use core::arch::x86_64::*;
-
-    #[target_feature(enable = "avx2,fma")]
-    fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-        _mm_cvtss_f32(s)
-    }
 
     /// 8 elements at `p` as f32 (int8 values as they are: the caller applies the zero point).
     /// f16 is not read here (the AVX2 set does not assume F16C).
@@ -307,23 +360,15 @@ pub(crate) mod avx2 {
         w: usize,
         v: [KvRow<'_, E>; 4],
     ) {
-        assert!((1..=4).contains(&w), "w");
-        let heads = check(acc.len(), d, group, &v[..w], p.len(), ldp, w);
-        // Rows past `w` repeat row 0 with weight 0 (finite values, so they add exact zeros).
-        let v: [KvRow<'_, E>; 4] = core::array::from_fn(|u| if u < w { v[u] } else { v[0] });
+        let (heads, v) = super::axpy_args(acc, d, group, p, ldp, w, v);
         let d8 = d / 8 * 8;
         for h in 0..heads {
             let g = h / group;
-            let pw: [f32; 4] = core::array::from_fn(|u| if u < w { p[h * ldp + u] } else { 0.0 });
-            if pw == [0.0; 4] {
+            let Some((wu, zsum)) = super::head_weights(p, ldp, w, &v, h, g) else {
                 continue;
-            }
-            let heads_v = v.map(|r| r.head(g));
-            let wu: [f32; 4] = core::array::from_fn(|u| pw[u] * heads_v[u].0);
+            };
             let wv = wu.map(|x| _mm256_set1_ps(x));
-            // int8: `sum_u w_u (x_u - zp_u) = sum_u w_u x_u - sum_u w_u zp_u`, the second sum
-            // subtracted once per 8 lanes instead of a zero point per element and row.
-            let zsum = _mm256_set1_ps((0..4).map(|u| wu[u] * heads_v[u].1 as f32).sum::<f32>());
+            let zsum = _mm256_set1_ps(zsum);
             // SAFETY: `h < heads`, `g < heads / group`: accumulator h and head vector g of
             // every row are `d` elements inside `acc` and the rows (checked above).
             let (ap, vp) = unsafe {
@@ -347,11 +392,7 @@ pub(crate) mod avx2 {
                 }
                 j += 8;
             }
-            for j in d8..d {
-                for u in 0..4 {
-                    acc[h * d + j] += pw[u] * heads_v[u].0 * v[u].x[g * d + j].widen(heads_v[u].1);
-                }
-            }
+            super::axpy_tail(acc, h, g, d, d8, wu, &v);
         }
     }
 
@@ -415,6 +456,139 @@ pub(crate) mod avx2 {
             }
             let dot = dot - i64::from(zp) * i64::from(q.sum[h]);
             s[h * lds] = sc * q.scale[h] * dot as f32;
+        }
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon {
+    use super::{check, KvRow, Lane, LaneKind};
+    use core::arch::aarch64::*;
+
+    /// 8 elements at `p` as two f32 vectors (int8 values as they are: the caller applies the
+    /// zero point). f16 is not read here.
+    ///
+    /// # Safety
+    /// NEON; `p` readable for 8 elements.
+    #[inline]
+    #[target_feature(enable = "neon")]
+    unsafe fn load8<E: Lane>(p: *const E) -> [float32x4_t; 2] {
+        match E::KIND {
+            LaneKind::F32 => {
+                let p = p.cast::<f32>();
+                // SAFETY: 8 f32 at `p` are readable (caller).
+                unsafe { [vld1q_f32(p), vld1q_f32(p.add(4))] }
+            }
+            LaneKind::Bf16 => {
+                // SAFETY: 8 bf16 (16 bytes) at `p` are readable (caller).
+                let h = unsafe { vld1q_u16(p.cast()) };
+                [
+                    vreinterpretq_f32_u32(vshll_n_u16::<16>(vget_low_u16(h))),
+                    vreinterpretq_f32_u32(vshll_high_n_u16::<16>(h)),
+                ]
+            }
+            LaneKind::I8 => {
+                // SAFETY: 8 int8 (8 bytes) at `p` are readable (caller).
+                let q = vmovl_s8(unsafe { vld1_s8(p.cast()) });
+                [
+                    vcvtq_f32_s32(vmovl_s16(vget_low_s16(q))),
+                    vcvtq_f32_s32(vmovl_high_s16(q)),
+                ]
+            }
+            LaneKind::F16 => unreachable!("no NEON f16 row kernel"),
+        }
+    }
+
+    /// NEON version of [`super::scores_row`] for f32 and bf16.
+    ///
+    /// # Safety
+    /// None beyond NEON being present.
+    #[target_feature(enable = "neon")]
+    pub(crate) unsafe fn scores_row<E: Lane>(
+        q: &[f32],
+        d: usize,
+        group: usize,
+        k: KvRow<'_, E>,
+        s: &mut [f32],
+        lds: usize,
+    ) {
+        assert!(E::KIND == LaneKind::F32 || E::KIND == LaneKind::Bf16);
+        let heads = check(q.len(), d, group, &[k], s.len(), lds, 1);
+        let d8 = d / 8 * 8;
+        for h in 0..heads {
+            let g = h / group;
+            let (sc, zp) = k.head(g);
+            // SAFETY: `h < heads`, `g < heads / group`: query row h and head vector g are
+            // `d` elements inside `q` and `k.x` (checked above).
+            let (qp, kp) = unsafe { (q.as_ptr().add(h * d), k.x.as_ptr().add(g * d)) };
+            let mut acc = [vdupq_n_f32(0.0); 2];
+            let mut j = 0;
+            while j < d8 {
+                // SAFETY: `j + 8 <= d8 <= d`: inside both head vectors.
+                unsafe {
+                    let kv = load8(kp.add(j));
+                    acc[0] = vfmaq_f32(acc[0], vld1q_f32(qp.add(j)), kv[0]);
+                    acc[1] = vfmaq_f32(acc[1], vld1q_f32(qp.add(j + 4)), kv[1]);
+                }
+                j += 8;
+            }
+            let mut dot = vaddvq_f32(vaddq_f32(acc[0], acc[1]));
+            for j in d8..d {
+                dot += q[h * d + j] * k.x[g * d + j].widen(zp);
+            }
+            s[h * lds] = sc * dot;
+        }
+    }
+
+    /// NEON version of [`super::axpy_row`] (not for f16).
+    ///
+    /// # Safety
+    /// None beyond NEON being present.
+    #[target_feature(enable = "neon")]
+    pub(crate) unsafe fn axpy_row<E: Lane>(
+        acc: &mut [f32],
+        d: usize,
+        group: usize,
+        p: &[f32],
+        ldp: usize,
+        w: usize,
+        v: [KvRow<'_, E>; 4],
+    ) {
+        let (heads, v) = super::axpy_args(acc, d, group, p, ldp, w, v);
+        let d8 = d / 8 * 8;
+        for h in 0..heads {
+            let g = h / group;
+            let Some((wu, zsum)) = super::head_weights(p, ldp, w, &v, h, g) else {
+                continue;
+            };
+            let zsum = vdupq_n_f32(zsum);
+            // SAFETY: `h < heads`, `g < heads / group`: accumulator h and head vector g of
+            // every row are `d` elements inside `acc` and the rows (checked above).
+            let (ap, vp) = unsafe {
+                (
+                    acc.as_mut_ptr().add(h * d),
+                    v.map(|r| r.x.as_ptr().add(g * d)),
+                )
+            };
+            let mut j = 0;
+            while j < d8 {
+                // SAFETY: `j + 8 <= d8 <= d`: inside the accumulator and every head vector.
+                unsafe {
+                    let mut a = [vld1q_f32(ap.add(j)), vld1q_f32(ap.add(j + 4))];
+                    for u in 0..4 {
+                        let x = load8(vp[u].add(j));
+                        a[0] = vfmaq_n_f32(a[0], x[0], wu[u]);
+                        a[1] = vfmaq_n_f32(a[1], x[1], wu[u]);
+                    }
+                    if E::KIND == LaneKind::I8 {
+                        a = [vsubq_f32(a[0], zsum), vsubq_f32(a[1], zsum)];
+                    }
+                    vst1q_f32(ap.add(j), a[0]);
+                    vst1q_f32(ap.add(j + 4), a[1]);
+                }
+                j += 8;
+            }
+            super::axpy_tail(acc, h, g, d, d8, wu, &v);
         }
     }
 }

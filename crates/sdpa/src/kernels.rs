@@ -26,10 +26,6 @@ pub(crate) struct Kernels {
     pub softmax_row: unsafe fn(&mut [f32], usize, f32, f32) -> (f32, f32),
     /// `x *= a`.
     pub scale: unsafe fn(&mut [f32], f32),
-    /// `a . b` (equal lengths).
-    pub dot: unsafe fn(&[f32], &[f32]) -> f32,
-    /// `acc += p[0] v[0] + p[1] v[1] + p[2] v[2] + p[3] v[3]` (equal lengths).
-    pub axpy4: unsafe fn(&mut [f32], [f32; 4], [&[f32]; 4]),
     /// Packs a K tile into panels: see [`scalar::pack_k`].
     pub pack_k: unsafe fn(&[f32], usize, usize, usize, usize, &mut [f32]),
     /// Prefetches rows of a strided tensor towards L2: see [`scalar::prefetch_rows`].
@@ -78,8 +74,6 @@ impl Kernels {
                     pv_tile: avx2::pv_tile,
                     softmax_row: avx2::softmax_row,
                     scale: avx2::scale,
-                    dot: avx2::dot,
-                    axpy4: avx2::axpy4,
                     pack_k: avx2::pack_k,
                     prefetch_rows: avx2::prefetch_rows,
                     widen_bf16: convert::avx2::widen_bf16,
@@ -107,25 +101,51 @@ impl Kernels {
                     pv_tile: crate::neon::pv_tile,
                     softmax_row: crate::neon::softmax_row,
                     scale: crate::neon::scale,
-                    dot: crate::neon::dot,
-                    axpy4: crate::neon::axpy4,
                     pack_k: scalar::pack_k,
                     prefetch_rows: scalar::prefetch_rows,
                     widen_bf16: convert::neon::widen_bf16,
                     widen_f16: convert::widen_f16,
                     dequant: convert::neon::dequant,
-                    scores_f32: fused::scores_row,
-                    scores_bf16: fused::scores_row,
+                    scores_f32: fused::neon::scores_row,
+                    scores_bf16: fused::neon::scores_row,
                     scores_q16: fused::scores_row_q16,
-                    axpy_f32: fused::axpy_row,
-                    axpy_bf16: fused::axpy_row,
-                    axpy_i8: fused::axpy_row,
+                    axpy_f32: fused::neon::axpy_row,
+                    axpy_bf16: fused::neon::axpy_row,
+                    axpy_i8: fused::neon::axpy_row,
                     level,
                 };
             }
         }
         let _ = level;
         Kernels::scalar()
+    }
+
+    /// One online-softmax step of a query row over a tile: raw scores `srow` (the first `vis`
+    /// visible; none visible leaves only zeros) become `P`, and the row's running max `m`,
+    /// running sum `l` and unnormalised accumulator `acc` are rescaled to the new max.
+    #[inline]
+    pub(crate) fn softmax_update(
+        &self,
+        srow: &mut [f32],
+        vis: usize,
+        c: f32,
+        m: &mut f32,
+        l: &mut f32,
+        acc: &mut [f32],
+    ) {
+        if vis == 0 {
+            srow.fill(0.0);
+            return;
+        }
+        // SAFETY: slice-based kernel; a set is only built for a level this CPU runs.
+        let (mn, sum) = unsafe { (self.softmax_row)(srow, vis, c, *m) };
+        let alpha = (*m - mn).exp2();
+        *l = *l * alpha + sum;
+        if alpha != 1.0 {
+            // SAFETY: as above.
+            unsafe { (self.scale)(acc, alpha) };
+        }
+        *m = mn;
     }
 
     /// The portable kernel set (also used by tests to cover it on any CPU).
@@ -135,8 +155,6 @@ impl Kernels {
             pv_tile: scalar::pv_tile,
             softmax_row: scalar::softmax_row,
             scale: scalar::scale,
-            dot: scalar::dot,
-            axpy4: scalar::axpy4,
             pack_k: scalar::pack_k,
             prefetch_rows: scalar::prefetch_rows,
             widen_bf16: convert::widen_bf16,
@@ -256,15 +274,6 @@ pub(crate) mod scalar {
         }
     }
 
-    /// `a . b`; panics if the lengths differ.
-    ///
-    /// # Safety
-    /// None (safe to call).
-    pub(crate) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
-        assert_eq!(a.len(), b.len());
-        a.iter().zip(b).map(|(x, y)| x * y).sum()
-    }
-
     /// Packs rows `j < nk` of a K tile (row `j` is `k[j * stride..][..d]`) into NR-column
     /// panels `kp[(j / NR) * d * NR + x * NR + j % NR]`, with columns `nk <= j < nkp` zero.
     /// Panics if `k` or `kp` is too short, or `nkp` is not a multiple of NR.
@@ -281,7 +290,20 @@ pub(crate) mod scalar {
     ) {
         assert!(nk <= nkp && nkp.is_multiple_of(NR) && kp.len() >= nkp * d);
         assert!(nk == 0 || k.len() >= (nk - 1) * stride + d);
-        for j in 0..nkp {
+        pack_k_rows(k, stride, nk, 0..nkp, d, kp);
+    }
+
+    /// The rows `j` in `rows` of [`pack_k`] (zeros for `j >= nk`), one element at a time; the
+    /// AVX2 version packs 8x8 blocks and finishes with this.
+    pub(crate) fn pack_k_rows(
+        k: &[f32],
+        stride: usize,
+        nk: usize,
+        rows: core::ops::Range<usize>,
+        d: usize,
+        kp: &mut [f32],
+    ) {
+        for j in rows {
             let base = (j / NR) * d * NR + j % NR;
             if j < nk {
                 for (x, &val) in k[j * stride..j * stride + d].iter().enumerate() {
@@ -310,22 +332,10 @@ pub(crate) mod scalar {
         _d: usize,
     ) {
     }
-
-    /// `acc += sum_u p[u] * v[u]`; panics if a length differs from `acc`'s.
-    ///
-    /// # Safety
-    /// None (safe to call).
-    pub(crate) unsafe fn axpy4(acc: &mut [f32], p: [f32; 4], v: [&[f32]; 4]) {
-        let n = acc.len();
-        assert!(v.iter().all(|r| r.len() == n));
-        for (j, a) in acc.iter_mut().enumerate() {
-            *a += p[0] * v[0][j] + p[1] * v[1][j] + p[2] * v[2][j] + p[3] * v[3][j];
-        }
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use super::{MR, NR};
     use core::arch::x86_64::*;
 
@@ -360,12 +370,66 @@ mod avx2 {
         _mm_cvtss_f32(m)
     }
 
+    /// The sum of the 8 lanes.
     #[target_feature(enable = "avx2,fma")]
-    fn hsum(v: __m256) -> f32 {
+    pub(crate) fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
         _mm_cvtss_f32(s)
+    }
+
+    /// The 6x16 register block both micro-kernels accumulate into.
+    type Block = [[__m256; 2]; MR];
+
+    /// `c[r] += sum_{x < k} a[r * a_rs + x * a_cs] * b[x * ldb..][..NR]` for `r < MR`: the
+    /// FMA loop of both micro-kernels (inlined into each, so the strides fold to constants
+    /// where they are).
+    ///
+    /// # Safety
+    /// AVX2 and FMA; `a` readable at every offset named, `b` for rows `x < k` of NR floats.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn fma_block(
+        mut c: Block,
+        k: usize,
+        a: *const f32,
+        a_rs: usize,
+        a_cs: usize,
+        b: *const f32,
+        ldb: usize,
+    ) -> Block {
+        for x in 0..k {
+            // SAFETY: `x < k`: row `x` of `b` is readable for NR floats (caller).
+            let (b0, b1) = unsafe {
+                let br = b.add(x * ldb);
+                (_mm256_loadu_ps(br), _mm256_loadu_ps(br.add(8)))
+            };
+            for (r, cr) in c.iter_mut().enumerate() {
+                // SAFETY: `r < MR`, `x < k`: readable (caller).
+                let ar = _mm256_set1_ps(unsafe { *a.add(r * a_rs + x * a_cs) });
+                cr[0] = _mm256_fmadd_ps(ar, b0, cr[0]);
+                cr[1] = _mm256_fmadd_ps(ar, b1, cr[1]);
+            }
+        }
+        c
+    }
+
+    /// Stores the block into rows `r < MR` of NR floats at `o + r * ldo`.
+    ///
+    /// # Safety
+    /// AVX2; those rows are writable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn store_block(c: &Block, o: *mut f32, ldo: usize) {
+        for (r, cr) in c.iter().enumerate() {
+            // SAFETY: row `r < MR` of `o` is writable for NR = 16 floats (caller).
+            unsafe {
+                let or = o.add(r * ldo);
+                _mm256_storeu_ps(or, cr[0]);
+                _mm256_storeu_ps(or.add(8), cr[1]);
+            }
+        }
     }
 
     /// AVX2 version of [`super::scalar::qk_tile`].
@@ -374,27 +438,11 @@ mod avx2 {
     /// The CPU supports AVX2 and FMA, and the contract of [`super::scalar::qk_tile`] holds.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn qk_tile(a: *const f32, d: usize, b: *const f32, s: *mut f32, lds: usize) {
-        let mut c = [[_mm256_setzero_ps(); 2]; MR];
-        for x in 0..d {
-            // SAFETY: `x < d`: the panel row `b[x * NR..][..NR]` is readable (caller).
-            let (b0, b1) = unsafe {
-                let br = b.add(x * NR);
-                (_mm256_loadu_ps(br), _mm256_loadu_ps(br.add(8)))
-            };
-            for (r, cr) in c.iter_mut().enumerate() {
-                // SAFETY: `x < d`, `r < MR`: `a[x * MR + r]` is readable (caller).
-                let ar = _mm256_set1_ps(unsafe { *a.add(x * MR + r) });
-                cr[0] = _mm256_fmadd_ps(ar, b0, cr[0]);
-                cr[1] = _mm256_fmadd_ps(ar, b1, cr[1]);
-            }
-        }
-        for (r, cr) in c.iter().enumerate() {
-            // SAFETY: row `r < MR` of `s` is writable for NR = 16 floats (caller).
-            unsafe {
-                let sr = s.add(r * lds);
-                _mm256_storeu_ps(sr, cr[0]);
-                _mm256_storeu_ps(sr.add(8), cr[1]);
-            }
+        // SAFETY: the packed strip holds `a[x * MR + r]`, the panel rows `b[x * NR..][..NR]`
+        // for `x < d`, and `s` has MR writable rows (caller).
+        unsafe {
+            let c = fma_block([[_mm256_setzero_ps(); 2]; MR], d, a, 1, MR, b, NR);
+            store_block(&c, s, lds);
         }
     }
 
@@ -412,35 +460,18 @@ mod avx2 {
         o: *mut f32,
         ldo: usize,
     ) {
-        let mut c = [[_mm256_setzero_ps(); 2]; MR];
-        for (r, cr) in c.iter_mut().enumerate() {
+        let c: Block = core::array::from_fn(|r| {
             // SAFETY: row `r < MR` of `o` is readable for 16 floats (caller).
             unsafe {
                 let or = o.add(r * ldo);
-                cr[0] = _mm256_loadu_ps(or);
-                cr[1] = _mm256_loadu_ps(or.add(8));
+                [_mm256_loadu_ps(or), _mm256_loadu_ps(or.add(8))]
             }
-        }
-        for t in 0..nk {
-            // SAFETY: `t < nk`: row `t` of `v` is readable for 16 floats (caller).
-            let (b0, b1) = unsafe {
-                let vr = v.add(t * ldv);
-                (_mm256_loadu_ps(vr), _mm256_loadu_ps(vr.add(8)))
-            };
-            for (r, cr) in c.iter_mut().enumerate() {
-                // SAFETY: `r < MR`, `t < nk`: `p[r * ldp + t]` is readable (caller).
-                let ar = _mm256_set1_ps(unsafe { *p.add(r * ldp + t) });
-                cr[0] = _mm256_fmadd_ps(ar, b0, cr[0]);
-                cr[1] = _mm256_fmadd_ps(ar, b1, cr[1]);
-            }
-        }
-        for (r, cr) in c.iter().enumerate() {
-            // SAFETY: row `r < MR` of `o` is writable for 16 floats (caller).
-            unsafe {
-                let or = o.add(r * ldo);
-                _mm256_storeu_ps(or, cr[0]);
-                _mm256_storeu_ps(or.add(8), cr[1]);
-            }
+        });
+        // SAFETY: `p[r * ldp + t]` for `r < MR`, `t < nk`, the V rows `v[t * ldv..][..NR]`
+        // and MR rows of `o` are valid (caller).
+        unsafe {
+            let c = fma_block(c, nk, p, ldp, 1, v, ldv);
+            store_block(&c, o, ldo);
         }
     }
 
@@ -524,49 +555,6 @@ mod avx2 {
         }
     }
 
-    /// AVX2 version of [`super::scalar::dot`].
-    ///
-    /// # Safety
-    /// The CPU supports AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
-        assert_eq!(a.len(), b.len());
-        let n = a.len();
-        let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut i = 0;
-        while i + 32 <= n {
-            for (u, au) in acc.iter_mut().enumerate() {
-                // SAFETY: `i + 8u + 8 <= i + 32 <= n`: in bounds of both slices.
-                unsafe {
-                    *au = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(pa.add(i + 8 * u)),
-                        _mm256_loadu_ps(pb.add(i + 8 * u)),
-                        *au,
-                    );
-                }
-            }
-            i += 32;
-        }
-        while i + 8 <= n {
-            // SAFETY: `i + 8 <= n`: in bounds of both slices.
-            unsafe {
-                acc[0] = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(pa.add(i)),
-                    _mm256_loadu_ps(pb.add(i)),
-                    acc[0],
-                );
-            }
-            i += 8;
-        }
-        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        let mut s = hsum(v);
-        for j in i..n {
-            s += a[j] * b[j];
-        }
-        s
-    }
-
     /// Transposes the 8x8 block whose rows are `r`.
     #[target_feature(enable = "avx2,fma")]
     fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
@@ -639,18 +627,7 @@ mod avx2 {
             }
             j += 8;
         }
-        for j in j..nkp {
-            let base = (j / NR) * d * NR + j % NR;
-            if j < nk {
-                for (x, &val) in k[j * stride..j * stride + d].iter().enumerate() {
-                    kp[base + x * NR] = val;
-                }
-            } else {
-                for x in 0..d {
-                    kp[base + x * NR] = 0.0;
-                }
-            }
-        }
+        super::scalar::pack_k_rows(k, stride, nk, j..nkp, d, kp);
     }
 
     /// AVX2-build version of [`super::scalar::prefetch_rows`] (all counts in bytes):
@@ -681,34 +658,6 @@ mod avx2 {
                 unsafe { _mm_prefetch::<_MM_HINT_T1>(base.add(row + x).cast::<i8>()) };
                 x += 64;
             }
-        }
-    }
-
-    /// AVX2 version of [`super::scalar::axpy4`].
-    ///
-    /// # Safety
-    /// The CPU supports AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn axpy4(acc: &mut [f32], p: [f32; 4], v: [&[f32]; 4]) {
-        let n = acc.len();
-        assert!(v.iter().all(|r| r.len() == n));
-        let pv = p.map(|x| _mm256_set1_ps(x));
-        let pa = acc.as_mut_ptr();
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: `i + 8 <= n` and every row has length `n`: all accesses in bounds.
-            unsafe {
-                let mut a = _mm256_loadu_ps(pa.add(i));
-                a = _mm256_fmadd_ps(pv[0], _mm256_loadu_ps(v[0].as_ptr().add(i)), a);
-                a = _mm256_fmadd_ps(pv[1], _mm256_loadu_ps(v[1].as_ptr().add(i)), a);
-                a = _mm256_fmadd_ps(pv[2], _mm256_loadu_ps(v[2].as_ptr().add(i)), a);
-                a = _mm256_fmadd_ps(pv[3], _mm256_loadu_ps(v[3].as_ptr().add(i)), a);
-                _mm256_storeu_ps(pa.add(i), a);
-            }
-            i += 8;
-        }
-        for j in i..n {
-            acc[j] += p[0] * v[0][j] + p[1] * v[1][j] + p[2] * v[2][j] + p[3] * v[3][j];
         }
     }
 }
@@ -958,19 +907,10 @@ mod tests {
             }
             close(&o1, &o2, 1e-5);
 
-            let x = data(d, 8);
-            let y = data(d, 9);
+            let mut a1 = data(d, 10);
+            let mut a2 = a1.clone();
             // SAFETY: slice-based kernels on a CPU `detect` chose them for.
-            let (d1, d2) = unsafe { ((f.dot)(&x, &y), (s.dot)(&x, &y)) };
-            close(&[d1], &[d2], 1e-5);
-
-            let (mut a1, mut a2) = (data(d, 10), data(d, 10));
-            let rows = [data(d, 11), data(d, 12), data(d, 13), data(d, 14)];
-            let vr = [&rows[0][..], &rows[1][..], &rows[2][..], &rows[3][..]];
-            // SAFETY: as above.
             unsafe {
-                (f.axpy4)(&mut a1, [0.5, -1.0, 2.0, 0.25], vr);
-                (s.axpy4)(&mut a2, [0.5, -1.0, 2.0, 0.25], vr);
                 (f.scale)(&mut a1, 0.7);
                 (s.scale)(&mut a2, 0.7);
             }

@@ -7,7 +7,7 @@
 use rayon::prelude::*;
 
 use crate::elem::Element;
-use crate::fused::Q16;
+use crate::fused::{KvRow, Q16};
 use crate::plan::{Path, Plan, RowsLayout, V_GROUP};
 use crate::source::as_f32;
 use crate::sync::{Scratch, SharedOut};
@@ -127,12 +127,6 @@ fn merge<T: Element>(
     }
 }
 
-/// The query rows (`i * heads + h` for each query `i`) whose head `h` uses KV head `kvh`.
-#[inline]
-fn group_rows(q_len: usize, heads: usize, group: usize, kvh: usize) -> impl Iterator<Item = usize> {
-    (0..q_len).flat_map(move |i| (0..group).map(move |g| i * heads + kvh * group + g))
-}
-
 /// Processes positions `c0..c1` of sequence `b` into the partial state `part`, with the
 /// score tile in the worker slice `s`.
 #[allow(clippy::too_many_arguments)]
@@ -207,14 +201,16 @@ fn chunk<T: Element>(
                 continue;
             }
             // f16: each head vector converted into `kbuf` (D floats, so it stays in L1 while
-            // the query heads of its group use it).
+            // the query heads of its group use it), then scored by the f32 row kernel.
             let off = kv_off(t);
             for kvh in 0..sh.kv_heads {
-                let kh = a.k.load(kern, d, off + kvh * d, d, kbuf);
-                for r in group_rows(sh.q_len, heads, group, kvh) {
-                    let qr = &qb[r * d..(r + 1) * d];
-                    // SAFETY: slice-based kernel (equal lengths d); kernel set from `detect`.
-                    s[r * tile + u] = unsafe { (kern.dot)(qr, kh) };
+                let kh = KvRow::dense(a.k.load(kern, d, off + kvh * d, d, kbuf));
+                for i in 0..sh.q_len {
+                    let r0 = i * heads + kvh * group; // the group's first query row
+                    let qg = &qb[r0 * d..(r0 + group) * d];
+                    let sg = &mut s[r0 * tile + u..];
+                    // SAFETY: slice-based kernel (checks its lengths); kernel set from `detect`.
+                    unsafe { (kern.scores_f32)(qg, d, group, kh, sg, tile) };
                 }
             }
         }
@@ -222,19 +218,8 @@ fn chunk<T: Element>(
         for r in 0..nq {
             let srow = &mut s[r * tile..r * tile + nb];
             let vis = a.visible(r / heads, t0, nb);
-            if vis == 0 {
-                srow.fill(0.0);
-                continue;
-            }
-            // SAFETY: slice-based kernel; kernel set from `detect`.
-            let (mn, sum) = unsafe { (kern.softmax_row)(srow, vis, a.c, m[r]) };
-            let alpha = (m[r] - mn).exp2();
-            l[r] = l[r] * alpha + sum;
-            if alpha != 1.0 {
-                // SAFETY: slice-based kernel; kernel set from `detect`.
-                unsafe { (kern.scale)(&mut acc[r * d..(r + 1) * d], alpha) };
-            }
-            m[r] = mn;
+            let acc_r = &mut acc[r * d..(r + 1) * d];
+            kern.softmax_update(srow, vis, a.c, &mut m[r], &mut l[r], acc_r);
         }
         // acc += P . V, V_GROUP position rows at a time (each read contiguously).
         let mut u = 0;
@@ -255,17 +240,15 @@ fn chunk<T: Element>(
                 let offs: [usize; V_GROUP] =
                     core::array::from_fn(|j| kv_off(t0 + u + j.min(w - 1)) + kvh * d);
                 let mut vbufs = vbuf.chunks_mut(d);
-                let vs: [&[f32]; V_GROUP] = core::array::from_fn(|j| {
-                    a.v.load(kern, d, offs[j], d, vbufs.next().unwrap_or_default())
+                let vs: [KvRow<'_, f32>; V_GROUP] = core::array::from_fn(|j| {
+                    KvRow::dense(a.v.load(kern, d, offs[j], d, vbufs.next().unwrap_or_default()))
                 });
-                for r in group_rows(sh.q_len, heads, group, kvh) {
-                    let p: [f32; V_GROUP] =
-                        core::array::from_fn(|j| if j < w { s[r * tile + u + j] } else { 0.0 });
-                    if p == [0.0; V_GROUP] {
-                        continue;
-                    }
-                    // SAFETY: slice-based kernel (equal lengths d); kernel set from `detect`.
-                    unsafe { (kern.axpy4)(&mut acc[r * d..(r + 1) * d], p, vs) };
+                for i in 0..sh.q_len {
+                    let r0 = i * heads + kvh * group;
+                    let acc_g = &mut acc[r0 * d..(r0 + group) * d];
+                    let p = &s[r0 * tile + u..];
+                    // SAFETY: slice-based kernel (checks its lengths); kernel set from `detect`.
+                    unsafe { (kern.axpy_f32)(acc_g, d, group, p, tile, w, vs) };
                 }
             }
             u += w;
