@@ -732,15 +732,20 @@ mod tests {
     }
 
     /// The decode row kernels of `f` (f32, bf16, int8 rows) agree with the scalar ones, and the
-    /// scalar ones with an f64 sum, to 1e-5 relative to the sum of magnitudes: head dims
-    /// 1..40 (every vector tail) and 128, MHA and groups of 2 and 4, every `w`, zero weights.
+    /// scalar ones with an f64 sum, to 1e-5 relative to the sum of magnitudes (plus, for the
+    /// integer int8 scores, the query's i16 rounding): head dims 1..40 (every vector tail) and
+    /// 128, MHA and groups of 2 and 4; 6 and 7 heads (a remainder after the four-head blocks);
+    /// head dims 300 and 520 (several 256-lane integer blocks); every `w`, zero weights.
     fn fused_match_scalar(f: Kernels) {
         use crate::fused::{KvRow, Q16};
         let s = Kernels::scalar();
-        for (d, heads, group) in (1..40)
-            .map(|d| (d, 4, 1 + d % 3 * (d % 3)))
-            .chain([(128, 8, 1), (128, 8, 4)])
-        {
+        for (d, heads, group) in (1..40).map(|d| (d, 4, 1 + d % 3 * (d % 3))).chain([
+            (128, 8, 1),
+            (128, 8, 4),
+            (24, 6, 3),
+            (300, 7, 7),
+            (520, 2, 1),
+        ]) {
             let group = if heads % group == 0 { group } else { 1 };
             let kvh = heads / group;
             let n = kvh * d;
