@@ -257,6 +257,8 @@ fn axpy_tail<E: Lane>(
 
 /// Signature of [`scores_row`] and its SIMD versions.
 pub(crate) type ScoresRow<E> = unsafe fn(&[f32], usize, usize, KvRow<'_, E>, &mut [f32], usize);
+/// Signature of [`quantize_q16`] and its SIMD versions.
+pub(crate) type QuantizeQ16 = unsafe fn(&[f32], usize, &mut [i16], &mut [f32], &mut [i32]);
 /// Signature of [`scores_row_q16`] and its SIMD versions.
 pub(crate) type ScoresQ16 = unsafe fn(Q16<'_>, usize, usize, KvRow<'_, i8>, &mut [f32], usize);
 /// Signature of [`axpy_row`] and its SIMD versions.
@@ -393,6 +395,77 @@ pub(crate) mod avx2 {
                 j += 8;
             }
             super::axpy_tail(acc, h, g, d, d8, wu, &v);
+        }
+    }
+
+    /// AVX2 version of [`super::quantize_q16`], with the same results (`vcvtps2dq` rounds half
+    /// to even, as `round_i16` does).
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn quantize_q16(
+        q: &[f32],
+        d: usize,
+        q16: &mut [i16],
+        scale: &mut [f32],
+        sum: &mut [i32],
+    ) {
+        let heads = super::q16_check(q, d, q16, scale, sum);
+        let (d8, d16) = (d / 8 * 8, d / 16 * 16);
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        let ones = _mm256_set1_epi16(1);
+        for h in 0..heads {
+            let qh = &q[h * d..(h + 1) * d];
+            let (mut mv, mut nanv) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for j in (0..d8).step_by(8) {
+                // SAFETY: `j + 8 <= d8 <= d`: inside the head.
+                let x = unsafe { _mm256_loadu_ps(qh.as_ptr().add(j)) };
+                mv = _mm256_max_ps(mv, _mm256_and_ps(x, abs));
+                nanv = _mm256_or_ps(nanv, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+            }
+            let mut mx = crate::kernels::avx2::hmax(mv);
+            let mut nan = _mm256_movemask_ps(nanv) != 0;
+            for &x in &qh[d8..] {
+                mx = mx.max(x.abs());
+                nan |= x.is_nan();
+            }
+            let (sc, inv) = super::q16_scale(mx, nan);
+            let out = &mut q16[h * d..(h + 1) * d];
+            if sc.is_nan() {
+                // As the scalar version (NaN * 0 rounds to 0), not vcvtps2dq's 0x80000000.
+                out.fill(0);
+                (scale[h], sum[h]) = (sc, 0);
+                continue;
+            }
+            let iv = _mm256_set1_ps(inv);
+            let mut sv = _mm256_setzero_si256();
+            for j in (0..d16).step_by(16) {
+                // SAFETY: `j + 16 <= d16 <= d`: inside the head and its i16 row.
+                unsafe {
+                    let a =
+                        _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(qh.as_ptr().add(j)), iv));
+                    let b = _mm256_cvtps_epi32(_mm256_mul_ps(
+                        _mm256_loadu_ps(qh.as_ptr().add(j + 8)),
+                        iv,
+                    ));
+                    // packs interleaves the 128-bit halves: a0-3 b0-3 a4-7 b4-7.
+                    let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(a, b));
+                    _mm256_storeu_si256(out.as_mut_ptr().add(j).cast(), p);
+                    sv = _mm256_add_epi32(sv, _mm256_madd_epi16(p, ones));
+                }
+            }
+            let z = _mm256_setzero_si256();
+            let mut sums = [0i32; 4];
+            // SAFETY: `sums` is 16 writable bytes.
+            unsafe { _mm_storeu_si128(sums.as_mut_ptr().cast(), hsum4_epi32([sv, z, z, z])) };
+            let mut total = sums[0];
+            for j in d16..d {
+                out[j] = super::round_i16(qh[j] * inv);
+                total += i32::from(out[j]);
+            }
+            scale[h] = sc;
+            sum[h] = total;
         }
     }
 
@@ -669,46 +742,63 @@ pub(crate) struct Q16<'a> {
 }
 
 /// Quantizes the query heads `q` (`heads * d` floats) symmetrically to i16, per head:
-/// `scale[h] = max_j |q[h d + j]| / 32767`, `q16 = round(q / scale)`. A head of zeros (or a
-/// non-finite one: its scale is then non-finite and so are its scores, as in f32) gets scale 0
-/// or NaN.
-pub(crate) fn quantize_q16(
+/// `scale[h] = max_j |q[h d + j]| / 32767`, `q16 = round(q * (1 / scale))` (half to even).
+/// A head of zeros gets scale 0; a head with a NaN or an infinity gets scale NaN (so its
+/// scores are NaN, as in f32). Panics if a length does not fit.
+///
+/// # Safety
+/// None (safe to call).
+pub(crate) unsafe fn quantize_q16(
     q: &[f32],
     d: usize,
     q16: &mut [i16],
     scale: &mut [f32],
     sum: &mut [i32],
 ) {
-    for (h, qh) in q.chunks_exact(d).enumerate() {
+    let heads = q16_check(q, d, q16, scale, sum);
+    for h in 0..heads {
+        let qh = &q[h * d..(h + 1) * d];
         let mx = qh.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let sc = mx / 32767.0;
-        let inv = if sc > 0.0 { 1.0 / sc } else { 0.0 };
+        let (sc, inv) = q16_scale(mx, qh.iter().any(|x| x.is_nan()));
         let mut s = 0i32;
         for (o, &x) in q16[h * d..(h + 1) * d].iter_mut().zip(qh) {
             *o = round_i16(x * inv);
             s += i32::from(*o);
         }
-        scale[h] = if mx.is_finite() { sc } else { f32::NAN };
+        scale[h] = sc;
         sum[h] = s;
     }
 }
 
-/// `y` rounded half away from zero (as `f32::round`, which is a libm call on baseline x86-64:
-/// ~30% of a short int8 decode in a profile), clamped to +-32767; NaN gives 0. The fraction
-/// `y - trunc(y)` is exact in f32, so the rounding is exact.
+/// Checks the lengths of [`quantize_q16`]'s arguments; returns the number of heads.
+fn q16_check(q: &[f32], d: usize, q16: &[i16], scale: &[f32], sum: &[i32]) -> usize {
+    assert!(d > 0 && q.len().is_multiple_of(d), "query rows");
+    let heads = q.len() / d;
+    assert!(
+        q16.len() >= q.len() && scale.len() >= heads && sum.len() >= heads,
+        "outputs"
+    );
+    heads
+}
+
+/// A head's i16 scale and its inverse, from its largest magnitude and whether it holds a NaN.
+fn q16_scale(mx: f32, nan: bool) -> (f32, f32) {
+    if nan || !mx.is_finite() {
+        return (f32::NAN, 0.0);
+    }
+    let sc = mx / 32767.0;
+    (sc, if sc > 0.0 { 1.0 / sc } else { 0.0 })
+}
+
+/// `y` rounded half to even (as `_mm256_cvtps_epi32` does, so the SIMD versions agree
+/// bit for bit), clamped to +-32767; NaN gives 0. Adding and subtracting 1.5 * 2^23 rounds
+/// exactly for `|y| < 2^22` (`f32::round*` are libm calls on baseline x86-64: `round` was
+/// ~30% of a short int8 decode in a profile).
 #[inline]
 fn round_i16(y: f32) -> i16 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
     let y = y.clamp(-32767.0, 32767.0);
-    let t = y as i32; // truncation; NaN gives 0
-    let f = y - t as f32;
-    let r = if f >= 0.5 {
-        t + 1
-    } else if f <= -0.5 {
-        t - 1
-    } else {
-        t
-    };
-    r as i16
+    ((y + MAGIC) - MAGIC) as i16 // NaN as i16 is 0
 }
 
 /// Integer version of [`scores_row`] for an int8 K row and i16 query heads:
@@ -744,7 +834,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn round_i16_is_round_clamped() {
+    fn round_i16_is_round_ties_even_clamped() {
         let mut x = 0x1234_5678u32;
         let mut vals = vec![
             0.5,
@@ -764,11 +854,8 @@ mod tests {
             vals.push((x as i32) as f32 / 65536.0);
         }
         for y in vals {
-            assert_eq!(
-                round_i16(y),
-                y.round().clamp(-32767.0, 32767.0) as i16,
-                "{y}"
-            );
+            let want = y.round_ties_even().clamp(-32767.0, 32767.0) as i16;
+            assert_eq!(round_i16(y), want, "{y}");
         }
         assert_eq!(round_i16(f32::NAN), 0);
     }

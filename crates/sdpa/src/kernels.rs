@@ -9,7 +9,7 @@
 
 use crate::convert;
 use crate::elem::{Bf16, F16};
-use crate::fused::{self, AxpyRow, ScoresQ16, ScoresRow};
+use crate::fused::{self, AxpyRow, QuantizeQ16, ScoresQ16, ScoresRow};
 use crate::plan::{MR, NR};
 use crate::simd::{simd_level, SimdLevel};
 
@@ -43,6 +43,8 @@ pub(crate) struct Kernels {
     /// The same on an int8 K row, with the query quantized to i16 (an integer dot product):
     /// see [`fused::scores_row_q16`].
     pub scores_q16: ScoresQ16,
+    /// Quantizes query rows to i16 for `scores_q16`: see [`fused::quantize_q16`].
+    pub quantize_q16: QuantizeQ16,
     /// Decode's `acc += P . V` over f32 V position rows: see [`fused::axpy_row`].
     pub axpy_f32: AxpyRow<f32>,
     /// The same on bf16 V rows.
@@ -86,6 +88,7 @@ impl Kernels {
                     scores_f32: fused::avx2::scores_row,
                     scores_bf16: fused::avx2::scores_row,
                     scores_q16: fused::avx2::scores_row_q16,
+                    quantize_q16: fused::avx2::quantize_q16,
                     axpy_f32: fused::avx2::axpy_row,
                     axpy_bf16: fused::avx2::axpy_row,
                     axpy_i8: fused::avx2::axpy_row,
@@ -109,6 +112,7 @@ impl Kernels {
                     scores_f32: fused::neon::scores_row,
                     scores_bf16: fused::neon::scores_row,
                     scores_q16: fused::scores_row_q16,
+                    quantize_q16: fused::quantize_q16,
                     axpy_f32: fused::neon::axpy_row,
                     axpy_bf16: fused::neon::axpy_row,
                     axpy_i8: fused::neon::axpy_row,
@@ -163,6 +167,7 @@ impl Kernels {
             scores_f32: fused::scores_row,
             scores_bf16: fused::scores_row,
             scores_q16: fused::scores_row_q16,
+            quantize_q16: fused::quantize_q16,
             axpy_f32: fused::axpy_row,
             axpy_bf16: fused::axpy_row,
             axpy_i8: fused::axpy_row,
@@ -362,8 +367,9 @@ pub(crate) mod avx2 {
         _mm256_mul_ps(p, _mm256_castsi256_ps(e))
     }
 
+    /// The largest of the 8 lanes.
     #[target_feature(enable = "avx2,fma")]
-    fn hmax(v: __m256) -> f32 {
+    pub(crate) fn hmax(v: __m256) -> f32 {
         let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
@@ -739,6 +745,38 @@ mod tests {
     fn fused_match_scalar(f: Kernels) {
         use crate::fused::{KvRow, Q16};
         let s = Kernels::scalar();
+        // quantize_q16: bit-identical to the scalar version, on heads of zeros, with a NaN,
+        // with an infinity, and of every length 1..40 (every vector tail).
+        for d in 1..40 {
+            let mut q = data(5 * d, 60 + d as u32);
+            q[d..2 * d].fill(0.0);
+            q[2 * d + d / 2] = f32::NAN;
+            q[3 * d] = f32::NEG_INFINITY;
+            let run = |k: &Kernels| {
+                let (mut a, mut b, mut c) = (vec![7i16; 5 * d], vec![7f32; 5], vec![7i32; 5]);
+                // SAFETY: slice-based kernel on a CPU that runs its level.
+                unsafe { (k.quantize_q16)(&q, d, &mut a, &mut b, &mut c) };
+                (a, b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), c)
+            };
+            let (a, b) = (run(&f), run(&s));
+            assert_eq!(a, b, "quantize_q16 d {d}");
+            assert_eq!(b.1[1], 0, "zero head: scale 0");
+            assert!(f32::from_bits(b.1[2]).is_nan() && f32::from_bits(b.1[3]).is_nan());
+            for h in [0, 4] {
+                let sc = f32::from_bits(b.1[h]);
+                for j in 0..d {
+                    let x = q[h * d + j];
+                    assert!(
+                        (f32::from(b.0[h * d + j]) * sc - x).abs() <= sc * 0.5001,
+                        "{x}"
+                    );
+                }
+                assert_eq!(
+                    b.2[h],
+                    b.0[h * d..(h + 1) * d].iter().map(|&x| i32::from(x)).sum()
+                );
+            }
+        }
         for (d, heads, group) in (1..40).map(|d| (d, 4, 1 + d % 3 * (d % 3))).chain([
             (128, 8, 1),
             (128, 8, 4),
@@ -790,7 +828,8 @@ mod tests {
             };
             let (mut q16, mut q16_scale, mut q16_sum) =
                 (vec![0i16; heads * d], vec![0f32; heads], vec![0i32; heads]);
-            fused::quantize_q16(&q, d, &mut q16, &mut q16_scale, &mut q16_sum);
+            // SAFETY: slice-based kernel on a CPU that runs `f`'s level.
+            unsafe { (f.quantize_q16)(&q, d, &mut q16, &mut q16_scale, &mut q16_sum) };
             let lds = 3;
             for kind in 0..3 {
                 let (mut s1, mut s2) = (vec![f32::NAN; heads * lds], vec![f32::NAN; heads * lds]);

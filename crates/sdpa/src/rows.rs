@@ -169,13 +169,8 @@ fn chunk<T: Element>(
                         // The int8 cache: Q rows quantized to i16 once per chunk (empty regions otherwise).
     let (q16, q16_scale, q16_sum) = (as_i16(q16), &mut q16_scale[..], as_i32(q16_sum));
     if lay.q16_scale > lay.q16 {
-        crate::fused::quantize_q16(
-            qb,
-            d,
-            &mut q16[..nq * d],
-            &mut q16_scale[..nq],
-            &mut q16_sum[..nq],
-        );
+        // SAFETY: slice-based kernel (checks its lengths); kernel set from `detect`.
+        unsafe { (kern.quantize_q16)(qb, d, q16, q16_scale, q16_sum) };
     }
     let mut t0 = c0;
     while t0 < c1 {
