@@ -565,11 +565,44 @@ pub(crate) mod avx2 {
                         )
                     }
                 });
-                let mut sums = [0i32; 4];
-                // SAFETY: `sums` is 16 writable bytes.
-                unsafe { _mm_storeu_si128(sums.as_mut_ptr().cast(), hsum4_epi32(acc)) };
-                for u in 0..4 {
-                    finish(s, h + u, gs[u], i64::from(sums[u]));
+                let sums = hsum4_epi32(acc);
+                if d16 == d && !k.scales.is_empty() {
+                    // No tail: the four scores at once, `(sum - zp * qsum) * kscale * qscale`
+                    // in f64 (exact up to the last product, as the i64 path).
+                    let (ks, zs): ([f32; 4], [i32; 4]) = if group == 1 {
+                        let zp = &k.zps[h..h + 4];
+                        (
+                            k.scales[h..h + 4].try_into().unwrap_or_default(),
+                            core::array::from_fn(|u| i32::from(zp[u])),
+                        )
+                    } else {
+                        (gs.map(|g| k.scales[g]), gs.map(|g| i32::from(k.zps[g])))
+                    };
+                    let (qs, qsum) = (&q.scale[h..h + 4], &q.sum[h..h + 4]);
+                    // SAFETY: `ks`, `zs`, `qs` and `qsum` are 4 elements (16 bytes) each.
+                    let (ks, zs, qs, qsum) = unsafe {
+                        (
+                            _mm256_cvtps_pd(_mm_loadu_ps(ks.as_ptr())),
+                            _mm256_cvtepi32_pd(_mm_loadu_si128(zs.as_ptr().cast())),
+                            _mm256_cvtps_pd(_mm_loadu_ps(qs.as_ptr())),
+                            _mm256_cvtepi32_pd(_mm_loadu_si128(qsum.as_ptr().cast())),
+                        )
+                    };
+                    let dot = _mm256_sub_pd(_mm256_cvtepi32_pd(sums), _mm256_mul_pd(zs, qsum));
+                    let r = _mm256_cvtpd_ps(_mm256_mul_pd(dot, _mm256_mul_pd(ks, qs)));
+                    let mut out = [0f32; 4];
+                    // SAFETY: `out` is 16 writable bytes.
+                    unsafe { _mm_storeu_ps(out.as_mut_ptr(), r) };
+                    for (u, x) in out.into_iter().enumerate() {
+                        s[(h + u) * lds] = x;
+                    }
+                } else {
+                    let mut sums4 = [0i32; 4];
+                    // SAFETY: `sums4` is 16 writable bytes.
+                    unsafe { _mm_storeu_si128(sums4.as_mut_ptr().cast(), sums) };
+                    for u in 0..4 {
+                        finish(s, h + u, gs[u], i64::from(sums4[u]));
+                    }
                 }
                 h += 4;
             }
