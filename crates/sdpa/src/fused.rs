@@ -9,9 +9,12 @@
 //! row against one position row (scores), or every head's accumulator against four position
 //! rows (`acc += P . V`).
 //!
-//! int8 values enter as `(q - zero_point)` converted to f32 (exact), so the only roundings are
-//! those of the f32 dot/axpy on the dequantized values up to the scale, which is applied once
-//! per head (`scale * dot`, `p * scale` as the axpy weight).
+//! int8 K is scored in integers ([`scores_row_q16`]): the query rows are quantized to i16 per
+//! head ([`quantize_q16`]) and each dot product with `(k - zero_point)` is an exact integer sum,
+//! so the query's rounding is the only error added (the scales are applied once per head).
+//! int8 V enters the f32 axpy as its values, the weights `p * scale` per head and row; the
+//! scalar kernel subtracts the zero point per element (exact), the SIMD ones subtract
+//! `sum_u w_u zp_u` once per lane group.
 
 use crate::elem::{Bf16, F16};
 
