@@ -260,6 +260,22 @@ fn axpy_tail<E: Lane>(
 
 /// Signature of [`scores_row`] and its SIMD versions.
 pub(crate) type ScoresRow<E> = unsafe fn(&[f32], usize, usize, KvRow<'_, E>, &mut [f32], usize);
+/// Reorders each full 16-lane block of every head (`q.len() / d` heads of `d` lanes) from
+/// `x0..x15` to `x0..x3, x8..x11, x4..x7, x12..x15`, the order in which the AVX2 bf16 scores
+/// kernel ([`avx2::scores_row_bf16_split`]) widens a 32-byte load of bf16 (`vpunpcklwd` /
+/// `vpunpckhwd` against zero: two instructions for 16 lanes instead of four). Lanes past the
+/// last full block stay in place.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn split16(q: &mut [f32], d: usize) {
+    for head in q.chunks_exact_mut(d) {
+        for b in head.chunks_exact_mut(16) {
+            let x: [f32; 16] = core::array::from_fn(|j| b[j]);
+            b[4..8].copy_from_slice(&x[8..12]);
+            b[8..12].copy_from_slice(&x[4..8]);
+        }
+    }
+}
+
 /// Signature of [`quantize_q16`] and its SIMD versions.
 pub(crate) type QuantizeQ16 = unsafe fn(&[f32], usize, &mut [i16], &mut [f32], &mut [i32]);
 /// Signature of [`scores_row_q16`] and its SIMD versions.
@@ -271,6 +287,7 @@ pub(crate) type AxpyRow<E> =
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::{check, KvRow, Lane, LaneKind};
+    use crate::elem::Bf16;
     use crate::kernels::avx2::hsum;
     use core::arch::x86_64::*;
 
@@ -348,6 +365,51 @@ pub(crate) mod avx2 {
                 dot += q[h * d + j] * k.x[g * d + j].widen(zp);
             }
             s[h * lds] = sc * dot;
+        }
+    }
+
+    /// [`scores_row`] for bf16 K with `q` in the order of [`super::split16`]: each 32-byte load
+    /// of 16 bf16 is widened by `vpunpcklwd` / `vpunpckhwd` against zero, giving lanes
+    /// `0..4, 8..12` and `4..8, 12..16`, which the split query matches.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn scores_row_bf16_split(
+        q: &[f32],
+        d: usize,
+        group: usize,
+        k: KvRow<'_, Bf16>,
+        s: &mut [f32],
+        lds: usize,
+    ) {
+        assert!(k.scales.is_empty(), "bf16 rows are dense");
+        let heads = check(q.len(), d, group, &[k], s.len(), lds, 1);
+        let d16 = d / 16 * 16;
+        let zero = _mm256_setzero_si256();
+        for h in 0..heads {
+            let g = h / group;
+            // SAFETY: `h < heads`, `g < heads / group`: query row h and head vector g are
+            // `d` elements inside `q` and `k.x` (checked above).
+            let (qp, kp) = unsafe { (q.as_ptr().add(h * d), k.x.as_ptr().add(g * d)) };
+            let mut acc = [_mm256_setzero_ps(); 2];
+            let mut j = 0;
+            while j < d16 {
+                // SAFETY: `j + 16 <= d16 <= d`: 16 bf16 and 16 floats inside both vectors.
+                unsafe {
+                    let x = _mm256_loadu_si256(kp.add(j).cast());
+                    let lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, x));
+                    let hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, x));
+                    acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j)), lo, acc[0]);
+                    acc[1] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j + 8)), hi, acc[1]);
+                }
+                j += 16;
+            }
+            let mut dot = hsum(_mm256_add_ps(acc[0], acc[1]));
+            for j in d16..d {
+                dot += q[h * d + j] * k.x[g * d + j].to_f32();
+            }
+            s[h * lds] = dot;
         }
     }
 

@@ -38,8 +38,10 @@ pub(crate) struct Kernels {
     pub dequant: unsafe fn(&[i8], f32, i8, &mut [f32]),
     /// Decode's scores against one f32 K position row: see [`fused::scores_row`].
     pub scores_f32: ScoresRow<f32>,
-    /// The same on a bf16 K row.
+    /// The same on a bf16 K row; with `bf16_split_q`, `q` in the order of `fused::split16`.
     pub scores_bf16: ScoresRow<Bf16>,
+    /// Whether `scores_bf16` takes its query rows reordered by `fused::split16`.
+    pub bf16_split_q: bool,
     /// The same on an int8 K row, with the query quantized to i16 (an integer dot product):
     /// see [`fused::scores_row_q16`].
     pub scores_q16: ScoresQ16,
@@ -86,7 +88,8 @@ impl Kernels {
                     },
                     dequant: convert::avx2::dequant,
                     scores_f32: fused::avx2::scores_row,
-                    scores_bf16: fused::avx2::scores_row,
+                    scores_bf16: fused::avx2::scores_row_bf16_split,
+                    bf16_split_q: true,
                     scores_q16: fused::avx2::scores_row_q16,
                     quantize_q16: fused::avx2::quantize_q16,
                     axpy_f32: fused::avx2::axpy_row,
@@ -111,6 +114,7 @@ impl Kernels {
                     dequant: convert::neon::dequant,
                     scores_f32: fused::neon::scores_row,
                     scores_bf16: fused::neon::scores_row,
+                    bf16_split_q: false,
                     scores_q16: fused::scores_row_q16,
                     quantize_q16: fused::quantize_q16,
                     axpy_f32: fused::neon::axpy_row,
@@ -166,6 +170,7 @@ impl Kernels {
             dequant: convert::dequant,
             scores_f32: fused::scores_row,
             scores_bf16: fused::scores_row,
+            bf16_split_q: false,
             scores_q16: fused::scores_row_q16,
             quantize_q16: fused::quantize_q16,
             axpy_f32: fused::axpy_row,
@@ -830,6 +835,16 @@ mod tests {
                 (vec![0i16; heads * d], vec![0f32; heads], vec![0i32; heads]);
             // SAFETY: slice-based kernel on a CPU that runs `f`'s level.
             unsafe { (f.quantize_q16)(&q, d, &mut q16, &mut q16_scale, &mut q16_sum) };
+            // The query as `f.scores_bf16` takes it.
+            #[cfg(target_arch = "x86_64")]
+            let q_split = {
+                let mut x = q.clone();
+                fused::split16(&mut x, d);
+                x
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let q_split = q.clone();
+            let q_bf16 = |k: &Kernels| if k.bf16_split_q { &q_split[..] } else { &q[..] };
             let lds = 3;
             for kind in 0..3 {
                 let (mut s1, mut s2) = (vec![f32::NAN; heads * lds], vec![f32::NAN; heads * lds]);
@@ -842,7 +857,7 @@ mod tests {
                             (s.scores_f32)(&q, d, group, rf(0), &mut s2, lds);
                         }
                         1 => {
-                            (f.scores_bf16)(&q, d, group, rb(0), &mut s1, lds);
+                            (f.scores_bf16)(q_bf16(&f), d, group, rb(0), &mut s1, lds);
                             (s.scores_bf16)(&q, d, group, rb(0), &mut s2, lds);
                         }
                         _ => {

@@ -159,7 +159,18 @@ fn chunk<T: Element>(
     let (q16, conv) = conv.split_at_mut(lay.q16_scale - lay.q16);
     let (q16_scale, q16_sum) = conv.split_at_mut(lay.q16_sum - lay.q16_scale);
     let s = &mut s[..nq * tile];
-    let qb = as_f32(kern, &a.q[b * nq * d..(b + 1) * nq * d], qbuf);
+    let q_src = &a.q[b * nq * d..(b + 1) * nq * d];
+    // Dense bf16 K on a kernel set that wants it: the query rows in `split16` order.
+    let split = kern.bf16_split_q && T::DTYPE == crate::Dtype::Bf16 && !a.k.is_int8();
+    let qb: &[f32] = if split {
+        as_f32(kern, q_src, qbuf);
+        let qb = &mut qbuf[..nq * d];
+        #[cfg(target_arch = "x86_64")]
+        crate::fused::split16(qb, d);
+        qb
+    } else {
+        as_f32(kern, q_src, qbuf)
+    };
     let kv_off = |t: usize| (b * sh.kv_capacity + t) * row_len;
 
     // f32, bf16 and int8 K/V are read by the row kernels (one call per query row and

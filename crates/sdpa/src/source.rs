@@ -73,6 +73,11 @@ impl<T: Element> Kv<'_, T> {
         }
     }
 
+    /// Whether this is the int8 cache.
+    pub(crate) fn is_int8(&self) -> bool {
+        matches!(self, Kv::Int8(_))
+    }
+
     /// Whether decode reads this storage with the row kernels ([`Kv::scores_row`],
     /// [`Kv::axpy_row`]): f32, bf16 and int8. f16 (no SIMD row kernel: the AVX2 set does not
     /// assume F16C) goes through [`Kv::load`] and the f32 kernels instead.
