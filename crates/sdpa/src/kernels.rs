@@ -9,12 +9,9 @@
 
 use crate::convert;
 use crate::elem::{Bf16, F16};
-use crate::fused;
+use crate::fused::{self, AxpyRow, QuantizeQ16, ScoresQ16, ScoresRow};
 use crate::plan::{MR, NR};
 use crate::simd::{simd_level, SimdLevel};
-
-/// `acc += sum_u w[u] * (v[u] - zp[u])`: see [`fused::axpy4_i8`].
-pub(crate) type Axpy4I8 = unsafe fn(&mut [f32], [f32; 4], [&[i8]; 4], [i8; 4]);
 
 /// The kernel set of a call. Every function pointer is `unsafe` because the AVX2 versions
 /// require the CPU features checked by [`Kernels::detect`], on top of each kernel's own
@@ -29,10 +26,6 @@ pub(crate) struct Kernels {
     pub softmax_row: unsafe fn(&mut [f32], usize, f32, f32) -> (f32, f32),
     /// `x *= a`.
     pub scale: unsafe fn(&mut [f32], f32),
-    /// `a . b` (equal lengths).
-    pub dot: unsafe fn(&[f32], &[f32]) -> f32,
-    /// `acc += p[0] v[0] + p[1] v[1] + p[2] v[2] + p[3] v[3]` (equal lengths).
-    pub axpy4: unsafe fn(&mut [f32], [f32; 4], [&[f32]; 4]),
     /// Packs a K tile into panels: see [`scalar::pack_k`].
     pub pack_k: unsafe fn(&[f32], usize, usize, usize, usize, &mut [f32]),
     /// Prefetches rows of a strided tensor towards L2: see [`scalar::prefetch_rows`].
@@ -43,14 +36,23 @@ pub(crate) struct Kernels {
     pub widen_f16: unsafe fn(&[F16], &mut [f32]),
     /// int8 to f32: see [`convert::dequant`].
     pub dequant: unsafe fn(&[i8], f32, i8, &mut [f32]),
-    /// Decode's dot on bf16 K: see [`fused::dot_bf16`].
-    pub dot_bf16: unsafe fn(&[f32], &[Bf16]) -> f32,
-    /// Decode's dot on int8 K: see [`fused::dot_i8`].
-    pub dot_i8: unsafe fn(&[f32], &[i8], i8) -> f32,
-    /// Decode's axpy on bf16 V: see [`fused::axpy4_bf16`].
-    pub axpy4_bf16: unsafe fn(&mut [f32], [f32; 4], [&[Bf16]; 4]),
-    /// Decode's axpy on int8 V: see [`fused::axpy4_i8`].
-    pub axpy4_i8: Axpy4I8,
+    /// Decode's scores against one f32 K position row: see [`fused::scores_row`].
+    pub scores_f32: ScoresRow<f32>,
+    /// The same on a bf16 K row; with `bf16_split_q`, `q` in the order of `fused::split16`.
+    pub scores_bf16: ScoresRow<Bf16>,
+    /// Whether `scores_bf16` takes its query rows reordered by `fused::split16`.
+    pub bf16_split_q: bool,
+    /// The same on an int8 K row, with the query quantized to i16 (an integer dot product):
+    /// see [`fused::scores_row_q16`].
+    pub scores_q16: ScoresQ16,
+    /// Quantizes query rows to i16 for `scores_q16`: see [`fused::quantize_q16`].
+    pub quantize_q16: QuantizeQ16,
+    /// Decode's `acc += P . V` over f32 V position rows: see [`fused::axpy_row`].
+    pub axpy_f32: AxpyRow<f32>,
+    /// The same on bf16 V rows.
+    pub axpy_bf16: AxpyRow<Bf16>,
+    /// The same on int8 V rows.
+    pub axpy_i8: AxpyRow<i8>,
     /// Which set this is.
     pub level: SimdLevel,
 }
@@ -76,8 +78,6 @@ impl Kernels {
                     pv_tile: avx2::pv_tile,
                     softmax_row: avx2::softmax_row,
                     scale: avx2::scale,
-                    dot: avx2::dot,
-                    axpy4: avx2::axpy4,
                     pack_k: avx2::pack_k,
                     prefetch_rows: avx2::prefetch_rows,
                     widen_bf16: convert::avx2::widen_bf16,
@@ -87,10 +87,14 @@ impl Kernels {
                         convert::widen_f16
                     },
                     dequant: convert::avx2::dequant,
-                    dot_bf16: fused::avx2::dot_bf16,
-                    dot_i8: fused::avx2::dot_i8,
-                    axpy4_bf16: fused::avx2::axpy4_bf16,
-                    axpy4_i8: fused::avx2::axpy4_i8,
+                    scores_f32: fused::avx2::scores_row,
+                    scores_bf16: fused::avx2::scores_row_bf16_split,
+                    bf16_split_q: true,
+                    scores_q16: fused::avx2::scores_row_q16,
+                    quantize_q16: fused::avx2::quantize_q16,
+                    axpy_f32: fused::avx2::axpy_row,
+                    axpy_bf16: fused::avx2::axpy_row,
+                    axpy_i8: fused::avx2::axpy_row,
                     level,
                 };
             }
@@ -103,23 +107,53 @@ impl Kernels {
                     pv_tile: crate::neon::pv_tile,
                     softmax_row: crate::neon::softmax_row,
                     scale: crate::neon::scale,
-                    dot: crate::neon::dot,
-                    axpy4: crate::neon::axpy4,
                     pack_k: scalar::pack_k,
                     prefetch_rows: scalar::prefetch_rows,
                     widen_bf16: convert::neon::widen_bf16,
                     widen_f16: convert::widen_f16,
                     dequant: convert::neon::dequant,
-                    dot_bf16: fused::dot_bf16,
-                    dot_i8: fused::dot_i8,
-                    axpy4_bf16: fused::axpy4_bf16,
-                    axpy4_i8: fused::axpy4_i8,
+                    scores_f32: fused::neon::scores_row,
+                    scores_bf16: fused::neon::scores_row,
+                    bf16_split_q: false,
+                    scores_q16: fused::scores_row_q16,
+                    quantize_q16: fused::quantize_q16,
+                    axpy_f32: fused::neon::axpy_row,
+                    axpy_bf16: fused::neon::axpy_row,
+                    axpy_i8: fused::neon::axpy_row,
                     level,
                 };
             }
         }
         let _ = level;
         Kernels::scalar()
+    }
+
+    /// One online-softmax step of a query row over a tile: raw scores `srow` (the first `vis`
+    /// visible; none visible leaves only zeros) become `P`, and the row's running max `m`,
+    /// running sum `l` and unnormalised accumulator `acc` are rescaled to the new max.
+    #[inline]
+    pub(crate) fn softmax_update(
+        &self,
+        srow: &mut [f32],
+        vis: usize,
+        c: f32,
+        m: &mut f32,
+        l: &mut f32,
+        acc: &mut [f32],
+    ) {
+        if vis == 0 {
+            srow.fill(0.0);
+            return;
+        }
+        // SAFETY: slice-based kernel; a set is only built for a level this CPU runs.
+        let (mn, sum) = unsafe { (self.softmax_row)(srow, vis, c, *m) };
+        let alpha = (*m - mn).exp2();
+        *l = *l * alpha + sum;
+        if alpha != 1.0 {
+            // SAFETY: as above.
+            unsafe { (self.scale)(acc, alpha) };
+        }
+        *m = mn;
     }
 
     /// The portable kernel set (also used by tests to cover it on any CPU).
@@ -129,17 +163,19 @@ impl Kernels {
             pv_tile: scalar::pv_tile,
             softmax_row: scalar::softmax_row,
             scale: scalar::scale,
-            dot: scalar::dot,
-            axpy4: scalar::axpy4,
             pack_k: scalar::pack_k,
             prefetch_rows: scalar::prefetch_rows,
             widen_bf16: convert::widen_bf16,
             widen_f16: convert::widen_f16,
             dequant: convert::dequant,
-            dot_bf16: fused::dot_bf16,
-            dot_i8: fused::dot_i8,
-            axpy4_bf16: fused::axpy4_bf16,
-            axpy4_i8: fused::axpy4_i8,
+            scores_f32: fused::scores_row,
+            scores_bf16: fused::scores_row,
+            bf16_split_q: false,
+            scores_q16: fused::scores_row_q16,
+            quantize_q16: fused::quantize_q16,
+            axpy_f32: fused::axpy_row,
+            axpy_bf16: fused::axpy_row,
+            axpy_i8: fused::axpy_row,
             level: SimdLevel::Portable,
         }
     }
@@ -248,15 +284,6 @@ pub(crate) mod scalar {
         }
     }
 
-    /// `a . b`; panics if the lengths differ.
-    ///
-    /// # Safety
-    /// None (safe to call).
-    pub(crate) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
-        assert_eq!(a.len(), b.len());
-        a.iter().zip(b).map(|(x, y)| x * y).sum()
-    }
-
     /// Packs rows `j < nk` of a K tile (row `j` is `k[j * stride..][..d]`) into NR-column
     /// panels `kp[(j / NR) * d * NR + x * NR + j % NR]`, with columns `nk <= j < nkp` zero.
     /// Panics if `k` or `kp` is too short, or `nkp` is not a multiple of NR.
@@ -273,7 +300,20 @@ pub(crate) mod scalar {
     ) {
         assert!(nk <= nkp && nkp.is_multiple_of(NR) && kp.len() >= nkp * d);
         assert!(nk == 0 || k.len() >= (nk - 1) * stride + d);
-        for j in 0..nkp {
+        pack_k_rows(k, stride, nk, 0..nkp, d, kp);
+    }
+
+    /// The rows `j` in `rows` of [`pack_k`] (zeros for `j >= nk`), one element at a time; the
+    /// AVX2 version packs 8x8 blocks and finishes with this.
+    pub(crate) fn pack_k_rows(
+        k: &[f32],
+        stride: usize,
+        nk: usize,
+        rows: core::ops::Range<usize>,
+        d: usize,
+        kp: &mut [f32],
+    ) {
+        for j in rows {
             let base = (j / NR) * d * NR + j % NR;
             if j < nk {
                 for (x, &val) in k[j * stride..j * stride + d].iter().enumerate() {
@@ -302,22 +342,10 @@ pub(crate) mod scalar {
         _d: usize,
     ) {
     }
-
-    /// `acc += sum_u p[u] * v[u]`; panics if a length differs from `acc`'s.
-    ///
-    /// # Safety
-    /// None (safe to call).
-    pub(crate) unsafe fn axpy4(acc: &mut [f32], p: [f32; 4], v: [&[f32]; 4]) {
-        let n = acc.len();
-        assert!(v.iter().all(|r| r.len() == n));
-        for (j, a) in acc.iter_mut().enumerate() {
-            *a += p[0] * v[0][j] + p[1] * v[1][j] + p[2] * v[2][j] + p[3] * v[3][j];
-        }
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use super::{MR, NR};
     use core::arch::x86_64::*;
 
@@ -344,20 +372,75 @@ mod avx2 {
         _mm256_mul_ps(p, _mm256_castsi256_ps(e))
     }
 
+    /// The largest of the 8 lanes.
     #[target_feature(enable = "avx2,fma")]
-    fn hmax(v: __m256) -> f32 {
+    pub(crate) fn hmax(v: __m256) -> f32 {
         let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
         _mm_cvtss_f32(m)
     }
 
+    /// The sum of the 8 lanes.
     #[target_feature(enable = "avx2,fma")]
-    fn hsum(v: __m256) -> f32 {
+    pub(crate) fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
         _mm_cvtss_f32(s)
+    }
+
+    /// The 6x16 register block both micro-kernels accumulate into.
+    type Block = [[__m256; 2]; MR];
+
+    /// `c[r] += sum_{x < k} a[r * a_rs + x * a_cs] * b[x * ldb..][..NR]` for `r < MR`: the
+    /// FMA loop of both micro-kernels (inlined into each, so the strides fold to constants
+    /// where they are).
+    ///
+    /// # Safety
+    /// AVX2 and FMA; `a` readable at every offset named, `b` for rows `x < k` of NR floats.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn fma_block(
+        mut c: Block,
+        k: usize,
+        a: *const f32,
+        a_rs: usize,
+        a_cs: usize,
+        b: *const f32,
+        ldb: usize,
+    ) -> Block {
+        for x in 0..k {
+            // SAFETY: `x < k`: row `x` of `b` is readable for NR floats (caller).
+            let (b0, b1) = unsafe {
+                let br = b.add(x * ldb);
+                (_mm256_loadu_ps(br), _mm256_loadu_ps(br.add(8)))
+            };
+            for (r, cr) in c.iter_mut().enumerate() {
+                // SAFETY: `r < MR`, `x < k`: readable (caller).
+                let ar = _mm256_set1_ps(unsafe { *a.add(r * a_rs + x * a_cs) });
+                cr[0] = _mm256_fmadd_ps(ar, b0, cr[0]);
+                cr[1] = _mm256_fmadd_ps(ar, b1, cr[1]);
+            }
+        }
+        c
+    }
+
+    /// Stores the block into rows `r < MR` of NR floats at `o + r * ldo`.
+    ///
+    /// # Safety
+    /// AVX2; those rows are writable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn store_block(c: &Block, o: *mut f32, ldo: usize) {
+        for (r, cr) in c.iter().enumerate() {
+            // SAFETY: row `r < MR` of `o` is writable for NR = 16 floats (caller).
+            unsafe {
+                let or = o.add(r * ldo);
+                _mm256_storeu_ps(or, cr[0]);
+                _mm256_storeu_ps(or.add(8), cr[1]);
+            }
+        }
     }
 
     /// AVX2 version of [`super::scalar::qk_tile`].
@@ -366,27 +449,11 @@ mod avx2 {
     /// The CPU supports AVX2 and FMA, and the contract of [`super::scalar::qk_tile`] holds.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn qk_tile(a: *const f32, d: usize, b: *const f32, s: *mut f32, lds: usize) {
-        let mut c = [[_mm256_setzero_ps(); 2]; MR];
-        for x in 0..d {
-            // SAFETY: `x < d`: the panel row `b[x * NR..][..NR]` is readable (caller).
-            let (b0, b1) = unsafe {
-                let br = b.add(x * NR);
-                (_mm256_loadu_ps(br), _mm256_loadu_ps(br.add(8)))
-            };
-            for (r, cr) in c.iter_mut().enumerate() {
-                // SAFETY: `x < d`, `r < MR`: `a[x * MR + r]` is readable (caller).
-                let ar = _mm256_set1_ps(unsafe { *a.add(x * MR + r) });
-                cr[0] = _mm256_fmadd_ps(ar, b0, cr[0]);
-                cr[1] = _mm256_fmadd_ps(ar, b1, cr[1]);
-            }
-        }
-        for (r, cr) in c.iter().enumerate() {
-            // SAFETY: row `r < MR` of `s` is writable for NR = 16 floats (caller).
-            unsafe {
-                let sr = s.add(r * lds);
-                _mm256_storeu_ps(sr, cr[0]);
-                _mm256_storeu_ps(sr.add(8), cr[1]);
-            }
+        // SAFETY: the packed strip holds `a[x * MR + r]`, the panel rows `b[x * NR..][..NR]`
+        // for `x < d`, and `s` has MR writable rows (caller).
+        unsafe {
+            let c = fma_block([[_mm256_setzero_ps(); 2]; MR], d, a, 1, MR, b, NR);
+            store_block(&c, s, lds);
         }
     }
 
@@ -404,35 +471,18 @@ mod avx2 {
         o: *mut f32,
         ldo: usize,
     ) {
-        let mut c = [[_mm256_setzero_ps(); 2]; MR];
-        for (r, cr) in c.iter_mut().enumerate() {
+        let c: Block = core::array::from_fn(|r| {
             // SAFETY: row `r < MR` of `o` is readable for 16 floats (caller).
             unsafe {
                 let or = o.add(r * ldo);
-                cr[0] = _mm256_loadu_ps(or);
-                cr[1] = _mm256_loadu_ps(or.add(8));
+                [_mm256_loadu_ps(or), _mm256_loadu_ps(or.add(8))]
             }
-        }
-        for t in 0..nk {
-            // SAFETY: `t < nk`: row `t` of `v` is readable for 16 floats (caller).
-            let (b0, b1) = unsafe {
-                let vr = v.add(t * ldv);
-                (_mm256_loadu_ps(vr), _mm256_loadu_ps(vr.add(8)))
-            };
-            for (r, cr) in c.iter_mut().enumerate() {
-                // SAFETY: `r < MR`, `t < nk`: `p[r * ldp + t]` is readable (caller).
-                let ar = _mm256_set1_ps(unsafe { *p.add(r * ldp + t) });
-                cr[0] = _mm256_fmadd_ps(ar, b0, cr[0]);
-                cr[1] = _mm256_fmadd_ps(ar, b1, cr[1]);
-            }
-        }
-        for (r, cr) in c.iter().enumerate() {
-            // SAFETY: row `r < MR` of `o` is writable for 16 floats (caller).
-            unsafe {
-                let or = o.add(r * ldo);
-                _mm256_storeu_ps(or, cr[0]);
-                _mm256_storeu_ps(or.add(8), cr[1]);
-            }
+        });
+        // SAFETY: `p[r * ldp + t]` for `r < MR`, `t < nk`, the V rows `v[t * ldv..][..NR]`
+        // and MR rows of `o` are valid (caller).
+        unsafe {
+            let c = fma_block(c, nk, p, ldp, 1, v, ldv);
+            store_block(&c, o, ldo);
         }
     }
 
@@ -516,49 +566,6 @@ mod avx2 {
         }
     }
 
-    /// AVX2 version of [`super::scalar::dot`].
-    ///
-    /// # Safety
-    /// The CPU supports AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
-        assert_eq!(a.len(), b.len());
-        let n = a.len();
-        let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut i = 0;
-        while i + 32 <= n {
-            for (u, au) in acc.iter_mut().enumerate() {
-                // SAFETY: `i + 8u + 8 <= i + 32 <= n`: in bounds of both slices.
-                unsafe {
-                    *au = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(pa.add(i + 8 * u)),
-                        _mm256_loadu_ps(pb.add(i + 8 * u)),
-                        *au,
-                    );
-                }
-            }
-            i += 32;
-        }
-        while i + 8 <= n {
-            // SAFETY: `i + 8 <= n`: in bounds of both slices.
-            unsafe {
-                acc[0] = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(pa.add(i)),
-                    _mm256_loadu_ps(pb.add(i)),
-                    acc[0],
-                );
-            }
-            i += 8;
-        }
-        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        let mut s = hsum(v);
-        for j in i..n {
-            s += a[j] * b[j];
-        }
-        s
-    }
-
     /// Transposes the 8x8 block whose rows are `r`.
     #[target_feature(enable = "avx2,fma")]
     fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
@@ -631,18 +638,7 @@ mod avx2 {
             }
             j += 8;
         }
-        for j in j..nkp {
-            let base = (j / NR) * d * NR + j % NR;
-            if j < nk {
-                for (x, &val) in k[j * stride..j * stride + d].iter().enumerate() {
-                    kp[base + x * NR] = val;
-                }
-            } else {
-                for x in 0..d {
-                    kp[base + x * NR] = 0.0;
-                }
-            }
-        }
+        super::scalar::pack_k_rows(k, stride, nk, j..nkp, d, kp);
     }
 
     /// AVX2-build version of [`super::scalar::prefetch_rows`] (all counts in bytes):
@@ -673,34 +669,6 @@ mod avx2 {
                 unsafe { _mm_prefetch::<_MM_HINT_T1>(base.add(row + x).cast::<i8>()) };
                 x += 64;
             }
-        }
-    }
-
-    /// AVX2 version of [`super::scalar::axpy4`].
-    ///
-    /// # Safety
-    /// The CPU supports AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn axpy4(acc: &mut [f32], p: [f32; 4], v: [&[f32]; 4]) {
-        let n = acc.len();
-        assert!(v.iter().all(|r| r.len() == n));
-        let pv = p.map(|x| _mm256_set1_ps(x));
-        let pa = acc.as_mut_ptr();
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: `i + 8 <= n` and every row has length `n`: all accesses in bounds.
-            unsafe {
-                let mut a = _mm256_loadu_ps(pa.add(i));
-                a = _mm256_fmadd_ps(pv[0], _mm256_loadu_ps(v[0].as_ptr().add(i)), a);
-                a = _mm256_fmadd_ps(pv[1], _mm256_loadu_ps(v[1].as_ptr().add(i)), a);
-                a = _mm256_fmadd_ps(pv[2], _mm256_loadu_ps(v[2].as_ptr().add(i)), a);
-                a = _mm256_fmadd_ps(pv[3], _mm256_loadu_ps(v[3].as_ptr().add(i)), a);
-                _mm256_storeu_ps(pa.add(i), a);
-            }
-            i += 8;
-        }
-        for j in i..n {
-            acc[j] += p[0] * v[0][j] + p[1] * v[1][j] + p[2] * v[2][j] + p[3] * v[3][j];
         }
     }
 }
@@ -774,53 +742,202 @@ mod tests {
         }
     }
 
-    /// The fused decode kernels of `f` agree with the scalar ones (lengths 1..40).
+    /// The decode row kernels of `f` (f32, bf16, int8 rows) agree with the scalar ones, and the
+    /// scalar ones with an f64 sum, to 1e-5 relative to the sum of magnitudes (plus, for the
+    /// integer int8 scores, the query's i16 rounding): head dims 1..40 (every vector tail) and
+    /// 128, MHA and groups of 2 and 4; 6 and 7 heads (a remainder after the four-head blocks);
+    /// head dims 300 and 520 (several 256-lane integer blocks); every `w`, zero weights.
     fn fused_match_scalar(f: Kernels) {
+        use crate::fused::{KvRow, Q16};
         let s = Kernels::scalar();
-        let q = data(40, 31);
-        let bf: Vec<Vec<Bf16>> = (0..4)
-            .map(|u| {
-                data(40, 32 + u)
-                    .iter()
-                    .map(|&x| Bf16::from_f32(x))
-                    .collect()
-            })
-            .collect();
-        let i8s: Vec<Vec<i8>> = (0..4u32)
-            .map(|u| {
-                (0..40u32)
-                    .map(|j| ((j * 37 + u * 11) % 256) as u8 as i8)
-                    .collect()
-            })
-            .collect();
-        for n in 1..40 {
-            // SAFETY: slice-based kernels on a CPU that runs `f`'s level.
-            let (a, b) = unsafe {
-                (
-                    (f.dot_bf16)(&q[..n], &bf[0][..n]),
-                    (s.dot_bf16)(&q[..n], &bf[0][..n]),
-                )
+        // quantize_q16: bit-identical to the scalar version, on heads of zeros, with a NaN,
+        // with an infinity, and of every length 1..40 (every vector tail).
+        for d in 1..40 {
+            let mut q = data(5 * d, 60 + d as u32);
+            q[d..2 * d].fill(0.0);
+            q[2 * d + d / 2] = f32::NAN;
+            q[3 * d] = f32::NEG_INFINITY;
+            let run = |k: &Kernels| {
+                let (mut a, mut b, mut c) = (vec![7i16; 5 * d], vec![7f32; 5], vec![7i32; 5]);
+                // SAFETY: slice-based kernel on a CPU that runs its level.
+                unsafe { (k.quantize_q16)(&q, d, &mut a, &mut b, &mut c) };
+                (a, b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), c)
             };
-            close(&[a], &[b], 1e-5);
-            // SAFETY: as above.
-            let (a, b) = unsafe {
-                (
-                    (f.dot_i8)(&q[..n], &i8s[0][..n], -3),
-                    (s.dot_i8)(&q[..n], &i8s[0][..n], -3),
-                )
-            };
-            close(&[a / 100.0], &[b / 100.0], 1e-5);
-            let (mut a1, mut a2) = (data(n, 33), data(n, 33));
-            let vb: [&[Bf16]; 4] = core::array::from_fn(|u| &bf[u][..n]);
-            let vi: [&[i8]; 4] = core::array::from_fn(|u| &i8s[u][..n]);
-            // SAFETY: as above.
-            unsafe {
-                (f.axpy4_bf16)(&mut a1, [0.5, -1.0, 2.0, 0.25], vb);
-                (s.axpy4_bf16)(&mut a2, [0.5, -1.0, 2.0, 0.25], vb);
-                (f.axpy4_i8)(&mut a1, [0.01, -0.02, 0.005, 0.03], vi, [1, -2, 0, 127]);
-                (s.axpy4_i8)(&mut a2, [0.01, -0.02, 0.005, 0.03], vi, [1, -2, 0, 127]);
+            let (a, b) = (run(&f), run(&s));
+            assert_eq!(a, b, "quantize_q16 d {d}");
+            assert_eq!(b.1[1], 0, "zero head: scale 0");
+            assert!(f32::from_bits(b.1[2]).is_nan() && f32::from_bits(b.1[3]).is_nan());
+            for h in [0, 4] {
+                let sc = f32::from_bits(b.1[h]);
+                for j in 0..d {
+                    let x = q[h * d + j];
+                    assert!(
+                        (f32::from(b.0[h * d + j]) * sc - x).abs() <= sc * 0.5001,
+                        "{x}"
+                    );
+                }
+                assert_eq!(
+                    b.2[h],
+                    b.0[h * d..(h + 1) * d].iter().map(|&x| i32::from(x)).sum()
+                );
             }
-            close(&a1, &a2, 1e-5);
+        }
+        for (d, heads, group) in (1..40).map(|d| (d, 4, 1 + d % 3 * (d % 3))).chain([
+            (128, 8, 1),
+            (128, 8, 4),
+            (24, 6, 3),
+            (300, 7, 7),
+            (520, 2, 1),
+        ]) {
+            let group = if heads % group == 0 { group } else { 1 };
+            let kvh = heads / group;
+            let n = kvh * d;
+            let q = data(heads * d, 31 + d as u32);
+            let fl: Vec<Vec<f32>> = (0..4).map(|u| data(n, 32 + u + d as u32)).collect();
+            let bf: Vec<Vec<Bf16>> = fl
+                .iter()
+                .map(|r| r.iter().map(|&x| Bf16::from_f32(x)).collect())
+                .collect();
+            let i8s: Vec<Vec<i8>> = (0..4)
+                .map(|u| {
+                    (0..n)
+                        .map(|j| ((j * 37 + u * 11) % 256) as u8 as i8)
+                        .collect()
+                })
+                .collect();
+            let scales: Vec<Vec<f32>> = (0..4).map(|u| data(kvh, 40 + u)).collect();
+            let zps: Vec<Vec<i8>> = (0..4)
+                .map(|u| {
+                    (0..kvh)
+                        .map(|g| ((g * 53 + u * 7) % 256) as u8 as i8)
+                        .collect()
+                })
+                .collect();
+            let rf = |u: usize| KvRow::dense(&fl[u][..]);
+            let rb = |u: usize| KvRow::dense(&bf[u][..]);
+            let ri = |u: usize| KvRow {
+                x: &i8s[u][..],
+                scales: &scales[u][..],
+                zps: &zps[u][..],
+            };
+            // f64 reference of element j of head g of row u, and its magnitude bound.
+            let deq = |u: usize, kind: usize, g: usize, j: usize| -> f64 {
+                match kind {
+                    0 => f64::from(fl[u][g * d + j]),
+                    1 => f64::from(bf[u][g * d + j].to_f32()),
+                    _ => {
+                        (f64::from(i8s[u][g * d + j]) - f64::from(zps[u][g]))
+                            * f64::from(scales[u][g])
+                    }
+                }
+            };
+            let (mut q16, mut q16_scale, mut q16_sum) =
+                (vec![0i16; heads * d], vec![0f32; heads], vec![0i32; heads]);
+            // SAFETY: slice-based kernel on a CPU that runs `f`'s level.
+            unsafe { (f.quantize_q16)(&q, d, &mut q16, &mut q16_scale, &mut q16_sum) };
+            // The query as `f.scores_bf16` takes it.
+            #[cfg(target_arch = "x86_64")]
+            let q_split = {
+                let mut x = q.clone();
+                fused::split16(&mut x, d);
+                x
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let q_split = q.clone();
+            let q_bf16 = |k: &Kernels| if k.bf16_split_q { &q_split[..] } else { &q[..] };
+            let lds = 3;
+            for kind in 0..3 {
+                let (mut s1, mut s2) = (vec![f32::NAN; heads * lds], vec![f32::NAN; heads * lds]);
+                // SAFETY: slice-based kernels (they check their lengths) on a CPU that runs
+                // `f`'s level.
+                unsafe {
+                    match kind {
+                        0 => {
+                            (f.scores_f32)(&q, d, group, rf(0), &mut s1, lds);
+                            (s.scores_f32)(&q, d, group, rf(0), &mut s2, lds);
+                        }
+                        1 => {
+                            (f.scores_bf16)(q_bf16(&f), d, group, rb(0), &mut s1, lds);
+                            (s.scores_bf16)(&q, d, group, rb(0), &mut s2, lds);
+                        }
+                        _ => {
+                            let q16 = Q16 {
+                                q: &q16,
+                                scale: &q16_scale,
+                                sum: &q16_sum,
+                            };
+                            (f.scores_q16)(q16, d, group, ri(0), &mut s1, lds);
+                            (s.scores_q16)(q16, d, group, ri(0), &mut s2, lds);
+                        }
+                    }
+                }
+                for h in 0..heads {
+                    let g = h / group;
+                    let (mut want, mut mag, mut q16_err) = (0f64, 0f64, 0f64);
+                    for j in 0..d {
+                        let x = f64::from(q[h * d + j]) * deq(0, kind, g, j);
+                        want += x;
+                        mag += x.abs();
+                        // int8: each query element is off by at most half its head's i16 step.
+                        q16_err += 0.5 * f64::from(q16_scale[h]) * deq(0, kind, g, j).abs();
+                    }
+                    let bound = 1e-5 * mag + if kind == 2 { q16_err } else { 0.0 };
+                    for got in [s1[h * lds], s2[h * lds]] {
+                        assert!(
+                            (f64::from(got) - want).abs() <= bound + 1e-30,
+                            "scores kind {kind} d {d} group {group} h {h}: {got} vs {want}"
+                        );
+                    }
+                    assert!(s1[h * lds + 1].is_nan(), "wrote between heads");
+                }
+                for w in 1..=4 {
+                    let ldp = 5;
+                    let mut p = data(heads * ldp, 50 + w as u32);
+                    p[ldp..2 * ldp].fill(0.0); // head 1: all weights 0, skipped
+                    let a0 = data(heads * d, 51);
+                    let (mut a1, mut a2) = (a0.clone(), a0.clone());
+                    // SAFETY: as above.
+                    unsafe {
+                        match kind {
+                            0 => {
+                                let v = [0, 1, 2, 3].map(rf);
+                                (f.axpy_f32)(&mut a1, d, group, &p, ldp, w, v);
+                                (s.axpy_f32)(&mut a2, d, group, &p, ldp, w, v);
+                            }
+                            1 => {
+                                let v = [0, 1, 2, 3].map(rb);
+                                (f.axpy_bf16)(&mut a1, d, group, &p, ldp, w, v);
+                                (s.axpy_bf16)(&mut a2, d, group, &p, ldp, w, v);
+                            }
+                            _ => {
+                                let v = [0, 1, 2, 3].map(ri);
+                                (f.axpy_i8)(&mut a1, d, group, &p, ldp, w, v);
+                                (s.axpy_i8)(&mut a2, d, group, &p, ldp, w, v);
+                            }
+                        }
+                    }
+                    for h in 0..heads {
+                        let g = h / group;
+                        for j in 0..d {
+                            let i = h * d + j;
+                            let (mut want, mut mag) = (f64::from(a0[i]), f64::from(a0[i]).abs());
+                            for u in 0..w {
+                                let x = f64::from(p[h * ldp + u]) * deq(u, kind, g, j);
+                                want += x;
+                                mag += x.abs();
+                            }
+                            for got in [a1[i], a2[i]] {
+                                assert!(
+                                    (f64::from(got) - want).abs() <= 1e-5 * mag,
+                                    "axpy kind {kind} d {d} group {group} w {w} at {i}: \
+                                     {got} vs {want}"
+                                );
+                            }
+                        }
+                    }
+                    assert_eq!(a1[d..2 * d], a0[d..2 * d], "head 1 (zero weights) changed");
+                }
+            }
         }
     }
 
@@ -849,19 +966,10 @@ mod tests {
             }
             close(&o1, &o2, 1e-5);
 
-            let x = data(d, 8);
-            let y = data(d, 9);
+            let mut a1 = data(d, 10);
+            let mut a2 = a1.clone();
             // SAFETY: slice-based kernels on a CPU `detect` chose them for.
-            let (d1, d2) = unsafe { ((f.dot)(&x, &y), (s.dot)(&x, &y)) };
-            close(&[d1], &[d2], 1e-5);
-
-            let (mut a1, mut a2) = (data(d, 10), data(d, 10));
-            let rows = [data(d, 11), data(d, 12), data(d, 13), data(d, 14)];
-            let vr = [&rows[0][..], &rows[1][..], &rows[2][..], &rows[3][..]];
-            // SAFETY: as above.
             unsafe {
-                (f.axpy4)(&mut a1, [0.5, -1.0, 2.0, 0.25], vr);
-                (s.axpy4)(&mut a2, [0.5, -1.0, 2.0, 0.25], vr);
                 (f.scale)(&mut a1, 0.7);
                 (s.scale)(&mut a2, 0.7);
             }

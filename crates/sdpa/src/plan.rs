@@ -29,6 +29,12 @@ pub(crate) struct Conv {
     pub q: bool,
     /// K and V are not f32 (a 16-bit dtype or the int8 cache).
     pub kv: bool,
+    /// K and V are f16: the row path converts their head vectors into buffers (the other
+    /// dtypes are read by the row kernels directly).
+    pub kv_bufs: bool,
+    /// K is the int8 cache: the row path quantizes the query rows to i16 for the integer dot
+    /// product.
+    pub q16: bool,
 }
 
 impl Conv {
@@ -36,6 +42,8 @@ impl Conv {
         Conv {
             q: dtype != Dtype::F32,
             kv: dtype != Dtype::F32 || kv == KvCache::Int8,
+            kv_bufs: dtype == Dtype::F16 && kv == KvCache::Dense,
+            q16: kv == KvCache::Int8,
         }
     }
 }
@@ -150,8 +158,9 @@ impl TiledLayout {
 }
 
 /// Offsets (in floats) of the row path's regions: the worker slice holds the score tile (and,
-/// when inputs need converting, the converted Q rows, one K head vector and `V_GROUP` V head
-/// vectors); each chunk's partial result holds the running max, the running sum and the
+/// when inputs need converting, the converted Q rows; for f16 K/V one K head vector and
+/// `V_GROUP` V head vectors; for the int8 cache the Q rows quantized to i16 with their scales
+/// and sums); each chunk's partial result holds the running max, the running sum and the
 /// accumulator.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RowsLayout {
@@ -164,6 +173,12 @@ pub(crate) struct RowsLayout {
     pub kc: usize,
     /// Worker slice: converted V head vectors of `V_GROUP` positions `[V_GROUP][d]`.
     pub vc: usize,
+    /// Worker slice: Q rows as i16 `[nq, d]` (two per float).
+    pub q16: usize,
+    /// Worker slice: their scales `[nq]`.
+    pub q16_scale: usize,
+    /// Worker slice: their sums `[nq]` (i32).
+    pub q16_sum: usize,
     /// Floats of a worker slice.
     pub thread_floats: usize,
     /// Chunk partial offsets.
@@ -181,10 +196,17 @@ impl RowsLayout {
         let qc = s_floats;
         let q_floats = if conv.q { nq.saturating_mul(d) } else { 0 };
         let kc = qc.saturating_add(round_up(q_floats, LINE_FLOATS));
-        let kv_row = if conv.kv { d } else { 0 }; // one head vector
+        let kv_row = if conv.kv_bufs { d } else { 0 }; // one head vector
         let vc = kc.saturating_add(round_up(kv_row, LINE_FLOATS));
-        let thread_floats =
-            vc.saturating_add(round_up(kv_row.saturating_mul(V_GROUP), LINE_FLOATS));
+        let q16 = vc.saturating_add(round_up(kv_row.saturating_mul(V_GROUP), LINE_FLOATS));
+        let (q16_floats, q16_heads) = if conv.q16 {
+            (nq.saturating_mul(d).div_ceil(2), nq)
+        } else {
+            (0, 0)
+        };
+        let q16_scale = q16.saturating_add(round_up(q16_floats, LINE_FLOATS));
+        let q16_sum = q16_scale.saturating_add(round_up(q16_heads, LINE_FLOATS));
+        let thread_floats = q16_sum.saturating_add(round_up(q16_heads, LINE_FLOATS));
         let m = 0;
         let l = round_up(nq, LINE_FLOATS);
         let acc = l.saturating_add(round_up(nq, LINE_FLOATS));
@@ -195,6 +217,9 @@ impl RowsLayout {
             qc,
             kc,
             vc,
+            q16,
+            q16_scale,
+            q16_sum,
             thread_floats,
             m,
             l,

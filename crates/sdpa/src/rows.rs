@@ -7,13 +7,16 @@
 use rayon::prelude::*;
 
 use crate::elem::Element;
+use crate::fused::{KvRow, Q16};
 use crate::plan::{Path, Plan, RowsLayout, V_GROUP};
 use crate::source::as_f32;
 use crate::sync::{Scratch, SharedOut};
 use crate::Args;
 
-/// Converted (bf16/f16/int8) K and V rows are prefetched this many positions ahead: their
+/// f16 K and V rows (converted head by head) are prefetched this many positions ahead: their
 /// per-head conversion loop issues too few loads at a time for the hardware prefetcher alone.
+/// The row kernels (f32, bf16, int8) are not: prefetching their rows measured slower (both
+/// K and V 16 positions ahead, or V during the K pass).
 const PREFETCH_AHEAD: usize = 16;
 /// Lanes of the output merged at a time (a stack buffer, so a non-f32 output needs no
 /// scratch).
@@ -124,12 +127,6 @@ fn merge<T: Element>(
     }
 }
 
-/// The query rows (`i * heads + h` for each query `i`) whose head `h` uses KV head `kvh`.
-#[inline]
-fn group_rows(q_len: usize, heads: usize, group: usize, kvh: usize) -> impl Iterator<Item = usize> {
-    (0..q_len).flat_map(move |i| (0..group).map(move |g| i * heads + kvh * group + g))
-}
-
 /// Processes positions `c0..c1` of sequence `b` into the partial state `part`, with the
 /// score tile in the worker slice `s`.
 #[allow(clippy::too_many_arguments)]
@@ -157,39 +154,69 @@ fn chunk<T: Element>(
     // The worker slice: scores, then the conversion buffers (empty for f32 inputs).
     let (s, conv) = ws.split_at_mut(lay.qc);
     let (qbuf, conv) = conv.split_at_mut(lay.kc - lay.qc);
-    let (kbuf, vbuf) = conv.split_at_mut(lay.vc - lay.kc);
+    let (kbuf, conv) = conv.split_at_mut(lay.vc - lay.kc);
+    let (vbuf, conv) = conv.split_at_mut(lay.q16 - lay.vc);
+    let (q16, conv) = conv.split_at_mut(lay.q16_scale - lay.q16);
+    let (q16_scale, q16_sum) = conv.split_at_mut(lay.q16_sum - lay.q16_scale);
     let s = &mut s[..nq * tile];
-    let qb = as_f32(kern, &a.q[b * nq * d..(b + 1) * nq * d], qbuf);
+    let q_src = &a.q[b * nq * d..(b + 1) * nq * d];
+    // Dense bf16 K on a kernel set that wants it: the query rows in `split16` order.
+    let split = kern.bf16_split_q && T::DTYPE == crate::Dtype::Bf16 && !a.k.is_int8();
+    let qb: &[f32] = if split {
+        as_f32(kern, q_src, qbuf);
+        let qb = &mut qbuf[..nq * d];
+        #[cfg(target_arch = "x86_64")]
+        crate::fused::split16(qb, d);
+        qb
+    } else {
+        as_f32(kern, q_src, qbuf)
+    };
     let kv_off = |t: usize| (b * sh.kv_capacity + t) * row_len;
 
-    // bf16 and int8 K/V are read by fused kernels; f16 through the conversion buffers.
+    // f32, bf16 and int8 K/V are read by the row kernels (one call per query row and
+    // position row, all heads); f16 through the conversion buffers, head by head.
     let fused = a.k.fused();
+    let hd = heads * d; // floats of one query row's heads
+                        // The int8 cache: Q rows quantized to i16 once per chunk (empty regions otherwise).
+    let (q16, q16_scale, q16_sum) = (as_i16(q16), &mut q16_scale[..], as_i32(q16_sum));
+    if lay.q16_scale > lay.q16 {
+        // SAFETY: slice-based kernel (checks its lengths); kernel set from `detect`.
+        unsafe { (kern.quantize_q16)(qb, d, q16, q16_scale, q16_sum) };
+    }
     let mut t0 = c0;
     while t0 < c1 {
         let nb = tile.min(c1 - t0);
-        // Scores: one K position row (all kv heads, contiguous) at a time, head by head: a
-        // non-f32 head vector is converted into `kbuf` (D floats, so it stays in L1 while the
-        // query heads of its group use it).
+        // Scores: one K position row (all kv heads, contiguous) at a time.
         for u in 0..nb {
-            let off = kv_off(t0 + u);
-            if a.k.converts() && t0 + u + PREFETCH_AHEAD < c1 {
-                a.k.prefetch(kern, kv_off(t0 + u + PREFETCH_AHEAD), row_len, 1, row_len);
-                a.v.prefetch(kern, kv_off(t0 + u + PREFETCH_AHEAD), row_len, 1, row_len);
+            let t = t0 + u;
+            if !fused && t + PREFETCH_AHEAD < c1 {
+                a.k.prefetch(kern, kv_off(t + PREFETCH_AHEAD), row_len, 1, row_len);
+                a.v.prefetch(kern, kv_off(t + PREFETCH_AHEAD), row_len, 1, row_len);
             }
-            for kvh in 0..sh.kv_heads {
-                let ko = off + kvh * d;
-                if fused {
-                    let row = (b * sh.kv_capacity + t0 + u) * sh.kv_heads + kvh;
-                    for r in group_rows(sh.q_len, heads, group, kvh) {
-                        s[r * tile + u] = a.k.dot(kern, &qb[r * d..(r + 1) * d], row);
-                    }
-                    continue;
+            if fused {
+                for i in 0..sh.q_len {
+                    let qi = &qb[i * hd..(i + 1) * hd];
+                    let q16 = (lay.q16_scale > lay.q16).then(|| Q16 {
+                        q: &q16[i * hd..(i + 1) * hd],
+                        scale: &q16_scale[i * heads..(i + 1) * heads],
+                        sum: &q16_sum[i * heads..(i + 1) * heads],
+                    });
+                    let si = &mut s[i * heads * tile + u..];
+                    a.k.scores_row(kern, qi, q16, d, group, b * sh.kv_capacity + t, si, tile);
                 }
-                let kh = a.k.load(kern, d, ko, d, kbuf);
-                for r in group_rows(sh.q_len, heads, group, kvh) {
-                    let qr = &qb[r * d..(r + 1) * d];
-                    // SAFETY: slice-based kernel (equal lengths d); kernel set from `detect`.
-                    s[r * tile + u] = unsafe { (kern.dot)(qr, kh) };
+                continue;
+            }
+            // f16: each head vector converted into `kbuf` (D floats, so it stays in L1 while
+            // the query heads of its group use it), then scored by the f32 row kernel.
+            let off = kv_off(t);
+            for kvh in 0..sh.kv_heads {
+                let kh = KvRow::dense(a.k.load(kern, d, off + kvh * d, d, kbuf));
+                for i in 0..sh.q_len {
+                    let r0 = i * heads + kvh * group; // the group's first query row
+                    let qg = &qb[r0 * d..(r0 + group) * d];
+                    let sg = &mut s[r0 * tile + u..];
+                    // SAFETY: slice-based kernel (checks its lengths); kernel set from `detect`.
+                    unsafe { (kern.scores_f32)(qg, d, group, kh, sg, tile) };
                 }
             }
         }
@@ -197,57 +224,55 @@ fn chunk<T: Element>(
         for r in 0..nq {
             let srow = &mut s[r * tile..r * tile + nb];
             let vis = a.visible(r / heads, t0, nb);
-            if vis == 0 {
-                srow.fill(0.0);
-                continue;
-            }
-            // SAFETY: slice-based kernel; kernel set from `detect`.
-            let (mn, sum) = unsafe { (kern.softmax_row)(srow, vis, a.c, m[r]) };
-            let alpha = (m[r] - mn).exp2();
-            l[r] = l[r] * alpha + sum;
-            if alpha != 1.0 {
-                // SAFETY: slice-based kernel; kernel set from `detect`.
-                unsafe { (kern.scale)(&mut acc[r * d..(r + 1) * d], alpha) };
-            }
-            m[r] = mn;
+            let acc_r = &mut acc[r * d..(r + 1) * d];
+            kern.softmax_update(srow, vis, a.c, &mut m[r], &mut l[r], acc_r);
         }
-        // acc += P . V, V_GROUP position rows at a time (each read contiguously), head by
-        // head (non-f32 heads converted into `vbuf`, V_GROUP x D floats, L1-resident).
+        // acc += P . V, V_GROUP position rows at a time (each read contiguously).
         let mut u = 0;
         while u < nb {
             let w = V_GROUP.min(nb - u);
+            if fused {
+                let rows = core::array::from_fn(|j| b * sh.kv_capacity + t0 + u + j.min(w - 1));
+                for i in 0..sh.q_len {
+                    let acc_i = &mut acc[i * hd..(i + 1) * hd];
+                    let p = &s[i * heads * tile + u..];
+                    a.v.axpy_row(kern, acc_i, d, group, p, tile, w, rows);
+                }
+                u += w;
+                continue;
+            }
+            // f16: head by head, converted into `vbuf` (V_GROUP x D floats, L1-resident).
             for kvh in 0..sh.kv_heads {
                 let offs: [usize; V_GROUP] =
                     core::array::from_fn(|j| kv_off(t0 + u + j.min(w - 1)) + kvh * d);
-                if fused {
-                    let rows = core::array::from_fn(|j| {
-                        (b * sh.kv_capacity + t0 + u + j.min(w - 1)) * sh.kv_heads + kvh
-                    });
-                    for r in group_rows(sh.q_len, heads, group, kvh) {
-                        let p: [f32; V_GROUP] =
-                            core::array::from_fn(|j| if j < w { s[r * tile + u + j] } else { 0.0 });
-                        if p != [0.0; V_GROUP] {
-                            a.v.axpy4(kern, &mut acc[r * d..(r + 1) * d], p, rows);
-                        }
-                    }
-                    continue;
-                }
                 let mut vbufs = vbuf.chunks_mut(d);
-                let vs: [&[f32]; V_GROUP] = core::array::from_fn(|j| {
-                    a.v.load(kern, d, offs[j], d, vbufs.next().unwrap_or_default())
+                let vs: [KvRow<'_, f32>; V_GROUP] = core::array::from_fn(|j| {
+                    KvRow::dense(a.v.load(kern, d, offs[j], d, vbufs.next().unwrap_or_default()))
                 });
-                for r in group_rows(sh.q_len, heads, group, kvh) {
-                    let p: [f32; V_GROUP] =
-                        core::array::from_fn(|j| if j < w { s[r * tile + u + j] } else { 0.0 });
-                    if p == [0.0; V_GROUP] {
-                        continue;
-                    }
-                    // SAFETY: slice-based kernel (equal lengths d); kernel set from `detect`.
-                    unsafe { (kern.axpy4)(&mut acc[r * d..(r + 1) * d], p, vs) };
+                for i in 0..sh.q_len {
+                    let r0 = i * heads + kvh * group;
+                    let acc_g = &mut acc[r0 * d..(r0 + group) * d];
+                    let p = &s[r0 * tile + u..];
+                    // SAFETY: slice-based kernel (checks its lengths); kernel set from `detect`.
+                    unsafe { (kern.axpy_f32)(acc_g, d, group, p, tile, w, vs) };
                 }
             }
             u += w;
         }
         t0 += nb;
     }
+}
+
+/// A scratch region of floats reused as i16 (twice as many).
+fn as_i16(x: &mut [f32]) -> &mut [i16] {
+    // SAFETY: the `2 * len` i16 cover exactly the bytes of `x`; f32's alignment is a multiple
+    // of i16's; every bit pattern is a valid i16 (and the bytes are initialised f32s); the
+    // returned borrow replaces `x`'s for its lifetime.
+    unsafe { core::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), x.len() * 2) }
+}
+
+/// A scratch region of floats reused as i32.
+fn as_i32(x: &mut [f32]) -> &mut [i32] {
+    // SAFETY: as in `as_i16`, with the same size and alignment as f32.
+    unsafe { core::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), x.len()) }
 }

@@ -2,6 +2,7 @@
 //! f16) or dequantized (int8 cache) into a scratch buffer of the caller's worker slice.
 
 use crate::elem::{Element, Elems};
+use crate::fused::{KvRow, Q16};
 use crate::kernels::Kernels;
 use crate::quant::QuantizedKv;
 
@@ -72,67 +73,116 @@ impl<T: Element> Kv<'_, T> {
         }
     }
 
-    /// Whether decode's dot and axpy read this storage directly ([`Kv::dot`], [`Kv::axpy4`])
-    /// rather than through a converted buffer: bf16 and int8 (f32 needs no conversion; f16
-    /// has no fused kernel and goes through `load`).
-    pub(crate) fn fused(&self) -> bool {
-        matches!(self, Kv::Int8(_)) || T::DTYPE == crate::Dtype::Bf16
+    /// Whether this is the int8 cache.
+    pub(crate) fn is_int8(&self) -> bool {
+        matches!(self, Kv::Int8(_))
     }
 
-    /// `q . x` for the head vector `x` number `row` (elements `row * d..(row + 1) * d`,
-    /// `d = q.len()`). Taking the row, not an element offset, spares a division per call:
-    /// the per-head scale and zero point are indexed by it.
+    /// Whether decode reads this storage with the row kernels ([`Kv::scores_row`],
+    /// [`Kv::axpy_row`]): f32, bf16 and int8. f16 (no SIMD row kernel: the AVX2 set does not
+    /// assume F16C) goes through [`Kv::load`] and the f32 kernels instead.
+    pub(crate) fn fused(&self) -> bool {
+        matches!(self, Kv::Int8(_)) || T::DTYPE != crate::Dtype::F16
+    }
+
+    /// Position row `t` (counted over the whole cache: `batch * kv_capacity + position`) of
+    /// an int8 cache, `kv_heads` heads of `d` values, as the row kernels take it.
     #[inline]
-    pub(crate) fn dot(&self, kern: &Kernels, q: &[f32], row: usize) -> f32 {
-        let d = q.len();
-        let off = row * d;
-        match self {
-            Kv::Int8(c) => {
-                // SAFETY: slice-based kernel (equal lengths d); set chosen for this CPU.
-                let raw = unsafe { (kern.dot_i8)(q, &c.values[off..off + d], c.zero_points[row]) };
-                c.scales[row] * raw
-            }
-            Kv::Dense(x) => match T::elems(&x[off..off + d]) {
-                // SAFETY: as above.
-                Elems::F32(k) => unsafe { (kern.dot)(q, k) },
-                // SAFETY: as above.
-                Elems::Bf16(k) => unsafe { (kern.dot_bf16)(q, k) },
-                Elems::F16(k) => q.iter().zip(k).map(|(a, b)| a * b.to_f32()).sum(),
-            },
+    fn int8_row<'s>(c: &QuantizedKv<'s>, t: usize, kv_heads: usize, d: usize) -> KvRow<'s, i8> {
+        let r = t * kv_heads;
+        KvRow {
+            x: &c.values[r * d..(r + kv_heads) * d],
+            scales: &c.scales[r..r + kv_heads],
+            zps: &c.zero_points[r..r + kv_heads],
         }
     }
 
-    /// `acc += sum_u p[u] * x_u` for the head vectors `x_u` number `rows[u]` (`acc.len()`
-    /// elements each).
+    /// Scores of the query heads `q` (`heads * d` floats, `kv_heads = heads / group`)
+    /// against position row `t`: `s[h * lds] = q_h . k_{t, h / group}`. The int8 cache takes
+    /// the same query rows quantized to i16 (`q16`, required then; see
+    /// [`crate::fused::scores_row_q16`]).
+    #[allow(clippy::too_many_arguments)]
     #[inline]
-    pub(crate) fn axpy4(&self, kern: &Kernels, acc: &mut [f32], p: [f32; 4], rows: [usize; 4]) {
-        let d = acc.len();
+    pub(crate) fn scores_row(
+        &self,
+        kern: &Kernels,
+        q: &[f32],
+        q16: Option<Q16<'_>>,
+        d: usize,
+        group: usize,
+        t: usize,
+        s: &mut [f32],
+        lds: usize,
+    ) {
+        let kvh = q.len() / d / group;
         match self {
             Kv::Int8(c) => {
-                let w = [0, 1, 2, 3].map(|u| p[u] * c.scales[rows[u]]);
-                let v = rows.map(|r| &c.values[r * d..(r + 1) * d]);
-                let zp = rows.map(|r| c.zero_points[r]);
-                // SAFETY: slice-based kernel (equal lengths d); set chosen for this CPU.
-                unsafe { (kern.axpy4_i8)(acc, w, v, zp) };
+                let k = Self::int8_row(c, t, kvh, d);
+                let q16 = q16.expect("int8 K is scored with the i16 query");
+                // SAFETY: slice-based kernel (checks its lengths); set chosen for this CPU.
+                unsafe { (kern.scores_q16)(q16, d, group, k, s, lds) }
             }
             Kv::Dense(x) => {
-                let v = rows.map(|r| T::elems(&x[r * d..(r + 1) * d]));
+                let r = t * kvh;
+                match T::elems(&x[r * d..(r + kvh) * d]) {
+                    // SAFETY: as above.
+                    Elems::F32(k) => unsafe {
+                        (kern.scores_f32)(q, d, group, KvRow::dense(k), s, lds)
+                    },
+                    // SAFETY: as above.
+                    Elems::Bf16(k) => unsafe {
+                        (kern.scores_bf16)(q, d, group, KvRow::dense(k), s, lds)
+                    },
+                    // SAFETY: the portable kernel is safe to call.
+                    Elems::F16(k) => unsafe {
+                        crate::fused::scores_row(q, d, group, KvRow::dense(k), s, lds)
+                    },
+                }
+            }
+        }
+    }
+
+    /// `acc += P . V` for position rows `t[u]`, `u < w`: head `h`'s accumulator
+    /// `acc[h d..][..d]` gets `sum_u p[h * ldp + u] * v_{t[u], h / group}`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub(crate) fn axpy_row(
+        &self,
+        kern: &Kernels,
+        acc: &mut [f32],
+        d: usize,
+        group: usize,
+        p: &[f32],
+        ldp: usize,
+        w: usize,
+        t: [usize; 4],
+    ) {
+        let kvh = acc.len() / d / group;
+        match self {
+            Kv::Int8(c) => {
+                let v = t.map(|t| Self::int8_row(c, t, kvh, d));
+                // SAFETY: slice-based kernel (checks its lengths); set chosen for this CPU.
+                unsafe { (kern.axpy_i8)(acc, d, group, p, ldp, w, v) }
+            }
+            Kv::Dense(x) => {
+                let v = t.map(|t| T::elems(&x[t * kvh * d..(t + 1) * kvh * d]));
                 match v {
                     [Elems::F32(a), Elems::F32(b), Elems::F32(c), Elems::F32(e)] => {
+                        let v = [a, b, c, e].map(KvRow::dense);
                         // SAFETY: as above.
-                        unsafe { (kern.axpy4)(acc, p, [a, b, c, e]) }
+                        unsafe { (kern.axpy_f32)(acc, d, group, p, ldp, w, v) }
                     }
                     [Elems::Bf16(a), Elems::Bf16(b), Elems::Bf16(c), Elems::Bf16(e)] => {
+                        let v = [a, b, c, e].map(KvRow::dense);
                         // SAFETY: as above.
-                        unsafe { (kern.axpy4_bf16)(acc, p, [a, b, c, e]) }
+                        unsafe { (kern.axpy_bf16)(acc, d, group, p, ldp, w, v) }
                     }
-                    _ => {
-                        for (u, &r) in rows.iter().enumerate() {
-                            for (a, e) in acc.iter_mut().zip(&x[r * d..(r + 1) * d]) {
-                                *a += p[u] * e.to_f32();
-                            }
-                        }
+                    [Elems::F16(a), Elems::F16(b), Elems::F16(c), Elems::F16(e)] => {
+                        let v = [a, b, c, e].map(KvRow::dense);
+                        // SAFETY: the portable kernel is safe to call.
+                        unsafe { crate::fused::axpy_row(acc, d, group, p, ldp, w, v) }
                     }
+                    _ => unreachable!("one element type per call"),
                 }
             }
         }

@@ -240,19 +240,8 @@ fn block<T: Element>(
             } else {
                 0
             };
-            if vis == 0 {
-                srow.fill(0.0);
-                continue;
-            }
-            // SAFETY: slice-based kernel; the kernel set matches this CPU (`detect`).
-            let (mn, sum) = unsafe { (kern.softmax_row)(srow, vis, a.c, m[r]) };
-            let alpha = (m[r] - mn).exp2();
-            l[r] = l[r] * alpha + sum;
-            if alpha != 1.0 {
-                // SAFETY: slice-based kernel; the kernel set matches this CPU (`detect`).
-                unsafe { (kern.scale)(&mut o[r * dp..(r + 1) * dp], alpha) };
-            }
-            m[r] = mn;
+            let o_r = &mut o[r * dp..(r + 1) * dp];
+            kern.softmax_update(srow, vis, a.c, &mut m[r], &mut l[r], o_r);
         }
 
         // O += P . V: every (strip, 16-lane column block) is one micro-kernel call.
