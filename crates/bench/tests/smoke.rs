@@ -245,6 +245,12 @@ fn sdpa_runs_on_every_source_with_tiny_shapes() {
     assert!(prefill_eff
         .iter()
         .all(|e| e.kernel_gflops > 0.0 && e.sgemm_gflops > 0.0));
+    // A round times enough calls for the smallest sgemm's FLOPs (2 * 16^3 = 8192): a causal
+    // 7-token call is 4 heads x 4 x 16 x 28 visible pairs = 7168 FLOPs (2 calls), 12 tokens
+    // 19968 (1 call).
+    for e in &prefill_eff {
+        assert_eq!(e.calls, if e.len == 7 { 2 } else { 1 }, "{e:?}");
+    }
 
     let report = SdpaReport {
         info: RunInfo::new(Machine::detect(), "test".into(), true, 1, Instant::now()),

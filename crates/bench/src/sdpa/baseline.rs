@@ -49,6 +49,9 @@ pub struct PrefillEfficiency {
     pub len: usize,
     /// Causal masking (FLOPs count visible pairs only).
     pub causal: bool,
+    /// Layer calls timed back to back per round, each on its own inputs (see
+    /// [`prefill_efficiency`]).
+    pub calls: usize,
     /// Best sgemm GFLOP/s (the best over the sgemm shapes).
     pub sgemm_gflops: f64,
     /// Best kernel GFLOP/s.
@@ -144,6 +147,11 @@ pub fn decode_efficiency(
 
 /// Measures a causal prefill in `dtype` of `len` tokens from position 0 against sgemm on each
 /// of `sgemm_shapes` (`m, k, n`; the fastest counts), `reps` rounds. Scratch comes from `temp`.
+///
+/// A round times enough layer calls back to back, each on its own inputs (as a model's layers
+/// are), for about the FLOPs of the smallest sgemm (at most 32 calls): a single 1 ms call timed
+/// right after a 20 ms sgemm measured the thread pool waking up as much as the kernel (it ran
+/// at 30% or 60% of sgemm from one round to the next at 128 tokens).
 #[allow(clippy::too_many_arguments)]
 pub fn prefill_efficiency(
     dtype: SdpaDtype,
@@ -164,16 +172,26 @@ pub fn prefill_efficiency(
         kv_capacity: len,
         start_pos: 0,
     };
-    let mut inputs = Inputs::new(dtype, &sh, 1)?;
+    let flops = prefill_flops(&sh, true);
+    let smallest_sgemm = sgemm_shapes
+        .iter()
+        .map(|&(m, k, n)| 2.0 * (m * k * n) as f64)
+        .fold(f64::INFINITY, f64::min);
+    let calls = ((smallest_sgemm / flops).ceil() as usize).clamp(1, 32);
+    let mut inputs = (0..calls)
+        .map(|l| Inputs::new(dtype, &sh, 3 * l as u32 + 1))
+        .collect::<Result<Vec<_>, _>>()?;
     let p = Params::default();
     let mut err = None;
     let mut kernel = || {
-        if let Err(e) = inputs.call(&sh, &p, temp) {
-            err.get_or_insert(e);
+        for layer in inputs.iter_mut() {
+            if let Err(e) = layer.call(&sh, &p, temp) {
+                err.get_or_insert(e);
+            }
+            // SAFETY: nothing from `temp` is used after the call returned; this thread alone
+            // drives it.
+            unsafe { temp.reset() };
         }
-        // SAFETY: nothing from `temp` is used after the call returned; this thread alone
-        // drives it.
-        unsafe { temp.reset() };
         black_box(&inputs);
     };
     // One sgemm per shape, each with its own operands (m, k, n, a, b, c), then the kernel.
@@ -210,8 +228,7 @@ pub fn prefill_efficiency(
             .map(|(&(m, k, n), t)| 2.0 * (m * k * n) as f64 / t / 1e9)
             .fold(0.0, f64::max)
     };
-    let flops = prefill_flops(&sh, true);
-    let kernel_at = |r: &[f64]| flops / r[shape_count] / 1e9;
+    let kernel_at = |r: &[f64]| flops * calls as f64 / r[shape_count] / 1e9;
     let ratio_median = median(
         times
             .iter()
@@ -222,12 +239,13 @@ pub fn prefill_efficiency(
     let kernel_best = times.iter().map(|r| kernel_at(r)).fold(0.0, f64::max);
     let best_call = times
         .iter()
-        .map(|r| r[shape_count])
+        .map(|r| r[shape_count] / calls as f64)
         .fold(f64::INFINITY, f64::min);
     Ok(PrefillEfficiency {
         dtype,
         len,
         causal: true,
+        calls,
         sgemm_gflops: sgemm_best,
         kernel_gflops: kernel_best,
         ratio_best: kernel_best / sgemm_best,

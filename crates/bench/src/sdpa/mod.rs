@@ -440,6 +440,7 @@ impl SdpaReport {
         let mut p = markdown_table(&[
             "dtype",
             "tokens",
+            "calls/round",
             "ms/call",
             "sgemm GFLOP/s",
             "kernel GFLOP/s",
@@ -450,6 +451,7 @@ impl SdpaReport {
             p.add_row(vec![
                 e.dtype.name().to_string(),
                 e.len.to_string(),
+                e.calls.to_string(),
                 format!("{:.2}", e.ms_per_call),
                 format!("{:.1}", e.sgemm_gflops),
                 format!("{:.1}", e.kernel_gflops),
@@ -624,6 +626,7 @@ mod tests {
                 dtype: SdpaDtype::F32,
                 len: 128,
                 causal: true,
+                calls: 16,
                 sgemm_gflops: 100.0,
                 kernel_gflops: 61.0,
                 ratio_best: 0.61,
