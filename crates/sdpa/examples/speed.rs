@@ -158,10 +158,10 @@ fn main() {
     let reps = if quick { 3 } else { 9 };
     let temp = CachingAllocator::new(64 << 20);
     println!(
-        "sdpa speed: {threads} threads, SIMD kernels: {}, heads {HEADS} (= kv heads), \
+        "sdpa speed: {threads} threads, SIMD level {}, heads {HEADS} (= kv heads), \
          head_dim {HEAD_DIM}; {reps} rounds timing baseline and kernel in turns: best \
          figures, and the median over rounds of the same-round ratio",
-        sdpa::simd_enabled()
+        sdpa::simd_level()
     );
 
     let span = if quick { DECODE_SPAN / 2 } else { DECODE_SPAN };

@@ -7,8 +7,9 @@ use crate::{
     attention_quantized, attention_typed, Params, SdpaError, Shape, TempAllocator, Tensor,
 };
 
-/// A read-only tensor of any element type.
+/// A read-only tensor of any element type. Non-exhaustive: more dtypes may come.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub enum TensorRef<'a> {
     /// f32 elements.
     F32(&'a [f32]),
@@ -18,8 +19,9 @@ pub enum TensorRef<'a> {
     F16(&'a [F16]),
 }
 
-/// A writable tensor of any element type.
+/// A writable tensor of any element type. Non-exhaustive: more dtypes may come.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum TensorMut<'a> {
     /// f32 elements.
     F32(&'a mut [f32]),
@@ -29,8 +31,10 @@ pub enum TensorMut<'a> {
     F16(&'a mut [F16]),
 }
 
-/// K or V: dense in a float dtype, or the int8 cache.
+/// K or V: dense in a float dtype, or the int8 cache. Non-exhaustive: more cache kinds may
+/// come.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub enum KvRef<'a> {
     /// Dense, in a float dtype (which must be Q's).
     Dense(TensorRef<'a>),

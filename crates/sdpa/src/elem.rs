@@ -3,8 +3,9 @@
 //! bf16 and f16 are plain 16-bit newtypes with round-to-nearest-even conversions written out
 //! here (the workspace has no `half` dependency, and two conversions do not justify one).
 
-/// The storage type of Q, K, V and the output of a call.
+/// The storage type of Q, K, V and the output of a call. Non-exhaustive: more dtypes may come.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Dtype {
     /// IEEE single precision.
     F32,

@@ -174,8 +174,10 @@ impl Default for Params {
     }
 }
 
-/// Names one of the four tensors of a call, in errors.
+/// Names one of the tensors of a call, in errors. Non-exhaustive: new inputs (such as the
+/// int8 cache's scales) add names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Tensor {
     /// The queries.
     Q,

@@ -32,6 +32,7 @@ fn rel_tol<T: Element>() -> f32 {
         Dtype::F32 => 0.0,
         Dtype::Bf16 => 1.0 / 256.0,
         Dtype::F16 => 1.0 / 1024.0,
+        other => panic!("no error bound stated for {other:?}: add one here"),
     }
 }
 
