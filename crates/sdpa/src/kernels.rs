@@ -136,7 +136,6 @@ impl Kernels {
                     // NEON keeps the f32 `P . V` (its axpy converts in registers).
                     int_pv: false,
                     pv_weights: fused::pv_weights,
-                    pv_weights: fused::pv_weights,
                     pv_madd: fused::pv_madd,
                     pv_flush: fused::pv_flush,
                     level,
