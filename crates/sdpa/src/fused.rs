@@ -12,9 +12,13 @@
 //! int8 K is scored in integers ([`scores_row_q16`]): the query rows are quantized to i16 per
 //! head ([`quantize_q16`]) and each dot product with `(k - zero_point)` is an exact integer sum,
 //! so the query's rounding is the only error added (the scales are applied once per head).
-//! int8 V enters the f32 axpy as its values, the weights `p * scale` per head and row; the
-//! scalar kernel subtracts the zero point per element (exact), the SIMD ones subtract
-//! `sum_u w_u zp_u` once per lane group.
+//! int8 V is accumulated in integers on the AVX2 and portable sets ([`pv_weights`],
+//! [`pv_madd`], [`pv_flush`]): per query row, head and tile the weights `p * scale` are
+//! quantized to i16 with one step, `sum_t w16_t v_t` is an exact i32 sum, the zero points
+//! become one integer `sum_t w16_t zp_t` per head, and the tile is flushed into the f32
+//! accumulator once; the weights' rounding is the only error added. The NEON set keeps the
+//! f32 axpy ([`axpy_row`]), which takes the values and the weights `p * scale` per head and
+//! row and subtracts `sum_u w_u zp_u` once per lane group.
 
 use crate::elem::{Bf16, F16};
 
