@@ -308,36 +308,61 @@ pub(crate) struct PvTable<'a> {
 }
 
 /// Fills a [`PvTable`] from the tile's `n = rows.len()` position rows (`kv_heads` heads
-/// each): `vs` and `zp` must hold `kv_heads * PV_MAX_TILE` entries. Panics if a length does
-/// not fit.
-pub(crate) fn pv_table<'a>(
+/// each): `vs` and `zp` must hold `kv_heads * PV_MAX_TILE` entries, which are all written.
+/// Panics if a length does not fit.
+///
+/// # Safety
+/// None (safe to call).
+pub(crate) unsafe fn pv_table(
     rows: &[KvRow<'_, i8>],
     kv_heads: usize,
-    vs: &'a mut [f32],
-    zp: &'a mut [i16],
-) -> PvTable<'a> {
-    let n = rows.len();
-    assert!((1..=PV_MAX_TILE).contains(&n), "tile");
-    let (vs, zp) = (
-        &mut vs[..kv_heads * PV_MAX_TILE],
-        &mut zp[..kv_heads * PV_MAX_TILE],
+    vs: &mut [f32],
+    zp: &mut [i16],
+) {
+    pv_table_from(rows, kv_heads, vs, zp, 0, 0);
+}
+
+/// Checks [`pv_table`]'s arguments.
+fn pv_table_check(rows: &[KvRow<'_, i8>], kv_heads: usize, vs: &[f32], zp: &[i16]) {
+    assert!((1..=PV_MAX_TILE).contains(&rows.len()), "tile");
+    assert!(
+        vs.len() >= kv_heads * PV_MAX_TILE && zp.len() >= kv_heads * PV_MAX_TILE,
+        "table"
     );
+    for r in rows {
+        assert!(r.scales.len() >= kv_heads && r.zps.len() >= kv_heads, "row");
+    }
+}
+
+/// [`pv_table`] for the entries its SIMD versions leave: positions `t >= t0` of every head,
+/// heads `g >= g0` of positions `t < t0`, and the zero padding.
+fn pv_table_from(
+    rows: &[KvRow<'_, i8>],
+    kv_heads: usize,
+    vs: &mut [f32],
+    zp: &mut [i16],
+    t0: usize,
+    g0: usize,
+) {
+    pv_table_check(rows, kv_heads, vs, zp);
+    let n = rows.len();
     for (t, r) in rows.iter().enumerate() {
-        for (g, (&sc, &z)) in r.scales[..kv_heads]
-            .iter()
-            .zip(&r.zps[..kv_heads])
-            .enumerate()
-        {
-            vs[g * PV_MAX_TILE + t] = sc;
-            zp[g * PV_MAX_TILE + t] = i16::from(z);
+        let g_from = if t < t0 { g0 } else { 0 };
+        for g in g_from..kv_heads {
+            vs[g * PV_MAX_TILE + t] = r.scales[g];
+            zp[g * PV_MAX_TILE + t] = i16::from(r.zps[g]);
         }
     }
-    for g in 0..kv_heads {
-        vs[g * PV_MAX_TILE + n..(g + 1) * PV_MAX_TILE].fill(0.0);
-        zp[g * PV_MAX_TILE + n..(g + 1) * PV_MAX_TILE].fill(0);
+    if n < PV_MAX_TILE {
+        for g in 0..kv_heads {
+            vs[g * PV_MAX_TILE + n..(g + 1) * PV_MAX_TILE].fill(0.0);
+            zp[g * PV_MAX_TILE + n..(g + 1) * PV_MAX_TILE].fill(0);
+        }
     }
-    PvTable { vs, zp, n }
 }
+
+/// Signature of [`pv_table`] and its SIMD versions.
+pub(crate) type PvTableFn = unsafe fn(&[KvRow<'_, i8>], usize, &mut [f32], &mut [i16]);
 
 /// The i16 weights of the integer `P . V` for one query row and a tile of `n = tab.n` int8 V
 /// position rows: for each query head `h < step.len()`, with `g = h / group`, the weight
@@ -691,6 +716,78 @@ pub(crate) mod avx2 {
             }
             super::axpy_tail(acc, h, g, d, d8, wu, &v);
         }
+    }
+
+    /// AVX2 version of [`super::pv_table`] (the same entries): blocks of 8 positions x 8
+    /// heads transposed in registers (the scales as floats, the zero points as bytes, then
+    /// widened to i16); the remaining positions and heads in scalar code.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn pv_table(
+        rows: &[KvRow<'_, i8>],
+        kv_heads: usize,
+        vs: &mut [f32],
+        zp: &mut [i16],
+    ) {
+        use super::PV_MAX_TILE as T;
+        super::pv_table_check(rows, kv_heads, vs, zp);
+        let (t8, g8) = (rows.len() / 8 * 8, kv_heads / 8 * 8);
+        for t in (0..t8).step_by(8) {
+            let r = &rows[t..t + 8];
+            for g in (0..g8).step_by(8) {
+                // SAFETY: `g + 8 <= g8 <= kv_heads <= scales.len(), zps.len()` of every row
+                // (checked above): 8 floats and 8 bytes readable at `g`.
+                let (sc, z): ([__m256; 8], [__m128i; 8]) = unsafe {
+                    (
+                        core::array::from_fn(|k| _mm256_loadu_ps(r[k].scales.as_ptr().add(g))),
+                        core::array::from_fn(|k| _mm_loadl_epi64(r[k].zps.as_ptr().add(g).cast())),
+                    )
+                };
+                let cols = crate::kernels::avx2::transpose8(sc);
+                // Bytes: after these, 64-bit half `j % 2` of `w[j / 2]` is head g + j's rows.
+                let a = [
+                    _mm_unpacklo_epi8(z[0], z[1]),
+                    _mm_unpacklo_epi8(z[2], z[3]),
+                    _mm_unpacklo_epi8(z[4], z[5]),
+                    _mm_unpacklo_epi8(z[6], z[7]),
+                ];
+                let b = [
+                    _mm_unpacklo_epi16(a[0], a[1]),
+                    _mm_unpackhi_epi16(a[0], a[1]),
+                    _mm_unpacklo_epi16(a[2], a[3]),
+                    _mm_unpackhi_epi16(a[2], a[3]),
+                ];
+                let w = [
+                    _mm_unpacklo_epi32(b[0], b[2]),
+                    _mm_unpackhi_epi32(b[0], b[2]),
+                    _mm_unpacklo_epi32(b[1], b[3]),
+                    _mm_unpackhi_epi32(b[1], b[3]),
+                ];
+                for (j, c) in cols.into_iter().enumerate() {
+                    let o = (g + j) * T + t;
+                    // SAFETY: `o + 8 <= (g + j + 1) * T <= kv_heads * T <= vs.len()` (as
+                    // `t + 8 <= t8 <= T`; checked above).
+                    unsafe { _mm256_storeu_ps(vs.as_mut_ptr().add(o), c) };
+                }
+                for (k, x) in w.into_iter().enumerate() {
+                    let x = _mm256_cvtepi8_epi16(x);
+                    let o = (g + 2 * k) * T + t;
+                    // SAFETY: as above, for heads g + 2k and g + 2k + 1 (`o + T + 8 <=
+                    // kv_heads * T <= zp.len()`).
+                    unsafe {
+                        _mm_storeu_si128(zp.as_mut_ptr().add(o).cast(), _mm256_castsi256_si128(x));
+                        _mm_storeu_si128(
+                            zp.as_mut_ptr().add(o + T).cast(),
+                            _mm256_extracti128_si256::<1>(x),
+                        );
+                    }
+                }
+            }
+        }
+        // Heads g8.. of positions ..t8, positions t8.. of every head, and the padding.
+        super::pv_table_from(rows, kv_heads, vs, zp, t8, g8);
     }
 
     /// AVX2 version of [`super::pv_weights`], bit for bit: the same products, maximum and

@@ -9,7 +9,9 @@
 
 use crate::convert;
 use crate::elem::{Bf16, F16};
-use crate::fused::{self, AxpyRow, PvFlush, PvMadd, PvWeights, QuantizeQ16, ScoresQ16, ScoresRow};
+use crate::fused::{
+    self, AxpyRow, PvFlush, PvMadd, PvTableFn, PvWeights, QuantizeQ16, ScoresQ16, ScoresRow,
+};
 use crate::plan::{MR, NR};
 use crate::simd::{simd_level, SimdLevel};
 
@@ -56,6 +58,9 @@ pub(crate) struct Kernels {
     /// Whether decode computes an int8 cache's `P . V` in integers (`fused::pv_weights`,
     /// then `pv_madd` per four V rows, `pv_flush` per tile) instead of with `axpy_i8`.
     pub int_pv: bool,
+    /// The integer `P . V`'s table of a tile's V scales and zero points: see
+    /// [`fused::pv_table`].
+    pub pv_table: PvTableFn,
     /// The integer `P . V`'s i16 weights of a tile: see [`fused::pv_weights`].
     pub pv_weights: PvWeights,
     /// Integer `acc32 += W . V` over four int8 V rows: see [`fused::pv_madd`].
@@ -105,6 +110,7 @@ impl Kernels {
                     axpy_bf16: fused::avx2::axpy_row,
                     axpy_i8: fused::avx2::axpy_row,
                     int_pv: true,
+                    pv_table: fused::avx2::pv_table,
                     pv_weights: fused::avx2::pv_weights,
                     pv_madd: fused::avx2::pv_madd,
                     pv_flush: fused::avx2::pv_flush,
@@ -135,6 +141,7 @@ impl Kernels {
                     axpy_i8: fused::neon::axpy_row,
                     // NEON keeps the f32 `P . V` (its axpy converts in registers).
                     int_pv: false,
+                    pv_table: fused::pv_table,
                     pv_weights: fused::pv_weights,
                     pv_madd: fused::pv_madd,
                     pv_flush: fused::pv_flush,
@@ -195,6 +202,7 @@ impl Kernels {
             axpy_bf16: fused::axpy_row,
             axpy_i8: fused::axpy_row,
             int_pv: true,
+            pv_table: fused::pv_table,
             pv_weights: fused::pv_weights,
             pv_madd: fused::pv_madd,
             pv_flush: fused::pv_flush,
@@ -590,7 +598,7 @@ pub(crate) mod avx2 {
 
     /// Transposes the 8x8 block whose rows are `r`.
     #[target_feature(enable = "avx2,fma")]
-    fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    pub(crate) fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
         let t0 = _mm256_unpacklo_ps(r[0], r[1]);
         let t1 = _mm256_unpackhi_ps(r[0], r[1]);
         let t2 = _mm256_unpacklo_ps(r[2], r[3]);
@@ -739,7 +747,7 @@ mod tests {
     /// (skipped) and one with a NaN weight (NaN out). The weights are checked one by one:
     /// `|w16 * step - w| <= step * (1/2 + 2^-8)`, and the largest is 32767 (a tight step).
     fn int_pv_matches_model(f: Kernels) {
-        use crate::fused::{pv_table, KvRow, PV_MAX_TILE, PV_ROWS};
+        use crate::fused::{KvRow, PvTable, PV_MAX_TILE, PV_ROWS};
         let s = Kernels::scalar();
         let cases = (1..=40)
             .map(|d| (d, 3, [1, 3, 2][d % 3], 1 + (d * 7) % 32))
@@ -748,6 +756,11 @@ mod tests {
                 (128, 4, 2, 31),
                 (300, 2, 1, 9),
                 (17, 6, 3, 32),
+                // 8-position x 8-head blocks of the SIMD table, with remainders.
+                (5, 8, 1, 32),
+                (3, 9, 1, 17),
+                (16, 16, 2, 24),
+                (7, 11, 1, 8),
             ]);
         for (d, kvh, group, n) in cases {
             let heads = kvh * group;
@@ -790,11 +803,42 @@ mod tests {
                 p[2 * ldp + n / 2] = f32::NAN; // head 2: NaN
             }
             let a0 = data(heads * d, 91);
-            let (mut vs, mut zp) = (
-                vec![f32::NAN; kvh * PV_MAX_TILE],
-                vec![7i16; kvh * PV_MAX_TILE],
+            // The table: every level's bit for bit as the scalar one, which is checked
+            // against its definition.
+            let table = |k: &Kernels| {
+                let (mut vs, mut zp) = (
+                    vec![f32::NAN; kvh * PV_MAX_TILE],
+                    vec![7i16; kvh * PV_MAX_TILE],
+                );
+                // SAFETY: slice-based kernel on a CPU that runs `k`'s level.
+                unsafe { (k.pv_table)(&rows[..n], kvh, &mut vs, &mut zp) };
+                (vs, zp)
+            };
+            let (vs, zp) = table(&s);
+            let (vf, zf) = table(&f);
+            assert_eq!(
+                (vf.map_bits(), zf),
+                (vs.map_bits(), zp.clone()),
+                "table d {d} kvh {kvh} n {n}"
             );
-            let tab = pv_table(&rows[..n], kvh, &mut vs, &mut zp);
+            for g in 0..kvh {
+                for t in 0..PV_MAX_TILE {
+                    let (want_s, want_z) = if t < n {
+                        (scales[t][g], i16::from(zps[t][g]))
+                    } else {
+                        (0.0, 0)
+                    };
+                    assert_eq!(
+                        (vs[g * PV_MAX_TILE + t], zp[g * PV_MAX_TILE + t]),
+                        (want_s, want_z)
+                    );
+                }
+            }
+            let tab = PvTable {
+                vs: &vs,
+                zp: &zp,
+                n,
+            };
             for ldw in [nr, PV_MAX_TILE] {
                 let run = |k: &Kernels| {
                     let mut w16 = vec![5i16; heads * ldw];

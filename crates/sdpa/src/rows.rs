@@ -7,7 +7,7 @@
 use rayon::prelude::*;
 
 use crate::elem::Element;
-use crate::fused::{KvRow, PV_MAX_TILE, PV_ROWS, Q16};
+use crate::fused::{KvRow, PvTable, PV_MAX_TILE, PV_ROWS, Q16};
 use crate::plan::{Path, Plan, RowsLayout, ROW_TILE, V_GROUP};
 use crate::source::as_f32;
 use crate::sync::{Scratch, SharedOut};
@@ -255,7 +255,13 @@ fn chunk<T: Element>(
             let rows: [KvRow<'_, i8>; ROW_TILE] = core::array::from_fn(|u| {
                 crate::source::Kv::<T>::int8_row(vc, first + u.min(nb - 1), sh.kv_heads, d)
             });
-            let tab = crate::fused::pv_table(&rows[..nb], sh.kv_heads, pv_vs, pv_zp);
+            // SAFETY: slice-based kernel (checks its lengths); set from `detect`.
+            unsafe { (kern.pv_table)(&rows[..nb], sh.kv_heads, pv_vs, pv_zp) };
+            let tab = PvTable {
+                vs: pv_vs,
+                zp: pv_zp,
+                n: nb,
+            };
             for i in 0..sh.q_len {
                 // SAFETY: slice-based kernel (checks its lengths); set from `detect`.
                 unsafe {
