@@ -12,9 +12,13 @@
 //! int8 K is scored in integers ([`scores_row_q16`]): the query rows are quantized to i16 per
 //! head ([`quantize_q16`]) and each dot product with `(k - zero_point)` is an exact integer sum,
 //! so the query's rounding is the only error added (the scales are applied once per head).
-//! int8 V enters the f32 axpy as its values, the weights `p * scale` per head and row; the
-//! scalar kernel subtracts the zero point per element (exact), the SIMD ones subtract
-//! `sum_u w_u zp_u` once per lane group.
+//! int8 V is accumulated in integers on the AVX2 and portable sets ([`pv_weights`],
+//! [`pv_madd`], [`pv_flush`]): per query row, head and tile the weights `p * scale` are
+//! quantized to i16 with one step, `sum_t w16_t v_t` is an exact i32 sum, the zero points
+//! become one integer `sum_t w16_t zp_t` per head, and the tile is flushed into the f32
+//! accumulator once; the weights' rounding is the only error added. The NEON set keeps the
+//! f32 axpy ([`axpy_row`]), which takes the values and the weights `p * scale` per head and
+//! row and subtracts `sum_u w_u zp_u` once per lane group.
 
 use crate::elem::{Bf16, F16};
 
@@ -284,6 +288,257 @@ pub(crate) type ScoresQ16 = unsafe fn(Q16<'_>, usize, usize, KvRow<'_, i8>, &mut
 pub(crate) type AxpyRow<E> =
     unsafe fn(&mut [f32], usize, usize, &[f32], usize, usize, [KvRow<'_, E>; 4]);
 
+/// Most positions the integer `P . V` ([`pv_madd`]) accumulates between two flushes
+/// ([`pv_flush`]): a row-path tile. With `|w16| <= 32767` and `|v| <= 128`, both the i32 sum
+/// `sum_t w16_t v_t` and the zero-point term are at most `32 * 128 * 32767 < 2^27`, so
+/// neither they nor their difference can overflow an i32.
+pub(crate) const PV_MAX_TILE: usize = 32;
+const _: () = assert!(2 * (PV_MAX_TILE as u64) * 128 * 32767 < 1 << 31);
+
+/// A tile's V scales and zero points per KV head, transposed for [`pv_weights`]:
+/// `vs[g * PV_MAX_TILE + t]`, `zp[g * PV_MAX_TILE + t]` for position `t` of the tile, 0 for
+/// `t >= n` (so padded positions get weight 0). Written by [`pv_table`] once per tile and read
+/// by every query row and head.
+#[derive(Clone, Copy)]
+pub(crate) struct PvTable<'a> {
+    pub vs: &'a [f32],
+    pub zp: &'a [i16],
+    /// Positions in the tile (`1..=PV_MAX_TILE`).
+    pub n: usize,
+}
+
+/// Fills a [`PvTable`] from the tile's `n = rows.len()` position rows (`kv_heads` heads
+/// each): `vs` and `zp` must hold `kv_heads * PV_MAX_TILE` entries, which are all written.
+/// Panics if a length does not fit.
+///
+/// # Safety
+/// None (safe to call).
+pub(crate) unsafe fn pv_table(
+    rows: &[KvRow<'_, i8>],
+    kv_heads: usize,
+    vs: &mut [f32],
+    zp: &mut [i16],
+) {
+    pv_table_from(rows, kv_heads, vs, zp, 0, 0);
+}
+
+/// Checks [`pv_table`]'s arguments.
+fn pv_table_check(rows: &[KvRow<'_, i8>], kv_heads: usize, vs: &[f32], zp: &[i16]) {
+    assert!((1..=PV_MAX_TILE).contains(&rows.len()), "tile");
+    assert!(
+        vs.len() >= kv_heads * PV_MAX_TILE && zp.len() >= kv_heads * PV_MAX_TILE,
+        "table"
+    );
+    for r in rows {
+        assert!(r.scales.len() >= kv_heads && r.zps.len() >= kv_heads, "row");
+    }
+}
+
+/// [`pv_table`] for the entries its SIMD versions leave: positions `t >= t0` of every head,
+/// heads `g >= g0` of positions `t < t0`, and the zero padding.
+fn pv_table_from(
+    rows: &[KvRow<'_, i8>],
+    kv_heads: usize,
+    vs: &mut [f32],
+    zp: &mut [i16],
+    t0: usize,
+    g0: usize,
+) {
+    pv_table_check(rows, kv_heads, vs, zp);
+    let n = rows.len();
+    for (t, r) in rows.iter().enumerate() {
+        let g_from = if t < t0 { g0 } else { 0 };
+        for g in g_from..kv_heads {
+            vs[g * PV_MAX_TILE + t] = r.scales[g];
+            zp[g * PV_MAX_TILE + t] = i16::from(r.zps[g]);
+        }
+    }
+    if n < PV_MAX_TILE {
+        for g in 0..kv_heads {
+            vs[g * PV_MAX_TILE + n..(g + 1) * PV_MAX_TILE].fill(0.0);
+            zp[g * PV_MAX_TILE + n..(g + 1) * PV_MAX_TILE].fill(0);
+        }
+    }
+}
+
+/// Signature of [`pv_table`] and its SIMD versions.
+pub(crate) type PvTableFn = unsafe fn(&[KvRow<'_, i8>], usize, &mut [f32], &mut [i16]);
+
+/// The i16 weights of the integer `P . V` for one query row and a tile of `n = tab.n` int8 V
+/// position rows: for each query head `h < step.len()`, with `g = h / group`, the weight
+/// `w_t = p[h * ldp + t] * vscale_{t,g}` is quantized symmetrically as the query is
+/// ([`quantize_q16`]): `step[h] = max_t |w_t| / 32767`, `w16[h * ldw + t] = round(w_t /
+/// step)`, so that `|w16 * step - w_t| <= step * (1/2 + 2^-8)` (the second term is the f32
+/// rounding of `w_t * (1 / step)`); `w16[h * ldw + t] = 0` for `n <= t < ldw`, and
+/// `zterm[h] = sum_t w16_t zp_{t,g}` (exact). All-zero weights give step 0; a NaN or
+/// infinite weight gives step NaN (the output is NaN, as in f32). Panics if a length does
+/// not fit.
+///
+/// # Safety
+/// None (safe to call).
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn pv_weights(
+    p: &[f32],
+    ldp: usize,
+    group: usize,
+    tab: PvTable<'_>,
+    ldw: usize,
+    w16: &mut [i16],
+    step: &mut [f32],
+    zterm: &mut [i32],
+) {
+    let (n, heads) = pv_weights_check(p, ldp, group, tab, ldw, w16, step, zterm);
+    for h in 0..heads {
+        let g = h / group;
+        let (vs, zp) = (
+            &tab.vs[g * PV_MAX_TILE..][..n],
+            &tab.zp[g * PV_MAX_TILE..][..n],
+        );
+        let mut w = [0f32; PV_MAX_TILE];
+        let (mut mx, mut nan) = (0f32, false);
+        for t in 0..n {
+            w[t] = p[h * ldp + t] * vs[t];
+            mx = mx.max(w[t].abs());
+            nan |= w[t].is_nan();
+        }
+        let (sc, inv) = q16_scale(mx, nan);
+        let out = &mut w16[h * ldw..(h + 1) * ldw];
+        let mut z = 0i32;
+        for t in 0..n {
+            out[t] = round_i16(w[t] * inv);
+            // No overflow: |sum| <= PV_MAX_TILE * 32767 * 128 (see `PV_MAX_TILE`).
+            z += i32::from(out[t]) * i32::from(zp[t]);
+        }
+        out[n..].fill(0);
+        step[h] = sc;
+        zterm[h] = z;
+    }
+}
+
+/// Checks [`pv_weights`]' arguments; returns the tile length and the number of heads.
+#[allow(clippy::too_many_arguments)]
+fn pv_weights_check(
+    p: &[f32],
+    ldp: usize,
+    group: usize,
+    tab: PvTable<'_>,
+    ldw: usize,
+    w16: &[i16],
+    step: &[f32],
+    zterm: &[i32],
+) -> (usize, usize) {
+    let (n, heads) = (tab.n, step.len());
+    assert!(
+        n >= 1 && n <= ldw && ldw <= PV_MAX_TILE && n <= ldp && group > 0,
+        "tile"
+    );
+    assert!(heads.is_multiple_of(group) && zterm.len() == heads, "heads");
+    assert!(
+        heads == 0 || (heads - 1) * ldp + n <= p.len() && heads * ldw <= w16.len(),
+        "weights"
+    );
+    let table = heads / group * PV_MAX_TILE;
+    assert!(tab.vs.len() >= table && tab.zp.len() >= table, "table");
+    (n, heads)
+}
+
+/// Signature of [`pv_weights`] and its SIMD versions.
+pub(crate) type PvWeights =
+    unsafe fn(&[f32], usize, usize, PvTable<'_>, usize, &mut [i16], &mut [f32], &mut [i32]);
+
+/// Position rows per [`pv_madd`] call (an even number: its SIMD versions take them in pairs).
+pub(crate) const PV_ROWS: usize = 8;
+const _: () = assert!(PV_ROWS.is_multiple_of(2) && PV_MAX_TILE.is_multiple_of(PV_ROWS));
+
+/// Integer `acc32 += W . V` over [`PV_ROWS`] int8 V position rows: for each head `h <
+/// acc32.len() / d`, with `g = h / group`, `acc32[h d + j] += sum_{u < PV_ROWS} w16[h * ldw +
+/// u] * v_u[g d + j]` (wrapping; exact while the [`PV_MAX_TILE`] bound holds). Heads whose
+/// weights are all 0 are skipped (they would add 0). Rows with weight 0 may be any valid row. Panics if a
+/// length does not fit.
+///
+/// # Safety
+/// None (safe to call).
+pub(crate) unsafe fn pv_madd(
+    acc32: &mut [i32],
+    d: usize,
+    group: usize,
+    w16: &[i16],
+    ldw: usize,
+    v: [KvRow<'_, i8>; PV_ROWS],
+) {
+    let heads = pv_check(acc32.len(), d, group, w16.len(), ldw, &v);
+    for h in 0..heads {
+        let g = h / group;
+        let w = &w16[h * ldw..h * ldw + PV_ROWS];
+        if w == [0; PV_ROWS] {
+            continue;
+        }
+        for j in 0..d {
+            let mut x = acc32[h * d + j];
+            for (u, r) in v.iter().enumerate() {
+                x = x.wrapping_add(i32::from(w[u]) * i32::from(r.x[g * d + j]));
+            }
+            acc32[h * d + j] = x;
+        }
+    }
+}
+
+/// Checks [`pv_madd`]'s arguments; returns the number of heads.
+fn pv_check(n: usize, d: usize, group: usize, w: usize, ldw: usize, v: &[KvRow<'_, i8>]) -> usize {
+    assert!(d > 0 && group > 0 && n.is_multiple_of(d), "accumulators");
+    let heads = n / d;
+    assert!(heads.is_multiple_of(group), "group");
+    assert!(heads == 0 || (heads - 1) * ldw + PV_ROWS <= w, "weights");
+    for r in v {
+        assert_eq!(r.x.len(), heads / group * d, "row length");
+    }
+    heads
+}
+
+/// Ends a tile of the integer `P . V`: for each head `h < step.len()` with `step[h] != 0`,
+/// `acc[h d + j] += step[h] * (acc32[h d + j] - zterm[h]) as f32` (a multiply, then an add:
+/// the SIMD versions match it bit for bit), and `acc32` is zeroed for the next tile. Heads
+/// with step 0 had all weights 0, so their `acc32` is still 0. Panics if a length does not
+/// fit.
+///
+/// # Safety
+/// None (safe to call).
+pub(crate) unsafe fn pv_flush(
+    acc: &mut [f32],
+    acc32: &mut [i32],
+    d: usize,
+    step: &[f32],
+    zterm: &[i32],
+) {
+    let heads = flush_check(acc, acc32, d, step, zterm);
+    for h in 0..heads {
+        if step[h] == 0.0 {
+            continue;
+        }
+        let a = &mut acc[h * d..(h + 1) * d];
+        for (x, y) in a.iter_mut().zip(&mut acc32[h * d..(h + 1) * d]) {
+            *x += step[h] * (y.wrapping_sub(zterm[h]) as f32);
+            *y = 0;
+        }
+    }
+}
+
+/// Checks [`pv_flush`]'s arguments; returns the number of heads.
+fn flush_check(acc: &[f32], acc32: &[i32], d: usize, step: &[f32], zterm: &[i32]) -> usize {
+    let heads = step.len();
+    assert!(
+        d > 0 && zterm.len() == heads && acc.len() == heads * d && acc32.len() == heads * d,
+        "flush"
+    );
+    heads
+}
+
+/// Signature of [`pv_madd`] and its SIMD versions.
+pub(crate) type PvMadd =
+    unsafe fn(&mut [i32], usize, usize, &[i16], usize, [KvRow<'_, i8>; PV_ROWS]);
+/// Signature of [`pv_flush`] and its SIMD versions.
+pub(crate) type PvFlush = unsafe fn(&mut [f32], &mut [i32], usize, &[f32], &[i32]);
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::{check, KvRow, Lane, LaneKind};
@@ -460,6 +715,300 @@ pub(crate) mod avx2 {
                 j += 8;
             }
             super::axpy_tail(acc, h, g, d, d8, wu, &v);
+        }
+    }
+
+    /// AVX2 version of [`super::pv_table`] (the same entries): blocks of 8 positions x 8
+    /// heads transposed in registers (the scales as floats, the zero points as bytes, then
+    /// widened to i16); the remaining positions and heads in scalar code.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn pv_table(
+        rows: &[KvRow<'_, i8>],
+        kv_heads: usize,
+        vs: &mut [f32],
+        zp: &mut [i16],
+    ) {
+        use super::PV_MAX_TILE as T;
+        super::pv_table_check(rows, kv_heads, vs, zp);
+        let (t8, g8) = (rows.len() / 8 * 8, kv_heads / 8 * 8);
+        for t in (0..t8).step_by(8) {
+            let r = &rows[t..t + 8];
+            for g in (0..g8).step_by(8) {
+                // SAFETY: `g + 8 <= g8 <= kv_heads <= scales.len(), zps.len()` of every row
+                // (checked above): 8 floats and 8 bytes readable at `g`.
+                let (sc, z): ([__m256; 8], [__m128i; 8]) = unsafe {
+                    (
+                        core::array::from_fn(|k| _mm256_loadu_ps(r[k].scales.as_ptr().add(g))),
+                        core::array::from_fn(|k| _mm_loadl_epi64(r[k].zps.as_ptr().add(g).cast())),
+                    )
+                };
+                let cols = crate::kernels::avx2::transpose8(sc);
+                // Bytes: after these, 64-bit half `j % 2` of `w[j / 2]` is head g + j's rows.
+                let a = [
+                    _mm_unpacklo_epi8(z[0], z[1]),
+                    _mm_unpacklo_epi8(z[2], z[3]),
+                    _mm_unpacklo_epi8(z[4], z[5]),
+                    _mm_unpacklo_epi8(z[6], z[7]),
+                ];
+                let b = [
+                    _mm_unpacklo_epi16(a[0], a[1]),
+                    _mm_unpackhi_epi16(a[0], a[1]),
+                    _mm_unpacklo_epi16(a[2], a[3]),
+                    _mm_unpackhi_epi16(a[2], a[3]),
+                ];
+                let w = [
+                    _mm_unpacklo_epi32(b[0], b[2]),
+                    _mm_unpackhi_epi32(b[0], b[2]),
+                    _mm_unpacklo_epi32(b[1], b[3]),
+                    _mm_unpackhi_epi32(b[1], b[3]),
+                ];
+                for (j, c) in cols.into_iter().enumerate() {
+                    let o = (g + j) * T + t;
+                    // SAFETY: `o + 8 <= (g + j + 1) * T <= kv_heads * T <= vs.len()` (as
+                    // `t + 8 <= t8 <= T`; checked above).
+                    unsafe { _mm256_storeu_ps(vs.as_mut_ptr().add(o), c) };
+                }
+                for (k, x) in w.into_iter().enumerate() {
+                    let x = _mm256_cvtepi8_epi16(x);
+                    let o = (g + 2 * k) * T + t;
+                    // SAFETY: as above, for heads g + 2k and g + 2k + 1 (`o + T + 8 <=
+                    // kv_heads * T <= zp.len()`).
+                    unsafe {
+                        _mm_storeu_si128(zp.as_mut_ptr().add(o).cast(), _mm256_castsi256_si128(x));
+                        _mm_storeu_si128(
+                            zp.as_mut_ptr().add(o + T).cast(),
+                            _mm256_extracti128_si256::<1>(x),
+                        );
+                    }
+                }
+            }
+        }
+        // Heads g8.. of positions ..t8, positions t8.. of every head, and the padding.
+        super::pv_table_from(rows, kv_heads, vs, zp, t8, g8);
+    }
+
+    /// AVX2 version of [`super::pv_weights`], bit for bit: the same products, maximum and
+    /// scale; the clamp and `vcvtps2dq` (half to even) round as `round_i16` does. Each head's
+    /// weights are 32 lanes (the table is zero past the tile).
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn pv_weights(
+        p: &[f32],
+        ldp: usize,
+        group: usize,
+        tab: super::PvTable<'_>,
+        ldw: usize,
+        w16: &mut [i16],
+        step: &mut [f32],
+        zterm: &mut [i32],
+    ) {
+        use super::PV_MAX_TILE as T;
+        let (n, heads) = super::pv_weights_check(p, ldp, group, tab, ldw, w16, step, zterm);
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        let (hi, lo) = (_mm256_set1_ps(32767.0), _mm256_set1_ps(-32767.0));
+        // Lanes t >= n stay 0: weight p * 0 with p = 0.
+        let mut pb = [0f32; T];
+        for h in 0..heads {
+            let g = h / group;
+            let (vs, zp) = (&tab.vs[g * T..(g + 1) * T], &tab.zp[g * T..(g + 1) * T]);
+            // A full tile's weights are read in place, a shorter one's through `pb`.
+            let ph: &[f32] = if n == T {
+                &p[h * ldp..h * ldp + T]
+            } else {
+                for (x, y) in pb.iter_mut().zip(&p[h * ldp..h * ldp + n]) {
+                    *x = *y;
+                }
+                &pb
+            };
+            let (mut mv, mut nanv) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let w: [__m256; 4] = core::array::from_fn(|k| {
+                // SAFETY: `8k + 8 <= 32 = T`: inside `ph` and `vs` (T floats each).
+                let x = unsafe {
+                    _mm256_mul_ps(
+                        _mm256_loadu_ps(ph.as_ptr().add(8 * k)),
+                        _mm256_loadu_ps(vs.as_ptr().add(8 * k)),
+                    )
+                };
+                mv = _mm256_max_ps(mv, _mm256_and_ps(x, abs));
+                nanv = _mm256_or_ps(nanv, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+                x
+            });
+            let nan = _mm256_movemask_ps(nanv) != 0;
+            let (sc, inv) = super::q16_scale(crate::kernels::avx2::hmax(mv), nan);
+            let out = &mut w16[h * ldw..(h + 1) * ldw];
+            if sc.is_nan() {
+                // As the scalar version (NaN * 0 rounds to 0), not vcvtps2dq's 0x80000000.
+                out.fill(0);
+                (step[h], zterm[h]) = (sc, 0);
+                continue;
+            }
+            let iv = _mm256_set1_ps(inv);
+            let r = w.map(|x| {
+                _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(_mm256_mul_ps(x, iv), hi), lo))
+            });
+            // packs interleaves the 128-bit halves: a0-3 b0-3 a4-7 b4-7.
+            let q = [
+                _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(r[0], r[1])),
+                _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(r[2], r[3])),
+            ];
+            let mut buf = [0i16; T];
+            let dst: &mut [i16] = if ldw == T { out } else { &mut buf };
+            // SAFETY: `dst` and `zp` are 32 i16 (64 bytes): two 32-byte halves each.
+            let z = unsafe {
+                _mm256_storeu_si256(dst.as_mut_ptr().cast(), q[0]);
+                _mm256_storeu_si256(dst.as_mut_ptr().add(16).cast(), q[1]);
+                _mm256_add_epi32(
+                    _mm256_madd_epi16(q[0], _mm256_loadu_si256(zp.as_ptr().cast())),
+                    _mm256_madd_epi16(q[1], _mm256_loadu_si256(zp.as_ptr().add(16).cast())),
+                )
+            };
+            let zero = _mm256_setzero_si256();
+            if ldw < T {
+                for (x, y) in w16[h * ldw..(h + 1) * ldw].iter_mut().zip(&buf) {
+                    *x = *y;
+                }
+            }
+            step[h] = sc;
+            zterm[h] = _mm_cvtsi128_si32(hsum4_epi32([z, zero, zero, zero]));
+        }
+    }
+
+    /// AVX2 version of [`super::pv_madd`] (the same i32 sums, so the same bits). Two
+    /// positions at a time: their int8 values interleaved bytewise (`vpunpcklbw` /
+    /// `vpunpckhbw`), sign-extended to 16 i16 lanes `(v_u[j], v_u+1[j])` (`vpmovsxbw`) and
+    /// multiplied by the i32 broadcast of the weight pair `(w_u, w_u+1)` with `vpmaddwd`,
+    /// which adds each lane pair: 8 lanes of `w_u v_u + w_u+1 v_u+1` per instruction; the
+    /// accumulators are loaded and stored once per [`super::PV_ROWS`] rows.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn pv_madd(
+        acc32: &mut [i32],
+        d: usize,
+        group: usize,
+        w16: &[i16],
+        ldw: usize,
+        v: [KvRow<'_, i8>; super::PV_ROWS],
+    ) {
+        const P: usize = super::PV_ROWS / 2;
+        let heads = super::pv_check(acc32.len(), d, group, w16.len(), ldw, &v);
+        let (d8, d16) = (d / 8 * 8, d / 16 * 16);
+        for h in 0..heads {
+            let g = h / group;
+            let w = &w16[h * ldw..h * ldw + super::PV_ROWS];
+            if w == [0; super::PV_ROWS] {
+                continue;
+            }
+            // (w_2k, w_2k+1) as i32 lanes: the low i16 pairs with row 2k.
+            let wp: [__m256i; P] = core::array::from_fn(|k| {
+                _mm256_set1_epi32(i32::from(w[2 * k] as u16) | i32::from(w[2 * k + 1]) << 16)
+            });
+            // SAFETY: `h < heads`, `g < heads / group`: accumulator h and head vector g of
+            // every row are `d` elements inside `acc32` and the rows (checked above).
+            let (ap, vp) = unsafe {
+                (
+                    acc32.as_mut_ptr().add(h * d),
+                    v.map(|r| r.x.as_ptr().add(g * d)),
+                )
+            };
+            let mut j = 0;
+            while j < d16 {
+                let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                for k in 0..P {
+                    // SAFETY: `j + 16 <= d16 <= d`: 16 lanes inside rows 2k and 2k + 1.
+                    let (a, b) = unsafe {
+                        (
+                            _mm_loadu_si128(vp[2 * k].add(j).cast()),
+                            _mm_loadu_si128(vp[2 * k + 1].add(j).cast()),
+                        )
+                    };
+                    let l = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b));
+                    let u = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(a, b));
+                    lo = _mm256_add_epi32(lo, _mm256_madd_epi16(l, wp[k]));
+                    hi = _mm256_add_epi32(hi, _mm256_madd_epi16(u, wp[k]));
+                }
+                // SAFETY: `j + 16 <= d`: 16 lanes inside accumulator h.
+                unsafe {
+                    let a0 = _mm256_loadu_si256(ap.add(j).cast());
+                    let a1 = _mm256_loadu_si256(ap.add(j + 8).cast());
+                    _mm256_storeu_si256(ap.add(j).cast(), _mm256_add_epi32(a0, lo));
+                    _mm256_storeu_si256(ap.add(j + 8).cast(), _mm256_add_epi32(a1, hi));
+                }
+                j += 16;
+            }
+            if j < d8 {
+                let mut lo = _mm256_setzero_si256();
+                for k in 0..P {
+                    // SAFETY: `j + 8 <= d8 <= d`: 8 lanes inside rows 2k and 2k + 1.
+                    let (a, b) = unsafe {
+                        (
+                            _mm_loadl_epi64(vp[2 * k].add(j).cast()),
+                            _mm_loadl_epi64(vp[2 * k + 1].add(j).cast()),
+                        )
+                    };
+                    let l = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b));
+                    lo = _mm256_add_epi32(lo, _mm256_madd_epi16(l, wp[k]));
+                }
+                // SAFETY: `j + 8 <= d`: 8 lanes inside accumulator h.
+                unsafe {
+                    let a0 = _mm256_loadu_si256(ap.add(j).cast());
+                    _mm256_storeu_si256(ap.add(j).cast(), _mm256_add_epi32(a0, lo));
+                }
+                j += 8;
+            }
+            for j in j..d {
+                let mut x = acc32[h * d + j];
+                for (u, r) in v.iter().enumerate() {
+                    x = x.wrapping_add(i32::from(w[u]) * i32::from(r.x[g * d + j]));
+                }
+                acc32[h * d + j] = x;
+            }
+        }
+    }
+
+    /// AVX2 version of [`super::pv_flush`], bit for bit (`vcvtdq2ps` rounds as `as f32`;
+    /// a multiply then an add, not an FMA, as the scalar code).
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn pv_flush(
+        acc: &mut [f32],
+        acc32: &mut [i32],
+        d: usize,
+        step: &[f32],
+        zterm: &[i32],
+    ) {
+        let heads = super::flush_check(acc, acc32, d, step, zterm);
+        let d8 = d / 8 * 8;
+        let zero = _mm256_setzero_si256();
+        for h in 0..heads {
+            if step[h] == 0.0 {
+                continue;
+            }
+            let (sv, zv) = (_mm256_set1_ps(step[h]), _mm256_set1_epi32(zterm[h]));
+            let (a, a32) = (&mut acc[h * d..(h + 1) * d], &mut acc32[h * d..(h + 1) * d]);
+            for j in (0..d8).step_by(8) {
+                // SAFETY: `j + 8 <= d8 <= d`: 8 lanes inside both heads' slices.
+                unsafe {
+                    let x = _mm256_loadu_si256(a32.as_ptr().add(j).cast());
+                    let f = _mm256_cvtepi32_ps(_mm256_sub_epi32(x, zv));
+                    let y = _mm256_add_ps(_mm256_loadu_ps(a.as_ptr().add(j)), _mm256_mul_ps(sv, f));
+                    _mm256_storeu_ps(a.as_mut_ptr().add(j), y);
+                    _mm256_storeu_si256(a32.as_mut_ptr().add(j).cast(), zero);
+                }
+            }
+            for (x, y) in a[d8..].iter_mut().zip(&mut a32[d8..]) {
+                *x += step[h] * (y.wrapping_sub(zterm[h]) as f32);
+                *y = 0;
+            }
         }
     }
 

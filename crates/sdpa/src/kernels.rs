@@ -9,7 +9,9 @@
 
 use crate::convert;
 use crate::elem::{Bf16, F16};
-use crate::fused::{self, AxpyRow, QuantizeQ16, ScoresQ16, ScoresRow};
+use crate::fused::{
+    self, AxpyRow, PvFlush, PvMadd, PvTableFn, PvWeights, QuantizeQ16, ScoresQ16, ScoresRow,
+};
 use crate::plan::{MR, NR};
 use crate::simd::{simd_level, SimdLevel};
 
@@ -51,8 +53,20 @@ pub(crate) struct Kernels {
     pub axpy_f32: AxpyRow<f32>,
     /// The same on bf16 V rows.
     pub axpy_bf16: AxpyRow<Bf16>,
-    /// The same on int8 V rows.
+    /// The same on int8 V rows (used when `int_pv` is false).
     pub axpy_i8: AxpyRow<i8>,
+    /// Whether decode computes an int8 cache's `P . V` in integers (`fused::pv_weights`,
+    /// then `pv_madd` per four V rows, `pv_flush` per tile) instead of with `axpy_i8`.
+    pub int_pv: bool,
+    /// The integer `P . V`'s table of a tile's V scales and zero points: see
+    /// [`fused::pv_table`].
+    pub pv_table: PvTableFn,
+    /// The integer `P . V`'s i16 weights of a tile: see [`fused::pv_weights`].
+    pub pv_weights: PvWeights,
+    /// Integer `acc32 += W . V` over four int8 V rows: see [`fused::pv_madd`].
+    pub pv_madd: PvMadd,
+    /// Ends a tile of the integer `P . V`: see [`fused::pv_flush`].
+    pub pv_flush: PvFlush,
     /// Which set this is.
     pub level: SimdLevel,
 }
@@ -95,6 +109,11 @@ impl Kernels {
                     axpy_f32: fused::avx2::axpy_row,
                     axpy_bf16: fused::avx2::axpy_row,
                     axpy_i8: fused::avx2::axpy_row,
+                    int_pv: true,
+                    pv_table: fused::avx2::pv_table,
+                    pv_weights: fused::avx2::pv_weights,
+                    pv_madd: fused::avx2::pv_madd,
+                    pv_flush: fused::avx2::pv_flush,
                     level,
                 };
             }
@@ -120,6 +139,12 @@ impl Kernels {
                     axpy_f32: fused::neon::axpy_row,
                     axpy_bf16: fused::neon::axpy_row,
                     axpy_i8: fused::neon::axpy_row,
+                    // NEON keeps the f32 `P . V` (its axpy converts in registers).
+                    int_pv: false,
+                    pv_table: fused::pv_table,
+                    pv_weights: fused::pv_weights,
+                    pv_madd: fused::pv_madd,
+                    pv_flush: fused::pv_flush,
                     level,
                 };
             }
@@ -176,6 +201,11 @@ impl Kernels {
             axpy_f32: fused::axpy_row,
             axpy_bf16: fused::axpy_row,
             axpy_i8: fused::axpy_row,
+            int_pv: true,
+            pv_table: fused::pv_table,
+            pv_weights: fused::pv_weights,
+            pv_madd: fused::pv_madd,
+            pv_flush: fused::pv_flush,
             level: SimdLevel::Portable,
         }
     }
@@ -568,7 +598,7 @@ pub(crate) mod avx2 {
 
     /// Transposes the 8x8 block whose rows are `r`.
     #[target_feature(enable = "avx2,fma")]
-    fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    pub(crate) fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
         let t0 = _mm256_unpacklo_ps(r[0], r[1]);
         let t1 = _mm256_unpackhi_ps(r[0], r[1]);
         let t2 = _mm256_unpacklo_ps(r[2], r[3]);
@@ -704,6 +734,218 @@ mod tests {
             matches_scalar(f);
             conversions_match_scalar(f);
             fused_match_scalar(f);
+            int_pv_matches_model(f);
+        }
+    }
+
+    /// The integer `P . V` of `f` (table, weights, `pv_madd` per `PV_ROWS` rows, flush) gives
+    /// bit for bit what a direct model of the same integer arithmetic gives (`acc + step *
+    /// (sum_t w16_t (v_t - zp_t)) as f32`, the sum in i64), and that is within the weights'
+    /// rounding bound of the f64 sum: head dims 1..40 (every vector tail), 128 and 300; MHA
+    /// and groups of 2 and 3; tiles of 1..32 positions (odd ones end in a half pair, short
+    /// ones padded to `PV_ROWS`), with `ldw` the padded tile and 32; a head of zero weights
+    /// (skipped) and one with a NaN weight (NaN out). The weights are checked one by one:
+    /// `|w16 * step - w| <= step * (1/2 + 2^-8)`, and the largest is 32767 (a tight step).
+    fn int_pv_matches_model(f: Kernels) {
+        use crate::fused::{KvRow, PvTable, PV_MAX_TILE, PV_ROWS};
+        let s = Kernels::scalar();
+        let cases = (1..=40)
+            .map(|d| (d, 3, [1, 3, 2][d % 3], 1 + (d * 7) % 32))
+            .chain([
+                (128, 4, 1, 32),
+                (128, 4, 2, 31),
+                (300, 2, 1, 9),
+                (17, 6, 3, 32),
+                // 8-position x 8-head blocks of the SIMD table, with remainders.
+                (5, 8, 1, 32),
+                (3, 9, 1, 17),
+                (16, 16, 2, 24),
+                (7, 11, 1, 8),
+            ]);
+        for (d, kvh, group, n) in cases {
+            let heads = kvh * group;
+            let nr = n.div_ceil(PV_ROWS) * PV_ROWS;
+            let vals: Vec<Vec<i8>> = (0..nr)
+                .map(|t| {
+                    (0..kvh * d)
+                        .map(|j| ((j * 37 + t * 101 + d) % 256) as u8 as i8)
+                        .collect()
+                })
+                .collect();
+            let scales: Vec<Vec<f32>> = (0..nr)
+                .map(|t| {
+                    data(kvh, 70 + t as u32)
+                        .iter()
+                        .map(|x| x.abs() * 0.05)
+                        .collect()
+                })
+                .collect();
+            let zps: Vec<Vec<i8>> = (0..nr)
+                .map(|t| {
+                    (0..kvh)
+                        .map(|g| ((g * 53 + t * 7) % 256) as u8 as i8)
+                        .collect()
+                })
+                .collect();
+            let row = |t: usize| KvRow {
+                x: &vals[t.min(n - 1)][..],
+                scales: &scales[t.min(n - 1)][..],
+                zps: &zps[t.min(n - 1)][..],
+            };
+            let rows: Vec<KvRow<'_, i8>> = (0..nr).map(row).collect();
+            let ldp = n + 3;
+            let mut p: Vec<f32> = data(heads * ldp, 90 + d as u32)
+                .iter()
+                .map(|x| x.abs())
+                .collect();
+            p[ldp..ldp + n].fill(0.0); // head 1: all weights 0
+            if heads > 2 {
+                p[2 * ldp + n / 2] = f32::NAN; // head 2: NaN
+            }
+            let a0 = data(heads * d, 91);
+            // The table: every level's bit for bit as the scalar one, which is checked
+            // against its definition.
+            let table = |k: &Kernels| {
+                let (mut vs, mut zp) = (
+                    vec![f32::NAN; kvh * PV_MAX_TILE],
+                    vec![7i16; kvh * PV_MAX_TILE],
+                );
+                // SAFETY: slice-based kernel on a CPU that runs `k`'s level.
+                unsafe { (k.pv_table)(&rows[..n], kvh, &mut vs, &mut zp) };
+                (vs, zp)
+            };
+            let (vs, zp) = table(&s);
+            let (vf, zf) = table(&f);
+            assert_eq!(
+                (vf.map_bits(), zf),
+                (vs.map_bits(), zp.clone()),
+                "table d {d} kvh {kvh} n {n}"
+            );
+            for g in 0..kvh {
+                for t in 0..PV_MAX_TILE {
+                    let (want_s, want_z) = if t < n {
+                        (scales[t][g], i16::from(zps[t][g]))
+                    } else {
+                        (0.0, 0)
+                    };
+                    assert_eq!(
+                        (vs[g * PV_MAX_TILE + t], zp[g * PV_MAX_TILE + t]),
+                        (want_s, want_z)
+                    );
+                }
+            }
+            let tab = PvTable {
+                vs: &vs,
+                zp: &zp,
+                n,
+            };
+            for ldw in [nr, PV_MAX_TILE] {
+                let run = |k: &Kernels| {
+                    let mut w16 = vec![5i16; heads * ldw];
+                    let (mut step, mut zt) = (vec![f32::NAN; heads], vec![9i32; heads]);
+                    let mut acc = a0.clone();
+                    let mut acc32 = vec![0i32; heads * d];
+                    // SAFETY: slice-based kernels on a CPU that runs `k`'s level.
+                    unsafe {
+                        (k.pv_weights)(&p, ldp, group, tab, ldw, &mut w16, &mut step, &mut zt);
+                        for u in (0..n).step_by(PV_ROWS) {
+                            let v: [KvRow<'_, i8>; PV_ROWS] = core::array::from_fn(|j| rows[u + j]);
+                            (k.pv_madd)(&mut acc32, d, group, &w16[u..], ldw, v);
+                        }
+                        (k.pv_flush)(&mut acc, &mut acc32, d, &step, &zt);
+                    }
+                    assert!(acc32.iter().all(|&x| x == 0), "flush zeroes acc32");
+                    (w16, step.map_bits(), zt, acc.map_bits())
+                };
+                let (a, b) = (run(&f), run(&s));
+                assert_eq!(a, b, "int P.V d {d} group {group} n {n} ldw {ldw}");
+                let (w16, step, zt, acc) = (b.0, b.1.unbits(), b.2, b.3.unbits());
+                for h in 0..heads {
+                    let g = h / group;
+                    let what = format!("d {d} group {group} n {n} ldw {ldw} h {h}");
+                    if h == 2 && heads > 2 {
+                        assert!(
+                            step[h].is_nan() && acc[h * d..(h + 1) * d].iter().all(|x| x.is_nan())
+                        );
+                        continue;
+                    }
+                    let wh = &w16[h * ldw..(h + 1) * ldw];
+                    assert!(wh[n..].iter().all(|&x| x == 0), "{what}: padding");
+                    if h == 1 {
+                        assert_eq!(step[h], 0.0, "{what}");
+                        assert_eq!(
+                            acc[d..2 * d],
+                            a0[d..2 * d],
+                            "{what}: zero weights changed acc"
+                        );
+                        continue;
+                    }
+                    let sc = step[h];
+                    assert_eq!(
+                        wh.iter().map(|x| x.abs()).max(),
+                        Some(32767),
+                        "{what}: step not tight"
+                    );
+                    let z: i64 = (0..n)
+                        .map(|t| i64::from(wh[t]) * i64::from(zps[t][g]))
+                        .sum();
+                    assert_eq!(i64::from(zt[h]), z, "{what}: zero-point term");
+                    let mut werr = [0f64; PV_MAX_TILE];
+                    for t in 0..n {
+                        let w = f64::from(p[h * ldp + t] * scales[t][g]);
+                        werr[t] = (f64::from(wh[t]) * f64::from(sc) - w).abs();
+                        assert!(
+                            werr[t] <= f64::from(sc) * (0.5 + 1.0 / 256.0),
+                            "{what}: weight {t}"
+                        );
+                    }
+                    for j in 0..d {
+                        let x: i64 = (0..n)
+                            .map(|t| {
+                                i64::from(wh[t])
+                                    * (i64::from(vals[t][g * d + j]) - i64::from(zps[t][g]))
+                            })
+                            .sum();
+                        let model = a0[h * d + j] + sc * (x as i32 as f32);
+                        assert_eq!(
+                            acc[h * d + j].to_bits(),
+                            model.to_bits(),
+                            "{what}: lane {j}"
+                        );
+                        let (mut want, mut mag, mut bound) = (f64::from(a0[h * d + j]), 0f64, 0f64);
+                        for t in 0..n {
+                            let v = f64::from(vals[t][g * d + j]) - f64::from(zps[t][g]);
+                            let y = f64::from(p[h * ldp + t]) * f64::from(scales[t][g]) * v;
+                            want += y;
+                            mag += y.abs();
+                            bound += f64::from(sc) * (0.5 + 1.0 / 256.0) * v.abs();
+                        }
+                        let got = f64::from(acc[h * d + j]);
+                        assert!(
+                            (got - want).abs() <= bound + 1e-5 * (mag + want.abs()),
+                            "{what}: lane {j}: {got} vs {want} (bound {bound})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// f32 vectors compared and stored by their bits (NaN equal to itself).
+    trait Bits {
+        fn map_bits(&self) -> Vec<u32>;
+    }
+    impl Bits for Vec<f32> {
+        fn map_bits(&self) -> Vec<u32> {
+            self.iter().map(|x| x.to_bits()).collect()
+        }
+    }
+    trait Unbits {
+        fn unbits(&self) -> Vec<f32>;
+    }
+    impl Unbits for Vec<u32> {
+        fn unbits(&self) -> Vec<f32> {
+            self.iter().map(|&x| f32::from_bits(x)).collect()
         }
     }
 

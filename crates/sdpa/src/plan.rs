@@ -160,8 +160,9 @@ impl TiledLayout {
 /// Offsets (in floats) of the row path's regions: the worker slice holds the score tile (and,
 /// when inputs need converting, the converted Q rows; for f16 K/V one K head vector and
 /// `V_GROUP` V head vectors; for the int8 cache the Q rows quantized to i16 with their scales
-/// and sums); each chunk's partial result holds the running max, the running sum and the
-/// accumulator.
+/// and sums, and the integer `P . V`'s i32 accumulators, i16 weights, steps, zero-point terms
+/// and transposed V scales and zero points); each chunk's partial result holds the running
+/// max, the running sum and the accumulator.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RowsLayout {
     /// Query rows per sequence: `q_len * heads`.
@@ -179,6 +180,21 @@ pub(crate) struct RowsLayout {
     pub q16_scale: usize,
     /// Worker slice: their sums `[nq]` (i32).
     pub q16_sum: usize,
+    /// Worker slice (int8 cache): the integer `P . V`'s accumulators `[nq, d]` (i32).
+    pub pv32: usize,
+    /// Worker slice: the tile's i16 weights `[nq, pv_ldw]` (two per float).
+    pub pv_w16: usize,
+    /// Worker slice: their steps `[nq]`.
+    pub pv_step: usize,
+    /// Worker slice: their zero-point terms `[nq]` (i32).
+    pub pv_zterm: usize,
+    /// Worker slice: the tile's V scales per KV head `[kv_heads, PV_MAX_TILE]`.
+    pub pv_vs: usize,
+    /// Worker slice: its zero points `[kv_heads, PV_MAX_TILE]` (i16, two per float).
+    pub pv_zp: usize,
+    /// Weights per query head in `pv_w16`: the tile rounded up to `PV_ROWS` (`pv_madd` reads
+    /// that many).
+    pub pv_ldw: usize,
     /// Floats of a worker slice.
     pub thread_floats: usize,
     /// Chunk partial offsets.
@@ -206,7 +222,26 @@ impl RowsLayout {
         };
         let q16_scale = q16.saturating_add(round_up(q16_floats, LINE_FLOATS));
         let q16_sum = q16_scale.saturating_add(round_up(q16_heads, LINE_FLOATS));
-        let thread_floats = q16_sum.saturating_add(round_up(q16_heads, LINE_FLOATS));
+        let pv32 = q16_sum.saturating_add(round_up(q16_heads, LINE_FLOATS));
+        // The integer P . V (int8 cache): the same regions on every kernel set, so the
+        // scratch size does not depend on the SIMD level (NEON leaves them unused).
+        let pv_ldw = round_up(tile, crate::fused::PV_ROWS);
+        let (pv_acc_floats, pv_w_floats) = if conv.q16 {
+            (nq.saturating_mul(d), nq.saturating_mul(pv_ldw).div_ceil(2))
+        } else {
+            (0, 0)
+        };
+        let pv_w16 = pv32.saturating_add(round_up(pv_acc_floats, LINE_FLOATS));
+        let pv_step = pv_w16.saturating_add(round_up(pv_w_floats, LINE_FLOATS));
+        let pv_zterm = pv_step.saturating_add(round_up(q16_heads, LINE_FLOATS));
+        let tab = if conv.q16 {
+            shape.kv_heads.saturating_mul(crate::fused::PV_MAX_TILE)
+        } else {
+            0
+        };
+        let pv_vs = pv_zterm.saturating_add(round_up(q16_heads, LINE_FLOATS));
+        let pv_zp = pv_vs.saturating_add(round_up(tab, LINE_FLOATS));
+        let thread_floats = pv_zp.saturating_add(round_up(tab.div_ceil(2), LINE_FLOATS));
         let m = 0;
         let l = round_up(nq, LINE_FLOATS);
         let acc = l.saturating_add(round_up(nq, LINE_FLOATS));
@@ -220,6 +255,13 @@ impl RowsLayout {
             q16,
             q16_scale,
             q16_sum,
+            pv32,
+            pv_w16,
+            pv_step,
+            pv_zterm,
+            pv_vs,
+            pv_zp,
+            pv_ldw,
             thread_floats,
             m,
             l,

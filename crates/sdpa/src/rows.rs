@@ -7,11 +7,14 @@
 use rayon::prelude::*;
 
 use crate::elem::Element;
-use crate::fused::{KvRow, Q16};
-use crate::plan::{Path, Plan, RowsLayout, V_GROUP};
+use crate::fused::{KvRow, PvTable, PV_MAX_TILE, PV_ROWS, Q16};
+use crate::plan::{Path, Plan, RowsLayout, ROW_TILE, V_GROUP};
 use crate::source::as_f32;
 use crate::sync::{Scratch, SharedOut};
 use crate::Args;
+
+// A row-path tile fits the integer P . V's i32 bound and is whole `pv_madd` calls.
+const _: () = assert!(ROW_TILE <= PV_MAX_TILE && ROW_TILE.is_multiple_of(PV_ROWS));
 
 /// f16 K and V rows (converted head by head) are prefetched this many positions ahead: their
 /// per-head conversion loop issues too few loads at a time for the hardware prefetcher alone.
@@ -157,7 +160,13 @@ fn chunk<T: Element>(
     let (kbuf, conv) = conv.split_at_mut(lay.vc - lay.kc);
     let (vbuf, conv) = conv.split_at_mut(lay.q16 - lay.vc);
     let (q16, conv) = conv.split_at_mut(lay.q16_scale - lay.q16);
-    let (q16_scale, q16_sum) = conv.split_at_mut(lay.q16_sum - lay.q16_scale);
+    let (q16_scale, conv) = conv.split_at_mut(lay.q16_sum - lay.q16_scale);
+    let (q16_sum, conv) = conv.split_at_mut(lay.pv32 - lay.q16_sum);
+    let (pv32, conv) = conv.split_at_mut(lay.pv_w16 - lay.pv32);
+    let (pv_w16, conv) = conv.split_at_mut(lay.pv_step - lay.pv_w16);
+    let (pv_step, conv) = conv.split_at_mut(lay.pv_zterm - lay.pv_step);
+    let (pv_zterm, conv) = conv.split_at_mut(lay.pv_vs - lay.pv_zterm);
+    let (pv_vs, pv_zp) = conv.split_at_mut(lay.pv_zp - lay.pv_vs);
     let s = &mut s[..nq * tile];
     let q_src = &a.q[b * nq * d..(b + 1) * nq * d];
     // Dense bf16 K on a kernel set that wants it: the query rows in `split16` order.
@@ -182,6 +191,14 @@ fn chunk<T: Element>(
     if lay.q16_scale > lay.q16 {
         // SAFETY: slice-based kernel (checks its lengths); kernel set from `detect`.
         unsafe { (kern.quantize_q16)(qb, d, q16, q16_scale, q16_sum) };
+    }
+    // The int8 cache's integer P . V (kernel sets with `int_pv`): i32 accumulators per query
+    // row, zeroed here and by every flush.
+    let int_v = a.v.int8().filter(|_| kern.int_pv && lay.pv_w16 > lay.pv32);
+    let (pv32, pv_w16) = (as_i32(pv32), as_i16(pv_w16));
+    let (pv_zterm, pv_zp) = (as_i32(pv_zterm), as_i16(pv_zp));
+    if int_v.is_some() {
+        pv32[..nq * d].fill(0);
     }
     let mut t0 = c0;
     while t0 < c1 {
@@ -226,6 +243,64 @@ fn chunk<T: Element>(
             let vis = a.visible(r / heads, t0, nb);
             let acc_r = &mut acc[r * d..(r + 1) * d];
             kern.softmax_update(srow, vis, a.c, &mut m[r], &mut l[r], acc_r);
+        }
+        // int8 V in integers: the tile's V scales and zero points transposed once; per query
+        // row and head the tile's weights `p * vscale` as i16 (one step each); `acc32 += W .
+        // V` PV_ROWS position rows at a time (each read contiguously); one flush into `acc`
+        // per tile (before the next softmax update can rescale `acc`).
+        if let Some(vc) = int_v {
+            let ldw = lay.pv_ldw;
+            let first = b * sh.kv_capacity + t0;
+            // Rows past the tile repeat its last row (weight 0, so they add exact zeros).
+            let rows: [KvRow<'_, i8>; ROW_TILE] = core::array::from_fn(|u| {
+                crate::source::Kv::<T>::int8_row(vc, first + u.min(nb - 1), sh.kv_heads, d)
+            });
+            // SAFETY: slice-based kernel (checks its lengths); set from `detect`.
+            unsafe { (kern.pv_table)(&rows[..nb], sh.kv_heads, pv_vs, pv_zp) };
+            let tab = PvTable {
+                vs: pv_vs,
+                zp: pv_zp,
+                n: nb,
+            };
+            for i in 0..sh.q_len {
+                // SAFETY: slice-based kernel (checks its lengths); set from `detect`.
+                unsafe {
+                    (kern.pv_weights)(
+                        &s[i * heads * tile..],
+                        tile,
+                        group,
+                        tab,
+                        ldw,
+                        &mut pv_w16[i * heads * ldw..(i + 1) * heads * ldw],
+                        &mut pv_step[i * heads..(i + 1) * heads],
+                        &mut pv_zterm[i * heads..(i + 1) * heads],
+                    )
+                };
+            }
+            for u in (0..nb).step_by(PV_ROWS) {
+                let vr: [KvRow<'_, i8>; PV_ROWS] = core::array::from_fn(|j| rows[u + j]);
+                for i in 0..sh.q_len {
+                    let w = &pv_w16[i * heads * ldw + u..(i + 1) * heads * ldw];
+                    // SAFETY: slice-based kernel (checks its lengths); set from `detect`.
+                    unsafe {
+                        (kern.pv_madd)(&mut pv32[i * hd..(i + 1) * hd], d, group, w, ldw, vr)
+                    };
+                }
+            }
+            for i in 0..sh.q_len {
+                let (st, zt) = (
+                    &pv_step[i * heads..(i + 1) * heads],
+                    &pv_zterm[i * heads..(i + 1) * heads],
+                );
+                let (acc_i, pv_i) = (
+                    &mut acc[i * hd..(i + 1) * hd],
+                    &mut pv32[i * hd..(i + 1) * hd],
+                );
+                // SAFETY: as above.
+                unsafe { (kern.pv_flush)(acc_i, pv_i, d, st, zt) };
+            }
+            t0 += nb;
+            continue;
         }
         // acc += P . V, V_GROUP position rows at a time (each read contiguously).
         let mut u = 0;

@@ -85,10 +85,23 @@ impl<T: Element> Kv<'_, T> {
         matches!(self, Kv::Int8(_)) || T::DTYPE != crate::Dtype::F16
     }
 
+    /// The int8 cache, if this is one.
+    pub(crate) fn int8(&self) -> Option<&QuantizedKv<'_>> {
+        match self {
+            Kv::Int8(c) => Some(c),
+            Kv::Dense(_) => None,
+        }
+    }
+
     /// Position row `t` (counted over the whole cache: `batch * kv_capacity + position`) of
     /// an int8 cache, `kv_heads` heads of `d` values, as the row kernels take it.
     #[inline]
-    fn int8_row<'s>(c: &QuantizedKv<'s>, t: usize, kv_heads: usize, d: usize) -> KvRow<'s, i8> {
+    pub(crate) fn int8_row<'s>(
+        c: &QuantizedKv<'s>,
+        t: usize,
+        kv_heads: usize,
+        d: usize,
+    ) -> KvRow<'s, i8> {
         let r = t * kv_heads;
         KvRow {
             x: &c.values[r * d..(r + kv_heads) * d],

@@ -16,6 +16,16 @@
 //! most `delta = |scale| * max_t kscale_t * s_h / 2 * sum_j |k_tj - zp_t|`, which moves each
 //! softmax weight by a factor within `e^(+-2 delta)` and so the output by at most
 //! `(e^(2 delta) - 1) * max |v|` ([`q16_bound`], computed from the data of each case).
+//!
+//! Its integer `P . V` (AVX2 and portable sets) adds the rounding of its i16 weights: per
+//! query row, head and tile `T` of positions, `w_t = p_t * vscale_t` becomes `w16_t * step_T`
+//! with `step_T = max_{t in T} |w_t| / 32767` and `|w16_t * step_T - w_t| <= c * step_T`, `c =
+//! 1/2 + 2^-8` (half a step, plus the f32 rounding of `w_t / step_T`). Every later factor
+//! (the online softmax's rescales, the chunk merge's weight, the final `1 / l`) multiplies
+//! `w_t` and `step_T` alike, turning `p_t` into the softmax weight `a_t <= 1`; so output lane
+//! `j` is off by at most `sum_T c * max_{t in T} (a_t vscale_t) / 32767 * sum_{t in T} |v_tj -
+//! zp_t| <= c / 32767 * max_t vscale_t * sum_t |v_tj - zp_t|` ([`pv16_bound`], the largest
+//! over the case's sequences, KV heads and lanes).
 
 mod common;
 
@@ -228,6 +238,27 @@ fn q16_bound(q: &[f32], k: &Cache, vd: &[f32], sh: &Shape, p: &Params) -> f32 {
     ((2.0 * delta).exp_m1() * vmax) as f32
 }
 
+/// The extra output error bound of the int8 cache's integer `P . V` (see the module docs):
+/// `(1/2 + 2^-8) / 32767 * max_t vscale_t * sum_t |v_t[j] - zp_t|`, the largest over every
+/// sequence, KV head and lane, over all of `0..kv_len` (a superset of what a row sees).
+fn pv16_bound(v: &Cache, sh: &Shape) -> f32 {
+    let d = sh.head_dim;
+    let mut bound = 0f64;
+    for b in 0..sh.batch {
+        for g in 0..sh.kv_heads {
+            let r = |t: usize| (b * sh.kv_capacity + t) * sh.kv_heads + g;
+            let vmax = (0..sh.kv_len()).fold(0f64, |m, t| m.max(f64::from(v.scales[r(t)]).abs()));
+            for j in 0..d {
+                let sum: f64 = (0..sh.kv_len())
+                    .map(|t| (f64::from(v.values[r(t) * d + j]) - f64::from(v.zps[r(t)])).abs())
+                    .sum();
+                bound = bound.max((0.5 + 1.0 / 256.0) / 32767.0 * vmax * sum);
+            }
+        }
+    }
+    bound as f32
+}
+
 /// Quantizes positions `0..kv_len` of `x` (a dense f32 cache) into `cache` in two calls:
 /// positions before `start_pos` (a "prefill"), then the rest (the new rows), as a runner would.
 fn fill_cache<T: Element>(x: &[f32], sh: &Shape, cache: &mut Cache) {
@@ -265,7 +296,7 @@ fn quantized<T: Element>() {
                 let temp = PoisonAlloc::default();
                 attention_quantized(&q, kc.view(), vc.view(), &mut out, &sh, &p, &temp).unwrap();
                 let what = format!("int8 kv, {} {level} {name} causal={}", T::DTYPE, p.causal);
-                let extra = q16_bound(&widen(&q), &kc, &vd, &sh, &p);
+                let extra = q16_bound(&widen(&q), &kc, &vd, &sh, &p) + pv16_bound(&vc, &sh);
                 check_out_plus(&out, &want, &what, extra);
                 let bytes =
                     scratch_bytes_for(&sh, rayon::current_num_threads(), T::DTYPE, KvCache::Int8)
@@ -336,7 +367,8 @@ fn long_bf16_and_int8() {
             &PoisonAlloc::default(),
         )
         .unwrap();
-        let extra = q16_bound(&q, &kc, &vc.dequantized(sh.head_dim), &sh, &p);
+        let extra =
+            q16_bound(&q, &kc, &vc.dequantized(sh.head_dim), &sh, &p) + pv16_bound(&vc, &sh);
         check_out_plus(&out, &want, &format!("int8 {sh:?}"), extra);
     }
 }
