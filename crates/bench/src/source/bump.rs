@@ -11,7 +11,7 @@ use core::ptr::NonNull;
 
 use bumpalo::Bump;
 
-use super::{zero_size, AllocError, Counters, ScratchWorker, TempAllocator};
+use super::{zero_size, AllocError, Block, Call, Counters, ScratchWorker, TempAllocator};
 
 /// A thread's arena: the worker of `bumpalo`.
 pub(crate) struct BumpWorker {
@@ -37,31 +37,50 @@ impl BumpWorker {
 // the arena is reset, which only `reset` does (the default `call` resets after the kernel).
 unsafe impl TempAllocator for BumpWorker {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
-        if let Some(p) = zero_size(size, align)? {
-            return Ok(p);
-        }
-        let layout = Layout::from_size_align(size, align)
-            .map_err(|_| AllocError::SizeOverflow { size, align })?;
-        self.bump
-            .borrow()
-            .try_alloc_layout(layout)
-            .map_err(|_| AllocError::OutOfMemory { size, align })
+        bump_alloc(&self.bump.borrow(), size, align)
     }
 
     unsafe fn reset(&self) {
-        let mut bump = self.bump.borrow_mut();
-        // Every chunk beyond the ones kept at the last reset came from the system since.
-        let now = bump.iter_allocated_chunks().count() as u64;
-        self.chunks
-            .set(self.chunks.get() + now.saturating_sub(self.kept.get()));
-        bump.reset();
-        self.kept.set(bump.iter_allocated_chunks().count() as u64);
+        count_and_reset(&mut self.bump.borrow_mut(), &self.chunks, &self.kept);
     }
+}
+
+/// Adds to `chunks` the chunks `bump` took from the system since its last reset (it had
+/// `kept` then), resets it and records how many it keeps now.
+fn count_and_reset(bump: &mut Bump, chunks: &Cell<u64>, kept: &Cell<u64>) {
+    let now = bump.iter_allocated_chunks().count() as u64;
+    chunks.set(chunks.get() + now.saturating_sub(kept.get()));
+    bump.reset();
+    kept.set(bump.iter_allocated_chunks().count() as u64);
+}
+
+/// One block from `bump`: an aligned dangling pointer for size 0.
+#[inline]
+fn bump_alloc(bump: &Bump, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+    if let Some(p) = zero_size(size, align)? {
+        return Ok(p);
+    }
+    let layout = Layout::from_size_align(size, align)
+        .map_err(|_| AllocError::SizeOverflow { size, align })?;
+    bump.try_alloc_layout(layout)
+        .map_err(|_| AllocError::OutOfMemory { size, align })
 }
 
 // SAFETY: the default `call` allocates every block from the arena (disjoint, aligned, `size`
 // bytes) and resets it only after the kernel returns.
 unsafe impl ScratchWorker for BumpWorker {
+    /// The default `call` without the `RefCell`: `&mut self` already proves the arena is not
+    /// borrowed, and a borrow flag check per block made bumpalo's small-mix call 1.7x slower
+    /// (57 -> 96 ns for 16 blocks, measured against the earlier per-source `call`).
+    fn call(&mut self, call: Call<'_>) -> Result<(), AllocError> {
+        let align = call.align;
+        let bump = self.bump.get_mut();
+        let res = call.run(|_, size| bump_alloc(bump, size, align).map(|p| Block::new(p, size)));
+        // The kernel has returned (or never ran): its blocks go back.
+        count_and_reset(bump, &self.chunks, &self.kept);
+        res
+    }
+
     fn counters(&self) -> Counters {
         Counters::allocs(self.chunks.get())
     }
