@@ -8,6 +8,7 @@
 //! barriers ([`crate::harness`]); both end in the same [`Measurement`], so tables, JSON,
 //! targets and plots are one code path ([`crate::report`]).
 
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use crate::harness::{Measurement, Spread};
@@ -51,16 +52,35 @@ pub struct Steps<'a> {
     accs: Vec<Acc>,
     /// Steps run so far (sets the order of the next one).
     taken: usize,
+    /// Seconds on a monotonic clock ([`wall_seconds`] but in tests).
+    clock: &'a dyn Fn() -> f64,
+}
+
+/// Seconds since the first call, on the monotonic clock.
+fn wall_seconds() -> f64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_secs_f64()
 }
 
 impl<'a> Steps<'a> {
     /// No step run yet on `kinds`, whose counters `counters(i)` reads.
     pub fn new(kinds: &'a [&'a SourceKind], counters: &'a dyn Fn(usize) -> Counters) -> Self {
+        Self::with_clock(kinds, counters, &wall_seconds)
+    }
+
+    /// [`new`](Self::new) timing steps with `clock` (seconds): a test's own clock makes the
+    /// times, and so the ratios, exact.
+    fn with_clock(
+        kinds: &'a [&'a SourceKind],
+        counters: &'a dyn Fn(usize) -> Counters,
+        clock: &'a dyn Fn() -> f64,
+    ) -> Self {
         Steps {
             kinds,
             counters,
             accs: vec![Acc::default(); kinds.len()],
             taken: 0,
+            clock,
         }
     }
 
@@ -97,9 +117,9 @@ impl<'a> Steps<'a> {
             }
             let c0 = (self.counters)(i);
             let f0 = os::minor_faults();
-            let t0 = Instant::now();
+            let t0 = (self.clock)();
             let r = run(i);
-            let dt = t0.elapsed().as_secs_f64();
+            let dt = (self.clock)() - t0;
             let faults = os::minor_faults().saturating_sub(f0);
             let allocs = (self.counters)(i).since(c0).system_allocs;
             let a = &mut self.accs[i];
@@ -218,15 +238,16 @@ mod tests {
                 Counters::default()
             }
         };
-        let mut s = Steps::new(&kinds, &counters);
+        // A clock the steps advance: exact times, whatever the machine's load.
+        let now = std::cell::Cell::new(0.0f64);
+        let clock = || now.get();
+        let mut s = Steps::with_clock(&kinds, &counters, &clock);
         s.warm_up(1, || Ok(()));
         for step in 0..4 {
             s.step(|i| {
                 // caching takes twice static's time, and 20 times in one disturbed step.
-                let disturbed = if step == 0 && i == 1 { 10 } else { 1 };
-                let spin = std::time::Duration::from_micros(200 * (i as u64 + 1) * disturbed);
-                let t = Instant::now();
-                while t.elapsed() < spin {}
+                let disturbed = if step == 0 && i == 1 { 10.0 } else { 1.0 };
+                now.set(now.get() + 200e-6 * (i as f64 + 1.0) * disturbed);
                 if i == 2 {
                     allocs.set(allocs.get() + 3);
                     if step == 3 {
@@ -241,7 +262,13 @@ mod tests {
         assert_eq!((ms[0].x_static, ms[1].x_caching), (Some(1.0), Some(1.0)));
         // The median ratio is 2: the disturbed step (a total ratio of 6.5) does not move it.
         let x = ms[1].x_static.unwrap();
-        assert!((1.5..3.0).contains(&x), "{x}");
+        assert!((x - 2.0).abs() < 1e-9, "{x}");
+        // static's steps took 200 us each (`per_unit` above keeps whole steps).
+        assert!(
+            (ms[0].ns_per_call.median - 200e3).abs() < 1e-3,
+            "{:?}",
+            ms[0].ns_per_call
+        );
         assert_eq!(ms[1].calls_total, 8);
         assert_eq!(ms[1].sys_allocs_per_call, None);
         // system failed on the last step: no ratio, its error kept, 3 allocations per 2 units
