@@ -285,7 +285,8 @@ pub(crate) mod tests {
         idle.push(fake(64 * 100, 100_000), 1); // class 106496
         idle.push(fake(64 * 200, 6000), 2); // class 6144
         idle.push(fake(64 * 300, 9000), 3); // class 9216
-                                            // 4 KiB's class is empty: 6144 is the smallest larger one.
+
+        // 4 KiB's class is empty: 6144 is the smallest larger one.
         assert_eq!(
             idle.take_larger(c(4096), c(8192), 64).unwrap().addr(),
             64 * 200

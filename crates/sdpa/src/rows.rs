@@ -185,8 +185,9 @@ fn chunk<T: Element>(
     // f32, bf16 and int8 K/V are read by the row kernels (one call per query row and
     // position row, all heads); f16 through the conversion buffers, head by head.
     let fused = a.k.fused();
-    let hd = heads * d; // floats of one query row's heads
-                        // The int8 cache: Q rows quantized to i16 once per chunk (empty regions otherwise).
+    // Floats of one query row's heads.
+    let hd = heads * d;
+    // The int8 cache: Q rows quantized to i16 once per chunk (empty regions otherwise).
     let (q16, q16_scale, q16_sum) = (as_i16(q16), &mut q16_scale[..], as_i32(q16_sum));
     if lay.q16_scale > lay.q16 {
         // SAFETY: slice-based kernel (checks its lengths); kernel set from `detect`.
@@ -341,8 +342,8 @@ fn chunk<T: Element>(
 /// A scratch region of floats reused as i16 (twice as many).
 fn as_i16(x: &mut [f32]) -> &mut [i16] {
     // SAFETY: the `2 * len` i16 cover exactly the bytes of `x`; f32's alignment is a multiple
-    // of i16's; every bit pattern is a valid i16 (and the bytes are initialised f32s); the
-    // returned borrow replaces `x`'s for its lifetime.
+    // of i16's; every bit pattern is a valid i16 (and, as for the floats, the kernels write
+    // each value before reading it); the returned borrow replaces `x`'s for its lifetime.
     unsafe { core::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), x.len() * 2) }
 }
 
