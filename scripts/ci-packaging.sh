@@ -66,7 +66,7 @@ pkg_config_consumer() {
     cc -std=c11 "${warn[@]}" crates/capi/examples/capi_test.c -o "$out/capi_test_static" \
         $(pkg-config --cflags --libs caching_allocator-static)
     # shellcheck disable=SC2046
-    c++ -std=c++17 "${warn[@]}" -I crates/capi/tests/cpp/executorch_standin \
+    c++ -std=c++17 "${warn[@]}" -I crates/capi/tests/cpp/executorch_standin -I crates/capi/tests/cpp/support \
         crates/capi/tests/cpp/executorch_adapter_test.cpp -o "$out/executorch_adapter_test" \
         $(pkg-config --cflags --libs caching_allocator-static) -pthread
     "$out/capi_test" | tee "$out/1.log" | tail -n 1
