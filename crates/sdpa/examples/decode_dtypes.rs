@@ -9,7 +9,7 @@
 use std::hint::black_box;
 
 use caching_allocator::{CachingAllocator, TempAllocator};
-use sdpa::baseline::{best, fill, gbs, interleaved, median, stream_read};
+use sdpa::baseline::{best, decode_shape, fill, gbs, interleaved, median, stream_read};
 use sdpa::{
     attention, attention_quantized, attention_typed, quantize_kv, Bf16, Params, QuantizedKv,
     QuantizedKvMut, Shape,
@@ -79,15 +79,7 @@ fn main() {
     );
     println!("dtype    kv_len  ms/call  stream GB/s  K/V GB/s  ratio(median)");
     for &kv in &kvs {
-        let sh = Shape {
-            batch: 1,
-            q_len: 1,
-            heads: HEADS,
-            kv_heads: HEADS,
-            head_dim: HEAD_DIM,
-            kv_capacity: kv,
-            start_pos: kv - 1,
-        };
+        let sh = decode_shape(HEADS, HEADS, HEAD_DIM, kv);
         let n = kv * HEADS * HEAD_DIM;
         for (name, bytes_per_elem) in [("f32", 4.0), ("bf16", 2.0), ("int8-kv", 1.0 + 5.0 / 128.0)]
         {

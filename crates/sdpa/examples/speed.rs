@@ -11,9 +11,10 @@ use std::hint::black_box;
 
 use caching_allocator::{CachingAllocator, TempAllocator};
 use sdpa::baseline::{
-    best, fill, gbs, interleaved, median, prefill_flops, set_sgemm_threads, sgemm, stream_read,
+    best, decode_shape, fill, gbs, interleaved, median, prefill_flops, prefill_shape,
+    set_sgemm_threads, sgemm, stream_read,
 };
-use sdpa::{attention, scratch_bytes, Params, Shape};
+use sdpa::{attention, scratch_bytes, Params};
 
 const HEADS: usize = 32;
 const HEAD_DIM: usize = 128;
@@ -32,15 +33,7 @@ fn decode(
     stream: &[f32],
     temp: &CachingAllocator,
 ) -> (f64, f64, f64, f64, usize) {
-    let sh = Shape {
-        batch: 1,
-        q_len: 1,
-        heads: HEADS,
-        kv_heads: HEADS,
-        head_dim: HEAD_DIM,
-        kv_capacity: kv,
-        start_pos: kv - 1,
-    };
+    let sh = decode_shape(HEADS, HEADS, HEAD_DIM, kv);
     let n = kv * HEADS * HEAD_DIM;
     let ks: Vec<Vec<f32>> = (0..layers).map(|l| fill(n, 2 * l as u32 + 1)).collect();
     let vs: Vec<Vec<f32>> = (0..layers).map(|l| fill(n, 2 * l as u32 + 2)).collect();
@@ -96,15 +89,7 @@ fn prefill(
     reps: usize,
     temp: &CachingAllocator,
 ) -> (f64, f64, f64, f64, usize) {
-    let sh = Shape {
-        batch: 1,
-        q_len: len,
-        heads: HEADS,
-        kv_heads: HEADS,
-        head_dim: HEAD_DIM,
-        kv_capacity: len,
-        start_pos: 0,
-    };
+    let sh = prefill_shape(HEADS, HEADS, HEAD_DIM, len);
     let n = len * HEADS * HEAD_DIM;
     let (q, k, v) = (fill(n, 1), fill(n, 2), fill(n, 3));
     let mut out = vec![0f32; n];

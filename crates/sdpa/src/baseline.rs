@@ -173,6 +173,34 @@ pub fn sgemm(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32]) 
     black_box(c);
 }
 
+/// The decode call the benchmarks measure: batch 1, one query row attending to all `kv_len`
+/// positions of a cache that holds exactly them (start_pos `kv_len - 1`).
+pub fn decode_shape(heads: usize, kv_heads: usize, head_dim: usize, kv_len: usize) -> Shape {
+    Shape {
+        batch: 1,
+        q_len: 1,
+        heads,
+        kv_heads,
+        head_dim,
+        kv_capacity: kv_len,
+        start_pos: kv_len.saturating_sub(1),
+    }
+}
+
+/// The prefill call the benchmarks measure: batch 1, a prompt of `len` tokens from position 0
+/// into a cache of exactly `len` positions.
+pub fn prefill_shape(heads: usize, kv_heads: usize, head_dim: usize, len: usize) -> Shape {
+    Shape {
+        batch: 1,
+        q_len: len,
+        heads,
+        kv_heads,
+        head_dim,
+        kv_capacity: len,
+        start_pos: 0,
+    }
+}
+
 /// FLOPs of one attention call: `4 * head_dim` per visible (query, key) pair per head (a dot
 /// product and an axpy of `head_dim`), counting only the visible pairs.
 pub fn prefill_flops(sh: &Shape, causal: bool) -> f64 {

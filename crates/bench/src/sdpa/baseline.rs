@@ -10,7 +10,10 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use ::sdpa::baseline::{best, fill, gbs, interleaved, median, prefill_flops, sgemm, stream_read};
+use ::sdpa::baseline::{
+    best, decode_shape, fill, gbs, interleaved, median, prefill_flops, prefill_shape, sgemm,
+    stream_read,
+};
 use ::sdpa::{Params, Shape};
 
 use super::inputs::{Inputs, SdpaDtype};
@@ -64,17 +67,35 @@ pub struct PrefillEfficiency {
     pub ms_per_call: f64,
 }
 
-/// The shape of a decode call with `kv_len` positions (start_pos `kv_len - 1`).
-fn decode_shape(heads: usize, kv_heads: usize, head_dim: usize, kv_len: usize) -> Shape {
-    Shape {
-        batch: 1,
-        q_len: 1,
-        heads,
-        kv_heads,
-        head_dim,
-        kv_capacity: kv_len,
-        start_pos: kv_len.saturating_sub(1),
+/// The inputs of `layers` layers for calls of shape `sh`, each layer its own data.
+fn layer_inputs(
+    dtype: SdpaDtype,
+    sh: &Shape,
+    layers: usize,
+) -> Result<Vec<Inputs>, sdpa::SdpaError> {
+    (0..layers)
+        .map(|l| Inputs::new(dtype, sh, 3 * l as u32 + 1))
+        .collect()
+}
+
+/// One call of shape `sh` on each layer of `inputs`, each followed by a reset of `temp`; the
+/// first error goes to `err`.
+fn call_each(
+    inputs: &mut [Inputs],
+    sh: &Shape,
+    temp: &dyn TempAllocator,
+    err: &mut Option<sdpa::SdpaError>,
+) {
+    let p = Params::default();
+    for layer in inputs.iter_mut() {
+        if let Err(e) = layer.call(sh, &p, temp) {
+            err.get_or_insert(e);
+        }
+        // SAFETY: nothing from `temp` is used after the call returned, and no other call on it
+        // runs (this thread drives it alone).
+        unsafe { temp.reset() };
     }
+    black_box(inputs);
 }
 
 /// Measures decode in `dtype` at `kv_len` over enough separate layer caches to span
@@ -95,28 +116,15 @@ pub fn decode_efficiency(
     let sh = decode_shape(heads, kv_heads, head_dim, kv_len.max(1));
     let per_layer = sh.kv_elems()? / head_dim * dtype.kv_bytes_per_head_row(head_dim);
     let layers = span_bytes.div_ceil(per_layer.max(1)).clamp(1, 64);
-    let mut inputs = (0..layers)
-        .map(|l| Inputs::new(dtype, &sh, 3 * l as u32 + 1))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut inputs = layer_inputs(dtype, &sh, layers)?;
     let stream = fill(span_bytes.div_ceil(4).max(1), 7);
-    let p = Params::default();
     let mut err = None;
     let rounds = interleaved(
         reps,
         &mut [
             &mut || stream_read(&stream, 1),
             &mut || stream_read(&stream, 4),
-            &mut || {
-                for layer in inputs.iter_mut() {
-                    if let Err(e) = layer.call(&sh, &p, temp) {
-                        err.get_or_insert(e);
-                    }
-                    // SAFETY: nothing from `temp` is used after the call returned, and no other
-                    // call on it runs (this thread drives it alone).
-                    unsafe { temp.reset() };
-                }
-                black_box(&inputs);
-            },
+            &mut || call_each(&mut inputs, &sh, temp, &mut err),
         ],
     );
     if let Some(e) = err {
@@ -163,37 +171,16 @@ pub fn prefill_efficiency(
     reps: usize,
     temp: &dyn TempAllocator,
 ) -> Result<PrefillEfficiency, sdpa::SdpaError> {
-    let sh = Shape {
-        batch: 1,
-        q_len: len,
-        heads,
-        kv_heads,
-        head_dim,
-        kv_capacity: len,
-        start_pos: 0,
-    };
+    let sh = prefill_shape(heads, kv_heads, head_dim, len);
     let flops = prefill_flops(&sh, true);
     let smallest_sgemm = sgemm_shapes
         .iter()
         .map(|&(m, k, n)| 2.0 * (m * k * n) as f64)
         .fold(f64::INFINITY, f64::min);
     let calls = ((smallest_sgemm / flops).ceil() as usize).clamp(1, 32);
-    let mut inputs = (0..calls)
-        .map(|l| Inputs::new(dtype, &sh, 3 * l as u32 + 1))
-        .collect::<Result<Vec<_>, _>>()?;
-    let p = Params::default();
+    let mut inputs = layer_inputs(dtype, &sh, calls)?;
     let mut err = None;
-    let mut kernel = || {
-        for layer in inputs.iter_mut() {
-            if let Err(e) = layer.call(&sh, &p, temp) {
-                err.get_or_insert(e);
-            }
-            // SAFETY: nothing from `temp` is used after the call returned; this thread alone
-            // drives it.
-            unsafe { temp.reset() };
-        }
-        black_box(&inputs);
-    };
+    let mut kernel = || call_each(&mut inputs, &sh, temp, &mut err);
     // One sgemm per shape, each with its own operands (m, k, n, a, b, c), then the kernel.
     let mut mats: Vec<SgemmCase> = sgemm_shapes
         .iter()

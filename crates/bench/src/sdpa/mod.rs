@@ -150,15 +150,7 @@ impl SdpaConfig {
     }
 
     fn prefill_shape(&self, len: usize) -> Shape {
-        Shape {
-            batch: 1,
-            q_len: len,
-            heads: self.heads,
-            kv_heads: self.kv_heads,
-            head_dim: self.head_dim,
-            kv_capacity: len,
-            start_pos: 0,
-        }
+        ::sdpa::baseline::prefill_shape(self.heads, self.kv_heads, self.head_dim, len)
     }
 
     /// Attention calls of the allocator comparison per source, warm-up included.
