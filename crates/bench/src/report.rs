@@ -719,19 +719,11 @@ pub(crate) mod tests {
         }
     }
 
+    /// A report of `ms` (each workload's measurements given together), ratios as the harness
+    /// computes them, workload by workload.
     fn report(mut ms: Vec<Measurement>) -> Report {
-        for w in labels(&ms) {
-            let mut one: Vec<Measurement> =
-                ms.iter().filter(|m| m.workload == w).cloned().collect();
-            crate::harness::median_ratios(&mut one);
-            for o in one {
-                if let Some(m) = ms
-                    .iter_mut()
-                    .find(|m| m.workload == o.workload && m.source == o.source)
-                {
-                    *m = o;
-                }
-            }
+        for one in ms.chunk_by_mut(|a, b| a.workload == b.workload) {
+            crate::harness::median_ratios(one);
         }
         Report {
             info: info(),
