@@ -99,6 +99,20 @@ pub(crate) fn round_up(x: usize, m: usize) -> usize {
     x.div_ceil(m).saturating_mul(m)
 }
 
+/// Carves `ws` into the regions that start at the increasing offsets `starts`: region `i` is
+/// `ws[starts[i]..starts[i + 1]]`, the last one runs to the end of `ws`. Panics if the offsets
+/// decrease or pass the end.
+pub(crate) fn regions<const N: usize>(ws: &mut [f32], starts: [usize; N]) -> [&mut [f32]; N] {
+    let mut at = starts[0];
+    let mut rest = &mut ws[at..];
+    core::array::from_fn(|i| {
+        let end = starts.get(i + 1).copied().unwrap_or(at + rest.len());
+        let (region, tail) = core::mem::take(&mut rest).split_at_mut(end - at);
+        (rest, at) = (tail, end);
+        region
+    })
+}
+
 /// Offsets (in floats, from the start of a worker slice) of the tiled path's regions.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TiledLayout {

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use crate::elem::Element;
 use crate::fused::{KvRow, PvTable, PV_MAX_TILE, PV_ROWS, Q16};
-use crate::plan::{Path, Plan, RowsLayout, ROW_TILE, V_GROUP};
+use crate::plan::{regions, Path, Plan, RowsLayout, ROW_TILE, V_GROUP};
 use crate::source::as_f32;
 use crate::sync::{Scratch, SharedOut};
 use crate::Args;
@@ -148,25 +148,31 @@ fn chunk<T: Element>(
     let (d, heads, nq) = (sh.head_dim, sh.heads, lay.nq);
     let group = heads / sh.kv_heads;
     let row_len = sh.kv_heads * d; // one position row of K or V
-    let (m, rest) = part.split_at_mut(lay.l);
-    let (l, acc) = rest.split_at_mut(lay.acc - lay.l);
+    let [m, l, acc] = regions(part, [lay.m, lay.l, lay.acc]);
     let (m, l, acc) = (&mut m[..nq], &mut l[..nq], &mut acc[..nq * d]);
     m.fill(f32::NEG_INFINITY);
     l.fill(0.0);
     acc.fill(0.0);
     // The worker slice: scores, then the conversion buffers (empty for f32 inputs).
-    let (s, conv) = ws.split_at_mut(lay.qc);
-    let (qbuf, conv) = conv.split_at_mut(lay.kc - lay.qc);
-    let (kbuf, conv) = conv.split_at_mut(lay.vc - lay.kc);
-    let (vbuf, conv) = conv.split_at_mut(lay.q16 - lay.vc);
-    let (q16, conv) = conv.split_at_mut(lay.q16_scale - lay.q16);
-    let (q16_scale, conv) = conv.split_at_mut(lay.q16_sum - lay.q16_scale);
-    let (q16_sum, conv) = conv.split_at_mut(lay.pv32 - lay.q16_sum);
-    let (pv32, conv) = conv.split_at_mut(lay.pv_w16 - lay.pv32);
-    let (pv_w16, conv) = conv.split_at_mut(lay.pv_step - lay.pv_w16);
-    let (pv_step, conv) = conv.split_at_mut(lay.pv_zterm - lay.pv_step);
-    let (pv_zterm, conv) = conv.split_at_mut(lay.pv_vs - lay.pv_zterm);
-    let (pv_vs, pv_zp) = conv.split_at_mut(lay.pv_zp - lay.pv_vs);
+    let [s, qbuf, kbuf, vbuf, q16, q16_scale, q16_sum, pv32, pv_w16, pv_step, pv_zterm, pv_vs, pv_zp] =
+        regions(
+            ws,
+            [
+                0,
+                lay.qc,
+                lay.kc,
+                lay.vc,
+                lay.q16,
+                lay.q16_scale,
+                lay.q16_sum,
+                lay.pv32,
+                lay.pv_w16,
+                lay.pv_step,
+                lay.pv_zterm,
+                lay.pv_vs,
+                lay.pv_zp,
+            ],
+        );
     let s = &mut s[..nq * tile];
     let q_src = &a.q[b * nq * d..(b + 1) * nq * d];
     // Dense bf16 K on a kernel set that wants it: the query rows in `split16` order.

@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 
 use crate::elem::Element;
-use crate::plan::{round_up, Path, Plan, TiledLayout, MR, NR};
+use crate::plan::{regions, round_up, Path, Plan, TiledLayout, MR, NR};
 use crate::source::{as_f32, Kv};
 use crate::sync::{Scratch, SharedOut};
 use crate::Args;
@@ -110,13 +110,10 @@ fn block<T: Element>(
     debug_assert!(rows_p <= lay.bq_pad);
 
     // Carve the worker slice (regions are in increasing offset order).
-    let (qp, rest) = ws[lay.qp..].split_at_mut(lay.kp - lay.qp);
-    let (kp, rest) = rest.split_at_mut(lay.vp - lay.kp);
-    let (vp, rest) = rest.split_at_mut(lay.s - lay.vp);
-    let (s, rest) = rest.split_at_mut(lay.o - lay.s);
-    let (o, rest) = rest.split_at_mut(lay.m - lay.o);
-    let (m, rest) = rest.split_at_mut(lay.l - lay.m);
-    let (l, kt) = rest.split_at_mut(lay.kt - lay.l);
+    let [qp, kp, vp, s, o, m, l, kt] = regions(
+        ws,
+        [lay.qp, lay.kp, lay.vp, lay.s, lay.o, lay.m, lay.l, lay.kt],
+    );
     let l = &mut l[..lay.bq_pad];
     let qp = &mut qp[..rows_p * d];
     let o = &mut o[..rows_p * dp];
