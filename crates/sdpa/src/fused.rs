@@ -93,7 +93,7 @@ impl<E: Lane> KvRow<'_, E> {
 
     /// Head `g`'s scale and zero point.
     #[inline]
-    fn head(&self, g: usize) -> (f32, i32) {
+    pub(crate) fn head(&self, g: usize) -> (f32, i32) {
         if self.scales.is_empty() {
             (1.0, 0)
         } else {
@@ -117,7 +117,7 @@ impl<E: Lane> KvRow<'_, E> {
 /// floats of query rows (or accumulators) of `d` lanes, `group` query heads per KV head, rows
 /// `rows`, and a strided operand (`s` or `p`) of `len` floats read or written at
 /// `h * ld + j` for `j < width`.
-fn check<E: Lane>(
+pub(crate) fn check<E: Lane>(
     n: usize,
     d: usize,
     group: usize,
@@ -205,7 +205,7 @@ pub(crate) unsafe fn axpy_row<E: Lane>(
 /// The arguments of [`axpy_row`] checked (panics as it documents), as its SIMD versions take
 /// them: the number of heads, and the four rows with rows `u >= w` replaced by row 0 (finite
 /// values, weighted 0, so they add exact zeros).
-fn axpy_args<'a, E: Lane>(
+pub(crate) fn axpy_args<'a, E: Lane>(
     acc: &[f32],
     d: usize,
     group: usize,
@@ -227,7 +227,7 @@ fn axpy_args<'a, E: Lane>(
 /// `u`'s scale of head `g`, and the zero points' share `sum_u w_u zp_u`, which they subtract
 /// once per lane instead of a zero point per row and lane; `None` if all weights are 0.
 #[inline]
-fn head_weights<E: Lane>(
+pub(crate) fn head_weights<E: Lane>(
     p: &[f32],
     ldp: usize,
     w: usize,
@@ -246,7 +246,7 @@ fn head_weights<E: Lane>(
 
 /// Lanes `j0..d` of head `h` in the SIMD [`axpy_row`]s (the vector tail), in scalar code.
 #[inline]
-fn axpy_tail<E: Lane>(
+pub(crate) fn axpy_tail<E: Lane>(
     acc: &mut [f32],
     h: usize,
     g: usize,

@@ -118,6 +118,27 @@ impl Kernels {
                 };
             }
         }
+        #[cfg(target_arch = "x86_64")]
+        {
+            if level == SimdLevel::Avx512 && crate::simd::avx512_detected() {
+                use crate::avx512;
+                return Kernels {
+                    qk_tile: avx512::qk_tile,
+                    pv_tile: avx512::pv_tile,
+                    softmax_row: avx512::softmax_row,
+                    scale: avx512::scale,
+                    scores_f32: avx512::scores_row,
+                    scores_bf16: avx512::scores_row,
+                    bf16_split_q: false,
+                    scores_q16: avx512::scores_row_q16,
+                    axpy_f32: avx512::axpy_row,
+                    axpy_bf16: avx512::axpy_row,
+                    axpy_i8: avx512::axpy_row,
+                    level,
+                    ..Kernels::for_level(SimdLevel::Avx2)
+                };
+            }
+        }
         #[cfg(target_arch = "aarch64")]
         {
             if level == SimdLevel::Neon && std::arch::is_aarch64_feature_detected!("neon") {
@@ -719,6 +740,12 @@ mod tests {
             .collect()
     }
 
+    /// The lengths of `r`; under Miri (minutes per level otherwise) only those next to the
+    /// vector widths 8, 16 and 32, where the kernels' loops and tails change.
+    fn lengths(r: impl Iterator<Item = usize>) -> impl Iterator<Item = usize> {
+        r.filter(|n| !cfg!(miri) || [0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33].contains(n))
+    }
+
     fn close(a: &[f32], b: &[f32], tol: f32) {
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
             assert!((x - y).abs() <= tol * (1.0 + y.abs()), "at {i}: {x} vs {y}");
@@ -729,13 +756,35 @@ mod tests {
     #[test]
     fn every_level_matches_scalar() {
         for level in crate::simd::available_simd_levels() {
-            let f = Kernels::for_level(level);
-            assert_eq!(f.level, level);
-            matches_scalar(f);
-            conversions_match_scalar(f);
-            fused_match_scalar(f);
-            int_pv_matches_model(f);
+            level_matches_scalar(level);
         }
+    }
+
+    /// The AVX-512 set alone: on a machine without AVX-512, CI runs this test under Miri
+    /// with the target features enabled (see `.ci/run`), which is what tests these kernels
+    /// there; `every_level_matches_scalar` covers them on a machine that has AVX-512.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn avx512_matches_scalar() {
+        if !crate::simd::avx512_detected() {
+            eprintln!("no AVX-512 here: the AVX-512 set is tested under Miri (.ci/run)");
+            return;
+        }
+        let f = Kernels::for_level(SimdLevel::Avx512);
+        assert_eq!(f.level, SimdLevel::Avx512);
+        // The checks that reach an AVX-512 kernel (the conversions and the integer P . V are
+        // the AVX2 kernels, tested at that level).
+        matches_scalar(f);
+        fused_match_scalar(f);
+    }
+
+    fn level_matches_scalar(level: SimdLevel) {
+        let f = Kernels::for_level(level);
+        assert_eq!(f.level, level);
+        matches_scalar(f);
+        conversions_match_scalar(f);
+        fused_match_scalar(f);
+        int_pv_matches_model(f);
     }
 
     /// The integer `P . V` of `f` (table, weights, `pv_madd` per `PV_ROWS` rows, flush) gives
@@ -749,7 +798,7 @@ mod tests {
     fn int_pv_matches_model(f: Kernels) {
         use crate::fused::{KvRow, PvTable, PV_MAX_TILE, PV_ROWS};
         let s = Kernels::scalar();
-        let cases = (1..=40)
+        let cases = lengths(1..=40)
             .map(|d| (d, 3, [1, 3, 2][d % 3], 1 + (d * 7) % 32))
             .chain([
                 (128, 4, 1, 32),
@@ -957,7 +1006,7 @@ mod tests {
         let bf: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v * 300.0)).collect();
         let hf: Vec<F16> = x.iter().map(|&v| F16::from_f32(v * 300.0)).collect();
         let q: Vec<i8> = (0..40).map(|i| (i * 37 % 256) as u8 as i8).collect();
-        for n in 0..40 {
+        for n in lengths(0..40) {
             let (mut a, mut b) = (vec![f32::NAN; n + 1], vec![f32::NAN; n + 1]);
             // SAFETY: slice-based kernels on a CPU that runs `f`'s level.
             unsafe {
@@ -994,7 +1043,7 @@ mod tests {
         let s = Kernels::scalar();
         // quantize_q16: bit-identical to the scalar version, on heads of zeros, with a NaN,
         // with an infinity, and of every length 1..40 (every vector tail).
-        for d in 1..40 {
+        for d in lengths(1..40) {
             let mut q = data(5 * d, 60 + d as u32);
             q[d..2 * d].fill(0.0);
             q[2 * d + d / 2] = f32::NAN;
@@ -1024,13 +1073,24 @@ mod tests {
                 );
             }
         }
-        for (d, heads, group) in (1..40).map(|d| (d, 4, 1 + d % 3 * (d % 3))).chain([
-            (128, 8, 1),
-            (128, 8, 4),
-            (24, 6, 3),
-            (300, 7, 7),
-            (520, 2, 1),
-        ]) {
+        // Under Miri (a minute for 128 x 8 heads there) smaller long cases with the same loop
+        // shapes: 80 and 97 lanes reach the 64- and 16-lane steps and a tail, 290 the integer
+        // scores' fallback past 256 lanes.
+        let long: &[(usize, usize, usize)] = if cfg!(miri) {
+            &[(80, 2, 2), (97, 2, 1), (290, 2, 2)]
+        } else {
+            &[
+                (128, 8, 1),
+                (128, 8, 4),
+                (24, 6, 3),
+                (300, 7, 7),
+                (520, 2, 1),
+            ]
+        };
+        for (d, heads, group) in lengths(1..40)
+            .map(|d| (d, 4, 1 + d % 3 * (d % 3)))
+            .chain(long.iter().copied())
+        {
             let group = if heads % group == 0 { group } else { 1 };
             let kvh = heads / group;
             let n = kvh * d;
@@ -1131,6 +1191,10 @@ mod tests {
                         );
                     }
                     assert!(s1[h * lds + 1].is_nan(), "wrote between heads");
+                    if kind == 2 && f.level == SimdLevel::Avx512 {
+                        // The same integer sums and last step as the portable kernel.
+                        assert_eq!(s1[h * lds].to_bits(), s2[h * lds].to_bits(), "q16 bits");
+                    }
                 }
                 for w in 1..=4 {
                     let ldp = 5;
@@ -1185,7 +1249,14 @@ mod tests {
 
     fn matches_scalar(f: Kernels) {
         let s = Kernels::scalar();
-        for d in [1, 7, 8, 64, 72, 100, 128] {
+        // Under Miri (half a minute per length there) three lengths: 40 still has a 16-lane
+        // tail after full vectors in `softmax_row` (valid 21 and 40) and `scale`.
+        let dims: &[usize] = if cfg!(miri) {
+            &[1, 8, 40]
+        } else {
+            &[1, 7, 8, 64, 72, 100, 128]
+        };
+        for &d in dims {
             let a = data(d * MR, d as u32);
             let b = data(d * NR, 3 + d as u32);
             let (mut s1, mut s2) = (vec![0f32; MR * 20], vec![0f32; MR * 20]);

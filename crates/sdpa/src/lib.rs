@@ -27,13 +27,15 @@
 //!   of `kv_heads * head_dim` floats; partial softmax states are merged at the end.
 //! - **prefill** (longer queries): work items `(batch, head, q-block)` run in parallel; each
 //!   walks KV tiles with an online softmax, packing Q, K and V tiles into its scratch slice and
-//!   multiplying them with AVX2/FMA register-blocked micro-kernels (a portable scalar fallback
-//!   is used when the CPU lacks AVX2 or FMA).
+//!   multiplying them with AVX-512 or AVX2/FMA register-blocked micro-kernels (NEON on
+//!   aarch64; a portable scalar fallback is used on other CPUs).
 
 use core::fmt;
 
 pub use caching_allocator::{AllocError, TempAllocator};
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 #[cfg(feature = "baseline")]
 pub mod baseline;
 mod convert;

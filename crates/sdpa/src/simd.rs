@@ -3,7 +3,7 @@
 //!
 //! The level of a call is the best level this CPU runs, lowered by three caps, the lowest of
 //! which wins: the `SDPA_MAX_SIMD` environment variable (read once, on first use:
-//! `portable`, `avx2`, `neon`; an unknown value is ignored), [`set_max_simd`] (process-wide) and
+//! `portable`, `avx2`, `avx512`, `neon`; an unknown value is ignored), [`set_max_simd`] (process-wide) and
 //! [`with_max_simd`] (the calling thread, for the duration of a closure: calls made inside it
 //! pick their kernels on the calling thread, so rayon workers follow the cap too).
 
@@ -19,16 +19,20 @@ pub enum SimdLevel {
     Portable,
     /// x86-64 AVX2 + FMA (F16C, where present, for f16 conversion).
     Avx2,
+    /// x86-64 AVX-512F + AVX-512BW (with AVX2 + FMA): 16-lane micro-kernels, softmax and
+    /// decode row kernels; the other kernels are the AVX2 ones.
+    Avx512,
     /// aarch64 NEON.
     Neon,
 }
 
 impl SimdLevel {
-    /// Rank for capping: portable 0, one vector ISA above it.
+    /// Rank for capping: portable 0, the 256-bit (or 128-bit NEON) ISA 1, AVX-512 2.
     fn rank(self) -> u8 {
         match self {
             SimdLevel::Portable => 0,
             SimdLevel::Avx2 | SimdLevel::Neon => 1,
+            SimdLevel::Avx512 => 2,
         }
     }
 
@@ -37,6 +41,7 @@ impl SimdLevel {
         match self {
             SimdLevel::Portable => "portable",
             SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512 => "avx512",
             SimdLevel::Neon => "neon",
         }
     }
@@ -46,6 +51,7 @@ impl SimdLevel {
         match s.trim().to_ascii_lowercase().as_str() {
             "portable" | "scalar" => Some(SimdLevel::Portable),
             "avx2" => Some(SimdLevel::Avx2),
+            "avx512" => Some(SimdLevel::Avx512),
             "neon" => Some(SimdLevel::Neon),
             _ => None,
         }
@@ -81,6 +87,9 @@ fn env_cap() -> u8 {
 fn best_within(cap: u8) -> SimdLevel {
     #[cfg(target_arch = "x86_64")]
     {
+        if SimdLevel::Avx512.rank() <= cap && avx512_detected() {
+            return SimdLevel::Avx512;
+        }
         if SimdLevel::Avx2.rank() <= cap
             && std::is_x86_feature_detected!("avx2")
             && std::is_x86_feature_detected!("fma")
@@ -96,6 +105,15 @@ fn best_within(cap: u8) -> SimdLevel {
     }
     let _ = cap;
     SimdLevel::Portable
+}
+
+/// Whether this CPU runs the AVX-512 set: AVX-512F and BW, and the AVX2 set it reuses.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx512_detected() -> bool {
+    std::is_x86_feature_detected!("avx512f")
+        && std::is_x86_feature_detected!("avx512bw")
+        && std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("fma")
 }
 
 /// The SIMD levels this CPU can run, best first (always ends with `Portable`).
@@ -166,5 +184,6 @@ mod tests {
             });
         }
         assert_eq!(SimdLevel::parse("avx9"), None);
+        assert_eq!(SimdLevel::parse(" AVX512"), Some(SimdLevel::Avx512));
     }
 }
