@@ -1,5 +1,5 @@
 //! The AVX-512 (F + BW) kernels: the prefill micro-kernels, the online-softmax step and the
-//! decode row kernels at 16 lanes. Every other kernel of the AVX-512 set is the AVX2 one (an
+//! decode row kernels at 16 lanes, and the int8 cache's integer scores and `P . V` at 32. Every other kernel of the AVX-512 set is the AVX2 one (an
 //! AVX-512 CPU runs AVX2 and FMA too): see `Kernels::for_level`.
 //!
 //! The packed layouts are the AVX2 ones (`MR = 6` rows, `NR = 16` columns), so one panel row
@@ -13,7 +13,7 @@
 
 use core::arch::x86_64::*;
 
-use crate::fused::{KvRow, Lane, LaneKind, Q16};
+use crate::fused::{KvRow, Lane, LaneKind, PV_ROWS, Q16};
 use crate::plan::{MR, NR};
 
 // One panel row of NR floats is one 16-lane register.
@@ -418,5 +418,84 @@ pub(crate) unsafe fn scores_row_q16(
         let (sc, zp) = k.head(g);
         let dot = dot - i64::from(zp) * i64::from(q.sum[h]);
         s[h * lds] = sc * q.scale[h] * dot as f32;
+    }
+}
+
+/// AVX-512 version of [`crate::fused::pv_madd`] (the same i32 sums, so the same bits), 32
+/// lanes a step: two positions' 32 int8 values interleaved bytewise (`vpunpcklbw` /
+/// `vpunpckhbw` on 256 bits), each half sign-extended to 32 i16 lanes `(v_u[j], v_u+1[j])` and
+/// multiplied by the weight pair with `vpmaddwd`. The halves hold lanes `0..8, 16..24` and
+/// `8..16, 24..32` of the step, so their sums are put back in order (`vshufi64x2`) once per
+/// step, before the accumulators are loaded and stored. Lanes past the last multiple of 32 in
+/// scalar code.
+///
+/// # Safety
+/// The CPU supports AVX-512F and AVX-512BW.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) unsafe fn pv_madd(
+    acc32: &mut [i32],
+    d: usize,
+    group: usize,
+    w16: &[i16],
+    ldw: usize,
+    v: [KvRow<'_, i8>; PV_ROWS],
+) {
+    const P: usize = PV_ROWS / 2;
+    let heads = crate::fused::pv_check(acc32.len(), d, group, w16.len(), ldw, &v);
+    let d32 = d / 32 * 32;
+    for h in 0..heads {
+        let g = h / group;
+        let w = &w16[h * ldw..h * ldw + PV_ROWS];
+        if w == [0; PV_ROWS] {
+            continue;
+        }
+        // (w_2k, w_2k+1) as i32 lanes: the low i16 pairs with row 2k.
+        let wp: [__m512i; P] = core::array::from_fn(|k| {
+            _mm512_set1_epi32(i32::from(w[2 * k] as u16) | i32::from(w[2 * k + 1]) << 16)
+        });
+        // SAFETY: `h < heads`, `g < heads / group`: accumulator h and head vector g of every
+        // row are `d` elements inside `acc32` and the rows (checked above).
+        let (ap, vp) = unsafe {
+            (
+                acc32.as_mut_ptr().add(h * d),
+                v.map(|r| r.x.as_ptr().add(g * d)),
+            )
+        };
+        let mut j = 0;
+        while j < d32 {
+            let (mut lo, mut hi) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+            for k in 0..P {
+                // SAFETY: `j + 32 <= d32 <= d`: 32 lanes inside rows 2k and 2k + 1.
+                let (a, b) = unsafe {
+                    (
+                        _mm256_loadu_si256(vp[2 * k].add(j).cast()),
+                        _mm256_loadu_si256(vp[2 * k + 1].add(j).cast()),
+                    )
+                };
+                let l = _mm512_cvtepi8_epi16(_mm256_unpacklo_epi8(a, b));
+                let u = _mm512_cvtepi8_epi16(_mm256_unpackhi_epi8(a, b));
+                lo = _mm512_add_epi32(lo, _mm512_madd_epi16(l, wp[k]));
+                hi = _mm512_add_epi32(hi, _mm512_madd_epi16(u, wp[k]));
+            }
+            // 128-bit blocks of `lo`: lanes 0..4, 4..8, 16..20, 20..24; of `hi`: 8..12,
+            // 12..16, 24..28, 28..32.
+            let first = _mm512_shuffle_i64x2::<0x44>(lo, hi);
+            let second = _mm512_shuffle_i64x2::<0xEE>(lo, hi);
+            // SAFETY: `j + 32 <= d`: 32 lanes inside accumulator h.
+            unsafe {
+                let a0 = _mm512_loadu_si512(ap.add(j).cast());
+                let a1 = _mm512_loadu_si512(ap.add(j + 16).cast());
+                _mm512_storeu_si512(ap.add(j).cast(), _mm512_add_epi32(a0, first));
+                _mm512_storeu_si512(ap.add(j + 16).cast(), _mm512_add_epi32(a1, second));
+            }
+            j += 32;
+        }
+        for j in d32..d {
+            let mut x = acc32[h * d + j];
+            for (u, r) in v.iter().enumerate() {
+                x = x.wrapping_add(i32::from(w[u]) * i32::from(r.x[g * d + j]));
+            }
+            acc32[h * d + j] = x;
+        }
     }
 }

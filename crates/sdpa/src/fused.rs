@@ -484,7 +484,14 @@ pub(crate) unsafe fn pv_madd(
 }
 
 /// Checks [`pv_madd`]'s arguments; returns the number of heads.
-fn pv_check(n: usize, d: usize, group: usize, w: usize, ldw: usize, v: &[KvRow<'_, i8>]) -> usize {
+pub(crate) fn pv_check(
+    n: usize,
+    d: usize,
+    group: usize,
+    w: usize,
+    ldw: usize,
+    v: &[KvRow<'_, i8>],
+) -> usize {
     assert!(d > 0 && group > 0 && n.is_multiple_of(d), "accumulators");
     let heads = n / d;
     assert!(heads.is_multiple_of(group), "group");
