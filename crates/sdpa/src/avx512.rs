@@ -1,6 +1,7 @@
 //! The AVX-512 (F + BW) kernels: the prefill micro-kernels, the online-softmax step and the
-//! decode row kernels at 16 lanes, and the int8 cache's integer scores and `P . V` at 32. Every other kernel of the AVX-512 set is the AVX2 one (an
-//! AVX-512 CPU runs AVX2 and FMA too): see `Kernels::for_level`.
+//! decode row kernels at 16 lanes, and the int8 cache's integer scores and `P . V` at 32.
+//! Every other kernel of the AVX-512 set is the AVX2 one (an AVX-512 CPU runs AVX2 and FMA
+//! too): see `Kernels::for_level`.
 //!
 //! The packed layouts are the AVX2 ones (`MR = 6` rows, `NR = 16` columns), so one panel row
 //! is one `zmm` register and the 6x16 block is six accumulators (twelve `ymm` on AVX2).
@@ -46,8 +47,9 @@ fn max_ps(a: __m512, b: __m512) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 fn exp2_ps(x: __m512) -> __m512 {
-    // Round to nearest by adding 1.5 * 2^23: for |x| <= 127 the sum's low mantissa bits are
-    // `n + 2^22` as an integer, and subtracting the constant back gives `n` as a float.
+    // Round to nearest by adding 1.5 * 2^23: for |x| <= 127 the sum's bits are the
+    // constant's plus `n` (its unit in the last place is 1), and subtracting the constant back
+    // gives `n` as a float.
     const MAGIC: f32 = 12_582_912.0;
     let x = max_ps(x, _mm512_set1_ps(-127.0));
     let big = _mm512_add_ps(x, _mm512_set1_ps(MAGIC));
@@ -60,8 +62,9 @@ fn exp2_ps(x: __m512) -> __m512 {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.240_226_5));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(core::f32::consts::LN_2));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0));
-    // 2^n from its exponent bits: the integer in `big`'s mantissa is `n + 2^22`, so `n + 127`
-    // is that minus `2^22 - 127`; n = -127 gives the bit pattern 0, i.e. 0.0.
+    // 2^n from its exponent bits: `big`'s bits less the constant's give `n`, so less the
+    // constant's minus 127 give the biased exponent `n + 127`; n = -127 gives the bit pattern
+    // 0, i.e. 0.0.
     let ni = _mm512_sub_epi32(
         _mm512_castps_si512(big),
         _mm512_set1_epi32(MAGIC.to_bits() as i32 - 127),

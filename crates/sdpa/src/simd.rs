@@ -3,9 +3,10 @@
 //!
 //! The level of a call is the best level this CPU runs, lowered by three caps, the lowest of
 //! which wins: the `SDPA_MAX_SIMD` environment variable (read once, on first use:
-//! `portable`, `avx2`, `avx512`, `neon`; an unknown value is ignored), [`set_max_simd`] (process-wide) and
-//! [`with_max_simd`] (the calling thread, for the duration of a closure: calls made inside it
-//! pick their kernels on the calling thread, so rayon workers follow the cap too).
+//! `portable`, `avx2`, `avx512`, `neon`; an unknown value is ignored), [`set_max_simd`]
+//! (process-wide) and [`with_max_simd`] (the calling thread, for the duration of a closure:
+//! calls made inside it pick their kernels on the calling thread, so rayon workers follow the
+//! cap too).
 
 use core::cell::Cell;
 use core::sync::atomic::{AtomicU8, Ordering};
