@@ -42,10 +42,16 @@ cmake_consumer() {
         || { cat "$work/cmake-configure.log"; return 1; }
     cmake --build "$work/cmake-build" -j 2
     ctest --test-dir "$work/cmake-build" --output-on-failure
-    # The default target must be the shared library, the ::static one self-contained.
-    ldd "$work/cmake-build/capi_test" | grep -q "libcaching_allocator.so => $prefix/lib/" \
+    # The default target must be the shared library, the ::static one self-contained. ldd's
+    # output is read whole first: under pipefail, `ldd | grep -q` fails (or, negated, passes)
+    # whenever grep exits at its match before ldd has written the rest (SIGPIPE), which
+    # happened once in CI on a loaded machine.
+    local shared static
+    shared=$(ldd "$work/cmake-build/capi_test")
+    static=$(ldd "$work/cmake-build/capi_test_static" 2>&1 || true) # a fully static one makes ldd fail
+    grep -q "libcaching_allocator.so => $prefix/lib/" <<<"$shared" \
         || { echo "capi_test is not linked against $prefix/lib/libcaching_allocator.so"; return 1; }
-    if ldd "$work/cmake-build/capi_test_static" | grep -q libcaching_allocator; then
+    if grep -q libcaching_allocator <<<"$static"; then
         echo "capi_test_static needs libcaching_allocator.so: it should be static"
         return 1
     fi

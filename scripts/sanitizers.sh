@@ -21,7 +21,8 @@ read -r -a sanitizers <<<"${sanitizers[*]}"
 target=x86_64-unknown-linux-gnu
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target/sanitizers}"
 
-if ! rustup toolchain list | grep -q '^nightly'; then
+# The list is read whole first (under pipefail an early `grep -q` exit can fail the pipe).
+if ! grep -q '^nightly' <<<"$(rustup toolchain list)"; then
     rustup toolchain install nightly --profile minimal
 fi
 rustup component add --toolchain nightly rust-src >/dev/null
