@@ -505,23 +505,12 @@ pub(crate) unsafe fn pv_madd(
 
 #[cfg(test)]
 mod tests {
+    use crate::kernels::tests::data;
     use crate::{
         attention_quantized, attention_typed, quantize_kv, simd_level, with_max_simd, Bf16, Params,
         QuantizedKv, QuantizedKvMut, Shape, SimdLevel,
     };
     use caching_allocator::{CachingAllocator, TempAllocator};
-
-    fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-            })
-            .collect()
-    }
 
     /// One call at the current level: f32, bf16 or (`int8`) f32 Q over an int8 cache holding
     /// `k` and `v`; the output as f32.

@@ -726,10 +726,11 @@ pub(crate) mod avx2 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn data(n: usize, seed: u32) -> Vec<f32> {
+    /// Deterministic pseudo-random floats in `[-1, 1)` (xorshift), `n` of them.
+    pub(crate) fn data(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(2_654_435_761) | 1;
         (0..n)
             .map(|_| {
