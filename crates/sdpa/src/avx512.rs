@@ -386,9 +386,9 @@ unsafe fn madd_block(q: *const i16, k: *const i8, n: usize) -> __m512i {
     _mm512_add_epi32(acc[0], acc[1])
 }
 
-/// AVX-512 version of [`crate::fused::scores_row_q16`]: 32 lanes per `vpmaddwd`, the lanes
-/// past the last multiple of 32 in scalar code, and head dims under 32 or over 256 by the
-/// portable kernel. The sums are the same integers and the last step is the portable one, so
+/// AVX-512 version of [`crate::fused::scores_row_q16`]: 32 lanes per `vpmaddwd`, in blocks of
+/// at most 256 lanes (each exact in i32, summed in i64), the lanes past the last multiple of 32
+/// in scalar code. The sums are the same integers and the last step is the portable one, so
 /// the scores are the same bits as the portable kernel's.
 ///
 /// # Safety
@@ -404,17 +404,21 @@ pub(crate) unsafe fn scores_row_q16(
 ) {
     let heads = crate::fused::check(q.q.len(), d, group, &[k], s.len(), lds, 1);
     let d32 = d / 32 * 32;
-    if d32 == 0 || d32 > 256 {
-        // SAFETY: the portable kernel is safe to call.
-        unsafe { crate::fused::scores_row_q16(q, d, group, k, s, lds) };
-        return;
-    }
     for h in 0..heads {
         let g = h / group;
-        // SAFETY: `h < heads`, `g < heads / group`: query row h and head vector g are `d >=
-        // d32` elements inside `q.q` and `k.x` (checked above); `d32 <= 256`.
-        let sums = unsafe { madd_block(q.q.as_ptr().add(h * d), k.x.as_ptr().add(g * d), d32) };
-        let mut dot = i64::from(_mm512_reduce_add_epi32(sums));
+        // SAFETY: `h < heads`, `g < heads / group`: query row h and head vector g are `d`
+        // elements inside `q.q` and `k.x` (checked above).
+        let (qp, kp) = unsafe { (q.q.as_ptr().add(h * d), k.x.as_ptr().add(g * d)) };
+        let mut dot = 0i64;
+        let mut j = 0;
+        while j < d32 {
+            let n = (d32 - j).min(256);
+            // SAFETY: lanes `j..j + n` are inside both head vectors (`j + n <= d32 <= d`);
+            // `n` is a multiple of 32 and at most 256.
+            let sums = unsafe { madd_block(qp.add(j), kp.add(j), n) };
+            dot += i64::from(_mm512_reduce_add_epi32(sums));
+            j += n;
+        }
         for j in d32..d {
             dot += i64::from(q.q[h * d + j]) * i64::from(k.x[g * d + j]);
         }

@@ -1094,7 +1094,7 @@ pub(crate) mod tests {
         }
         // Under Miri (a minute for 128 x 8 heads there) smaller long cases with the same loop
         // shapes: 80 and 97 lanes reach the 64- and 16-lane steps and a tail, 290 the integer
-        // scores' fallback past 256 lanes.
+        // scores' second block of 256 lanes.
         let long: &[(usize, usize, usize)] = if cfg!(miri) {
             &[(80, 2, 2), (97, 2, 1), (290, 2, 2)]
         } else {
