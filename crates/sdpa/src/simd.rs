@@ -21,7 +21,8 @@ pub enum SimdLevel {
     /// x86-64 AVX2 + FMA (F16C, where present, for f16 conversion).
     Avx2,
     /// x86-64 AVX-512F + AVX-512BW (with AVX2 + FMA): 16-lane micro-kernels, softmax and
-    /// decode row kernels; the other kernels are the AVX2 ones.
+    /// decode row kernels, and the int8 cache's integer scores and `P . V`; the other kernels
+    /// are the AVX2 ones.
     Avx512,
     /// aarch64 NEON.
     Neon,
