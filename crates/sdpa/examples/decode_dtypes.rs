@@ -111,30 +111,35 @@ fn main() {
                 &mut [
                     &mut || stream_read(&stream, 1),
                     &mut || stream_read(&stream, 4),
+                    // The layer calls run on a pool worker, as a model's forward pass does
+                    // (and as `allocbench sdpa` times them).
                     &mut || {
-                        for l in &layers {
-                            match l {
-                                Layer::F32(k, v) => {
-                                    attention(&q, k, v, &mut out, &sh, &p, &temp).unwrap()
+                        rayon::scope(|_| {
+                            for l in &layers {
+                                match l {
+                                    Layer::F32(k, v) => {
+                                        attention(&q, k, v, &mut out, &sh, &p, &temp).unwrap()
+                                    }
+                                    Layer::Bf16(k, v) => {
+                                        attention_typed(&qb, k, v, &mut outb, &sh, &p, &temp)
+                                            .unwrap()
+                                    }
+                                    Layer::Int8([k, v]) => attention_quantized(
+                                        &q,
+                                        view(k),
+                                        view(v),
+                                        &mut out,
+                                        &sh,
+                                        &p,
+                                        &temp,
+                                    )
+                                    .unwrap(),
                                 }
-                                Layer::Bf16(k, v) => {
-                                    attention_typed(&qb, k, v, &mut outb, &sh, &p, &temp).unwrap()
-                                }
-                                Layer::Int8([k, v]) => attention_quantized(
-                                    &q,
-                                    view(k),
-                                    view(v),
-                                    &mut out,
-                                    &sh,
-                                    &p,
-                                    &temp,
-                                )
-                                .unwrap(),
+                                // SAFETY: nothing from `temp` is used after the call returned.
+                                unsafe { temp.reset() };
                             }
-                            // SAFETY: nothing from `temp` is used after the call returned.
-                            unsafe { temp.reset() };
-                        }
-                        black_box((&out, &outb));
+                            black_box((&out, &outb));
+                        })
                     },
                 ],
             );

@@ -8,6 +8,7 @@
 //! rounds of the ratio within a round.
 
 use std::hint::black_box;
+use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use ::sdpa::baseline::{
@@ -39,8 +40,12 @@ pub struct DecodeEfficiency {
     pub ratio_best: f64,
     /// Median over rounds of the same-round ratio.
     pub ratio_median: f64,
-    /// Best time of one attention call (one layer), milliseconds.
+    /// Best time of one attention call (one layer), milliseconds, the calls made from a
+    /// worker of the rayon pool (see [`on_pool`]).
     pub ms_per_call: f64,
+    /// The same calls made from the calling thread, outside the pool: each pays the hand-off
+    /// to the pool and back (reported, not the ratio's figure).
+    pub ms_per_call_outside: f64,
 }
 
 /// Prefill's efficiency at one length.
@@ -65,6 +70,16 @@ pub struct PrefillEfficiency {
     pub ratio_median: f64,
     /// Best time of one attention call (one layer), milliseconds.
     pub ms_per_call: f64,
+}
+
+/// Runs `f` on a worker of the current rayon pool, as a model's forward pass runs (the llm
+/// runner drives its model inside `rayon::scope`), so the kernel's parallel sections start
+/// from inside the pool. A parallel section started from outside hands its work to the pool
+/// and blocks until a worker wakes it: 20-40 us per section on the project's 2-core VM (an
+/// empty `par_iter` of 8 items: 24 us from outside, 1.2 us inside), which a model pays once
+/// per forward pass rather than once per layer call.
+fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| f())
 }
 
 /// The inputs of `layers` layers for calls of shape `sh`, each layer its own data.
@@ -101,7 +116,9 @@ fn call_each(
 /// Measures decode in `dtype` at `kv_len` over enough separate layer caches to span
 /// `span_bytes` of K/V (at most 64), against a streaming read of a `span_bytes` buffer on the
 /// same threads, `reps` rounds: both count the bytes they must read (for int8, the values, the
-/// scales and the zero points). Scratch comes from `temp`, reset after every call.
+/// scales and the zero points). Scratch comes from `temp`, reset after every call. A round's
+/// layer calls run on a pool worker ([`on_pool`]); the same calls from the calling thread are
+/// timed too, in the same rounds, for `ms_per_call_outside`.
 #[allow(clippy::too_many_arguments)]
 pub fn decode_efficiency(
     dtype: SdpaDtype,
@@ -111,27 +128,36 @@ pub fn decode_efficiency(
     kv_len: usize,
     span_bytes: usize,
     reps: usize,
-    temp: &dyn TempAllocator,
+    temp: &(dyn TempAllocator + Sync),
 ) -> Result<DecodeEfficiency, sdpa::SdpaError> {
     let sh = decode_shape(heads, kv_heads, head_dim, kv_len.max(1));
     let per_layer = sh.kv_elems()? / head_dim * dtype.kv_bytes_per_head_row(head_dim);
     let layers = span_bytes.div_ceil(per_layer.max(1)).clamp(1, 64);
-    let mut inputs = layer_inputs(dtype, &sh, layers)?;
+    // One set of inputs for both ways of calling (a lock, as the pool's closure must be Send;
+    // taken once per round).
+    let inputs = Mutex::new(layer_inputs(dtype, &sh, layers)?);
     let stream = fill(span_bytes.div_ceil(4).max(1), 7);
-    let mut err = None;
+    let err = Mutex::new(None);
+    let calls = || {
+        let mut inputs = inputs.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut err = err.lock().unwrap_or_else(PoisonError::into_inner);
+        call_each(&mut inputs, &sh, temp, &mut err);
+    };
     let rounds = interleaved(
         reps,
         &mut [
             &mut || stream_read(&stream, 1),
             &mut || stream_read(&stream, 4),
-            &mut || call_each(&mut inputs, &sh, temp, &mut err),
+            &mut || on_pool(calls),
+            &mut { calls },
         ],
     );
-    if let Some(e) = err {
+    if let Some(e) = err.into_inner().unwrap_or_else(PoisonError::into_inner) {
         return Err(e);
     }
     let (sb, kb) = (stream.len() * 4, per_layer * layers);
-    // Closures 0 and 1 are the streaming reads (the faster is a round's baseline), 2 the decode.
+    // Closures 0 and 1 are the streaming reads (the faster is a round's baseline), 2 the decode
+    // on the pool, 3 the decode from outside it.
     let ratio_median = median(
         rounds
             .iter()
@@ -150,6 +176,7 @@ pub fn decode_efficiency(
         ratio_best: kernel_gbs / stream_gbs,
         ratio_median,
         ms_per_call: best(&rounds, 2) * 1e3 / layers as f64,
+        ms_per_call_outside: best(&rounds, 3) * 1e3 / layers as f64,
     })
 }
 
@@ -159,7 +186,9 @@ pub fn decode_efficiency(
 /// A round times enough layer calls back to back, each on its own inputs (as a model's layers
 /// are), for about the FLOPs of the smallest sgemm (at most 32 calls): a single 1 ms call timed
 /// right after a 20 ms sgemm measured the thread pool waking up as much as the kernel (it ran
-/// at 30% or 60% of sgemm from one round to the next at 128 tokens).
+/// at 30% or 60% of sgemm from one round to the next at 128 tokens). The calls run on a pool
+/// worker, as decode's do ([`on_pool`]; at 128 tokens that changed the time per call by under
+/// 2%).
 #[allow(clippy::too_many_arguments)]
 pub fn prefill_efficiency(
     dtype: SdpaDtype,
@@ -169,7 +198,7 @@ pub fn prefill_efficiency(
     len: usize,
     sgemm_shapes: &[(usize, usize, usize)],
     reps: usize,
-    temp: &dyn TempAllocator,
+    temp: &(dyn TempAllocator + Sync),
 ) -> Result<PrefillEfficiency, sdpa::SdpaError> {
     let sh = prefill_shape(heads, kv_heads, head_dim, len);
     let flops = prefill_flops(&sh, true);
@@ -180,7 +209,7 @@ pub fn prefill_efficiency(
     let calls = ((smallest_sgemm / flops).ceil() as usize).clamp(1, 32);
     let mut inputs = layer_inputs(dtype, &sh, calls)?;
     let mut err = None;
-    let mut kernel = || call_each(&mut inputs, &sh, temp, &mut err);
+    let mut kernel = || on_pool(|| call_each(&mut inputs, &sh, temp, &mut err));
     // One sgemm per shape, each with its own operands (m, k, n, a, b, c), then the kernel.
     let mut mats: Vec<SgemmCase> = sgemm_shapes
         .iter()

@@ -351,11 +351,12 @@ pub fn run(
     drop(sources);
 
     // ---- efficiency, on this project's allocator ----
-    let eff_source = crate::source::CachingSource::new(
+    // A `Sync` allocator (the calls run on a pool worker), configured as a `caching` worker.
+    let w = crate::source::CachingSource::new(
         crate::source::CachingMode::Reset,
         source_config.caching_cap,
-    );
-    let w = eff_source.worker();
+    )
+    .allocator();
     let mut errors = eff_errors;
     let mut dec = Vec::new();
     let mut pre = Vec::new();
@@ -369,7 +370,7 @@ pub fn run(
                 kv,
                 cfg.eff_span_bytes,
                 cfg.eff_rounds,
-                w.as_ref(),
+                &w,
             ) {
                 Ok(e) => dec.push(e),
                 Err(e) => errors.push(format!("{} decode efficiency at kv {kv}: {e}", dt.name())),
@@ -385,7 +386,7 @@ pub fn run(
                 len,
                 &cfg.eff_sgemm_shapes,
                 cfg.eff_rounds,
-                w.as_ref(),
+                &w,
             ) {
                 Ok(e) => pre.push(e),
                 Err(e) => errors.push(format!(
@@ -412,6 +413,7 @@ impl SdpaReport {
             "kv_len",
             "layer caches",
             "ms/call",
+            "ms/call from outside the pool",
             "stream GB/s",
             "K/V GB/s",
             "ratio (best)",
@@ -423,6 +425,7 @@ impl SdpaReport {
                 e.kv_len.to_string(),
                 e.layers.to_string(),
                 format!("{:.3}", e.ms_per_call),
+                format!("{:.3}", e.ms_per_call_outside),
                 format!("{:.1}", e.stream_gbs),
                 format!("{:.1}", e.kernel_gbs),
                 pct(e.ratio_best),
@@ -451,9 +454,8 @@ impl SdpaReport {
                 pct(e.ratio_median),
             ]);
         }
-        for t in [&mut d, &mut p] {
-            align_right(t, 1..8);
-        }
+        align_right(&mut d, 1..9);
+        align_right(&mut p, 1..8);
         (d, p)
     }
 
@@ -601,6 +603,7 @@ mod tests {
                     ratio_best: 0.1,
                     ratio_median: 0.1,
                     ms_per_call: 1.0,
+                    ms_per_call_outside: 1.0,
                 },
                 DecodeEfficiency {
                     dtype: SdpaDtype::F32,
@@ -612,6 +615,7 @@ mod tests {
                     ratio_best: 0.8,
                     ratio_median: 0.74,
                     ms_per_call: 1.0,
+                    ms_per_call_outside: 1.0,
                 },
             ],
             prefill_eff: vec![PrefillEfficiency {
@@ -671,6 +675,7 @@ mod tests {
             ratio_best: 0.9,
             ratio_median: 0.9,
             ms_per_call: ms,
+            ms_per_call_outside: ms,
         };
         r.decode_eff = vec![at(SdpaDtype::F32, 3.0), at(SdpaDtype::Int8Kv, 1.1)];
         r.prefill_eff[0].dtype = SdpaDtype::Int8Kv; // reported, not a target

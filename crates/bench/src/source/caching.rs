@@ -50,6 +50,14 @@ impl CachingSource {
     }
 }
 
+impl CachingSource {
+    /// A new allocator with this source's configuration, as a [`CachingMode::Reset`] worker
+    /// owns one; it is `Sync`, for callers that drive a kernel from a pool worker.
+    pub fn allocator(&self) -> CachingAllocator {
+        CachingAllocator::with_config(self.config.clone())
+    }
+}
+
 impl std::fmt::Debug for CachingSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CachingSource")
@@ -71,7 +79,7 @@ impl ScratchSource for CachingSource {
     fn worker(&self) -> Box<dyn ScratchWorker + '_> {
         match &self.shared {
             None => Box::new(ResetWorker {
-                alloc: CachingAllocator::with_config(self.config.clone()),
+                alloc: self.allocator(),
             }),
             Some(alloc) => Box::new(ScopeWorker {
                 alloc,
