@@ -402,7 +402,9 @@ pub fn scratch_bytes_for(
 ///
 /// The call requests one buffer of [`scratch_bytes`]`(shape, rayon::current_num_threads())`
 /// bytes from `temp` (none when there is nothing to compute) before it runs in parallel on the
-/// current rayon pool, and never resets `temp`.
+/// current rayon pool, and never resets `temp`. Call it from a worker of that pool when
+/// latency matters (a model's forward pass inside `rayon::scope`): from any other thread each
+/// call hands its work to the pool and waits to be woken, tens of microseconds.
 ///
 /// # Errors
 /// A shape or slice-length error ([`SdpaError`] says which) before anything is read or written;
