@@ -215,14 +215,31 @@ fn soak(seconds: f64, c: &Common) -> ExitCode {
 }
 
 /// Gives matrixmultiply as many threads as rayon's global pool will have (RAYON_NUM_THREADS or
-/// one per core). Call before any thread exists: matrixmultiply reads the environment.
-fn init_sgemm_threads(cores: usize) {
+/// one per core), and makes this (the main) thread one of the pool's. Call before any thread
+/// exists: matrixmultiply reads the environment.
+///
+/// The kernels and model steps run from the main thread. Outside the pool, each parallel
+/// section would hand its work to the pool and wait to be woken at the end (24 us for an empty
+/// one on the project's VM; the `llm` runner's decode measured 51-54 tok/s that way against
+/// 66-70 inside); as a member, the main thread runs its share and starts the section at once,
+/// as when a runtime drives its model from inside the pool (`llm generate` uses
+/// `rayon::scope`). With one thread the pool keeps its own worker: a pool made of the main
+/// thread alone would leave work sent from other threads waiting for it.
+fn init_threads(cores: usize) {
     let rayon_threads = std::env::var("RAYON_NUM_THREADS")
         .ok()
         .and_then(|s| s.parse::<usize>().ok())
         .filter(|&n| n > 0)
         .unwrap_or(cores);
     ::sdpa::baseline::set_sgemm_threads(rayon_threads);
+    if rayon_threads >= 2 {
+        // An error means a global pool exists already: then the calls stay outside it, which
+        // costs time, not correctness.
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(rayon_threads)
+            .use_current_thread()
+            .build_global();
+    }
 }
 
 /// Runs the sdpa benchmark on `sources`, printing what it runs first.
@@ -418,7 +435,8 @@ fn run_llm(
     let pb = suite::progress_bar(llm::progress_units(&cfg));
     // On a rayon worker, as `llm generate` runs: the kernels' parallel sections then start
     // inside the pool instead of waking the main thread through a latch after each of the
-    // ~240 sections per token.
+    // ~240 sections per token. Inline when the main thread is a member (`init_threads`); this
+    // covers a single-thread pool, which keeps its own worker.
     let (rows, decode_eff, prefill_eff, errors) = rayon::scope(|_| {
         llm::run(&cfg, &weights, sources, &llm::llm_source_config(), &|| {
             pb.inc(1)
@@ -530,7 +548,7 @@ fn write_plot(info: &RunInfo, measurements: &[Measurement], path: &std::path::Pa
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let c = &cli.common;
-    init_sgemm_threads(Machine::detect().cores);
+    init_threads(Machine::detect().cores);
     if c.allocators.as_deref() == Some(&["list".to_string()]) {
         for k in SOURCES {
             println!("{:<14} {}", k.name, k.about);

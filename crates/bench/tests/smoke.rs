@@ -238,10 +238,9 @@ fn sdpa_runs_on_every_source_with_tiny_shapes() {
         decode_eff.len(),
         cfg.eff_decode_kvs.len() * cfg.dtypes.len()
     );
-    assert!(decode_eff.iter().all(|e| e.kernel_gbs > 0.0
-        && e.stream_gbs > 0.0
-        && e.ms_per_call > 0.0
-        && e.ms_per_call_outside > 0.0));
+    assert!(decode_eff
+        .iter()
+        .all(|e| e.kernel_gbs > 0.0 && e.stream_gbs > 0.0 && e.ms_per_call > 0.0));
     assert_eq!(prefill_eff.len(), cfg.prefill.len() * cfg.dtypes.len());
     assert!(prefill_eff
         .iter()

@@ -8,7 +8,6 @@
 //! rounds of the ratio within a round.
 
 use std::hint::black_box;
-use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use ::sdpa::baseline::{
@@ -43,9 +42,6 @@ pub struct DecodeEfficiency {
     /// Best time of one attention call (one layer), milliseconds, the calls made from a
     /// worker of the rayon pool (see [`on_pool`]).
     pub ms_per_call: f64,
-    /// The same calls made from the calling thread, outside the pool: each pays the hand-off
-    /// to the pool and back (reported, not the ratio's figure).
-    pub ms_per_call_outside: f64,
 }
 
 /// Prefill's efficiency at one length.
@@ -72,12 +68,13 @@ pub struct PrefillEfficiency {
     pub ms_per_call: f64,
 }
 
-/// Runs `f` on a worker of the current rayon pool, as a model's forward pass runs (the llm
-/// runner drives its model inside `rayon::scope`), so the kernel's parallel sections start
-/// from inside the pool. A parallel section started from outside hands its work to the pool
-/// and blocks until a worker wakes it: 20-40 us per section on the project's 2-core VM (an
-/// empty `par_iter` of 8 items: 24 us from outside, 1.2 us inside), which a model pays once
-/// per forward pass rather than once per layer call.
+/// Runs `f` on a worker of the current rayon pool (inline when the caller is one, as
+/// `allocbench`'s main thread is), as a model's forward pass runs (the llm runner drives its
+/// model inside `rayon::scope`), so the kernel's parallel sections start from inside the pool.
+/// A parallel section started from outside hands its work to the pool and blocks until a
+/// worker wakes it: 20-40 us per section on the project's 2-core VM (an empty `par_iter` of 8
+/// items: 24 us from outside, 1.2 us inside), which a model pays once per forward pass rather
+/// than once per layer call.
 fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| f())
 }
@@ -117,8 +114,7 @@ fn call_each(
 /// `span_bytes` of K/V (at most 64), against a streaming read of a `span_bytes` buffer on the
 /// same threads, `reps` rounds: both count the bytes they must read (for int8, the values, the
 /// scales and the zero points). Scratch comes from `temp`, reset after every call. A round's
-/// layer calls run on a pool worker ([`on_pool`]); the same calls from the calling thread are
-/// timed too, in the same rounds, for `ms_per_call_outside`.
+/// layer calls run on a pool worker ([`on_pool`]).
 #[allow(clippy::too_many_arguments)]
 pub fn decode_efficiency(
     dtype: SdpaDtype,
@@ -133,31 +129,22 @@ pub fn decode_efficiency(
     let sh = decode_shape(heads, kv_heads, head_dim, kv_len.max(1));
     let per_layer = sh.kv_elems()? / head_dim * dtype.kv_bytes_per_head_row(head_dim);
     let layers = span_bytes.div_ceil(per_layer.max(1)).clamp(1, 64);
-    // One set of inputs for both ways of calling (a lock, as the pool's closure must be Send;
-    // taken once per round).
-    let inputs = Mutex::new(layer_inputs(dtype, &sh, layers)?);
+    let mut inputs = layer_inputs(dtype, &sh, layers)?;
     let stream = fill(span_bytes.div_ceil(4).max(1), 7);
-    let err = Mutex::new(None);
-    let calls = || {
-        let mut inputs = inputs.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut err = err.lock().unwrap_or_else(PoisonError::into_inner);
-        call_each(&mut inputs, &sh, temp, &mut err);
-    };
+    let mut err = None;
     let rounds = interleaved(
         reps,
         &mut [
             &mut || stream_read(&stream, 1),
             &mut || stream_read(&stream, 4),
-            &mut || on_pool(calls),
-            &mut { calls },
+            &mut || on_pool(|| call_each(&mut inputs, &sh, temp, &mut err)),
         ],
     );
-    if let Some(e) = err.into_inner().unwrap_or_else(PoisonError::into_inner) {
+    if let Some(e) = err {
         return Err(e);
     }
     let (sb, kb) = (stream.len() * 4, per_layer * layers);
-    // Closures 0 and 1 are the streaming reads (the faster is a round's baseline), 2 the decode
-    // on the pool, 3 the decode from outside it.
+    // Closures 0 and 1 are the streaming reads (the faster is a round's baseline), 2 the decode.
     let ratio_median = median(
         rounds
             .iter()
@@ -176,7 +163,6 @@ pub fn decode_efficiency(
         ratio_best: kernel_gbs / stream_gbs,
         ratio_median,
         ms_per_call: best(&rounds, 2) * 1e3 / layers as f64,
-        ms_per_call_outside: best(&rounds, 3) * 1e3 / layers as f64,
     })
 }
 

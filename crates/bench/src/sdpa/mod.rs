@@ -413,7 +413,6 @@ impl SdpaReport {
             "kv_len",
             "layer caches",
             "ms/call",
-            "ms/call from outside the pool",
             "stream GB/s",
             "K/V GB/s",
             "ratio (best)",
@@ -425,7 +424,6 @@ impl SdpaReport {
                 e.kv_len.to_string(),
                 e.layers.to_string(),
                 format!("{:.3}", e.ms_per_call),
-                format!("{:.3}", e.ms_per_call_outside),
                 format!("{:.1}", e.stream_gbs),
                 format!("{:.1}", e.kernel_gbs),
                 pct(e.ratio_best),
@@ -454,8 +452,9 @@ impl SdpaReport {
                 pct(e.ratio_median),
             ]);
         }
-        align_right(&mut d, 1..9);
-        align_right(&mut p, 1..8);
+        for t in [&mut d, &mut p] {
+            align_right(t, 1..8);
+        }
         (d, p)
     }
 
@@ -603,7 +602,6 @@ mod tests {
                     ratio_best: 0.1,
                     ratio_median: 0.1,
                     ms_per_call: 1.0,
-                    ms_per_call_outside: 1.0,
                 },
                 DecodeEfficiency {
                     dtype: SdpaDtype::F32,
@@ -615,7 +613,6 @@ mod tests {
                     ratio_best: 0.8,
                     ratio_median: 0.74,
                     ms_per_call: 1.0,
-                    ms_per_call_outside: 1.0,
                 },
             ],
             prefill_eff: vec![PrefillEfficiency {
@@ -675,7 +672,6 @@ mod tests {
             ratio_best: 0.9,
             ratio_median: 0.9,
             ms_per_call: ms,
-            ms_per_call_outside: ms,
         };
         r.decode_eff = vec![at(SdpaDtype::F32, 3.0), at(SdpaDtype::Int8Kv, 1.1)];
         r.prefill_eff[0].dtype = SdpaDtype::Int8Kv; // reported, not a target
