@@ -40,7 +40,7 @@ pub struct DecodeEfficiency {
     /// Median over rounds of the same-round ratio.
     pub ratio_median: f64,
     /// Best time of one attention call (one layer), milliseconds, the calls made from a
-    /// worker of the rayon pool (see [`on_pool`]).
+    /// worker of the rayon pool.
     pub ms_per_call: f64,
 }
 
@@ -114,7 +114,8 @@ fn call_each(
 /// `span_bytes` of K/V (at most 64), against a streaming read of a `span_bytes` buffer on the
 /// same threads, `reps` rounds: both count the bytes they must read (for int8, the values, the
 /// scales and the zero points). Scratch comes from `temp`, reset after every call. A round's
-/// layer calls run on a pool worker ([`on_pool`]).
+/// layer calls run on a worker of the current rayon pool (inline when the caller is one), as a
+/// model's forward pass does.
 #[allow(clippy::too_many_arguments)]
 pub fn decode_efficiency(
     dtype: SdpaDtype,
@@ -173,8 +174,7 @@ pub fn decode_efficiency(
 /// are), for about the FLOPs of the smallest sgemm (at most 32 calls): a single 1 ms call timed
 /// right after a 20 ms sgemm measured the thread pool waking up as much as the kernel (it ran
 /// at 30% or 60% of sgemm from one round to the next at 128 tokens). The calls run on a pool
-/// worker, as decode's do ([`on_pool`]; at 128 tokens that changed the time per call by under
-/// 2%).
+/// worker, as decode's do (at 128 tokens that changed the time per call by under 2%).
 #[allow(clippy::too_many_arguments)]
 pub fn prefill_efficiency(
     dtype: SdpaDtype,
