@@ -48,9 +48,7 @@ impl CachingSource {
             shared,
         }
     }
-}
 
-impl CachingSource {
     /// A new allocator with this source's configuration, as a [`CachingMode::Reset`] worker
     /// owns one; it is `Sync`, for callers that drive a kernel from a pool worker.
     pub fn allocator(&self) -> CachingAllocator {
