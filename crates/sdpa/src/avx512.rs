@@ -497,13 +497,7 @@ pub(crate) unsafe fn pv_madd(
             }
             j += 32;
         }
-        for j in d32..d {
-            let mut x = acc32[h * d + j];
-            for (u, r) in v.iter().enumerate() {
-                x = x.wrapping_add(i32::from(w[u]) * i32::from(r.x[g * d + j]));
-            }
-            acc32[h * d + j] = x;
-        }
+        crate::fused::pv_madd_lanes(&mut acc32[h * d..(h + 1) * d], w, &v, g * d, d32..d);
     }
 }
 

@@ -473,13 +473,26 @@ pub(crate) unsafe fn pv_madd(
         if w == [0; PV_ROWS] {
             continue;
         }
-        for j in 0..d {
-            let mut x = acc32[h * d + j];
-            for (u, r) in v.iter().enumerate() {
-                x = x.wrapping_add(i32::from(w[u]) * i32::from(r.x[g * d + j]));
-            }
-            acc32[h * d + j] = x;
+        pv_madd_lanes(&mut acc32[h * d..(h + 1) * d], w, &v, g * d, 0..d);
+    }
+}
+
+/// `acc[j] += sum_u w[u] * v_u[off + j]` (wrapping) for the lanes `j` in `lanes`: [`pv_madd`]'s
+/// arithmetic for one head, one lane at a time, also the tail of its SIMD versions.
+#[inline]
+pub(crate) fn pv_madd_lanes(
+    acc: &mut [i32],
+    w: &[i16],
+    v: &[KvRow<'_, i8>],
+    off: usize,
+    lanes: core::ops::Range<usize>,
+) {
+    for j in lanes {
+        let mut x = acc[j];
+        for (u, r) in v.iter().enumerate() {
+            x = x.wrapping_add(i32::from(w[u]) * i32::from(r.x[off + j]));
         }
+        acc[j] = x;
     }
 }
 
@@ -970,13 +983,7 @@ pub(crate) mod avx2 {
                 }
                 j += 8;
             }
-            for j in j..d {
-                let mut x = acc32[h * d + j];
-                for (u, r) in v.iter().enumerate() {
-                    x = x.wrapping_add(i32::from(w[u]) * i32::from(r.x[g * d + j]));
-                }
-                acc32[h * d + j] = x;
-            }
+            super::pv_madd_lanes(&mut acc32[h * d..(h + 1) * d], w, &v, g * d, j..d);
         }
     }
 
