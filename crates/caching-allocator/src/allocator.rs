@@ -8,6 +8,7 @@
 use core::alloc::GlobalAlloc;
 use core::ptr::NonNull;
 
+use crate::arena::{Bump, ARENA_MAX_ALIGN, MIN_CHUNK};
 use crate::block::{Block, MIN_ALIGN};
 use crate::debug::{self, CANARY_LEN};
 use crate::directory::Directory;
@@ -16,7 +17,7 @@ use crate::huge_pages::{self, HUGE_PAGE};
 use crate::registry::Registry;
 use crate::retention::Retention;
 use crate::shared_cache::{SharedCache, CREDIT_STEP};
-use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
+use crate::sync::{lock, Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
 use crate::thread_cache::{self, CacheGuard, CacheState, Live, Local, ThreadCache};
 use crate::{AllocError, Config, SizeClass, Stats, MAX_ALIGN};
 
@@ -43,6 +44,14 @@ pub struct CachingAllocator {
     huge_min: usize,
     /// `config.max_oversize`: the best-fit bound.
     oversize: f64,
+    /// Requests of at most this many bytes go to the calling thread's arena; 0 when the arena
+    /// is off (by `Config::arena_max_bytes`, debug checks, or a cap too small for a chunk).
+    arena_max: usize,
+    /// The reset interval: every reset increments it, and each thread's arena rewinds when it
+    /// sees it move (see `arena`).
+    pub(crate) epoch: AtomicUsize,
+    /// How many thread caches hold blocks from `allocate` in their live tables.
+    live_caches: Arc<AtomicUsize>,
     pub(crate) retention: Retention,
     /// The size of a scope's first bump chunk; 0 when chunks are off (or debug checks on).
     pub(crate) scope_chunk: usize,
@@ -85,7 +94,15 @@ impl CachingAllocator {
 
     /// An allocator configured by `config`.
     pub fn with_config(config: Config) -> Self {
+        let live_caches = Arc::new(AtomicUsize::new(0));
+        let arena_max = if config.debug_checks || config.max_cached_bytes < MIN_CHUNK {
+            0
+        } else {
+            config.arena_max_bytes
+        };
         CachingAllocator {
+            arena_max,
+            epoch: AtomicUsize::new(0),
             id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
             limit: config.limit_bytes.unwrap_or(usize::MAX),
             debug: config.debug_checks,
@@ -105,7 +122,8 @@ impl CachingAllocator {
             system: config.system.clone(),
             shared: Mutex::new(SharedCache::new(config.max_cached_bytes)),
             config,
-            registry: Registry::new(),
+            registry: Registry::new(&live_caches),
+            live_caches,
             directory: Directory::new(),
             clock: Clock::new(),
         }
@@ -134,14 +152,179 @@ impl CachingAllocator {
     /// larger than the machine's memory.
     #[inline]
     pub fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+        let local = self.thread_cache();
+        // Small requests: the thread's arena (sizes 1..=arena_max, alignments up to 4 KiB).
+        if size.wrapping_sub(1) < self.arena_max
+            && align.is_power_of_two()
+            && align <= ARENA_MAX_ALIGN
+            && local.owned()
+        {
+            // SAFETY: `local` is this thread's own cache (`owned`, and `Local` is this
+            // thread's), and no borrow of its arena is alive: each is confined to one call.
+            let arena = unsafe { local.arena.owner() };
+            let epoch = self.epoch.load(Ordering::Acquire);
+            if let Bump::Done(ptr) = arena.bump(&local.arena.shared, epoch, size, align) {
+                return Ok(ptr);
+            }
+            if let Some(ptr) = self.arena_slow(local, size, align) {
+                return Ok(ptr);
+            }
+        }
+        self.allocate_block(local, size, align)
+    }
+
+    /// `allocate` through the size classes.
+    #[inline]
+    fn allocate_block(
+        &self,
+        local: Local<'_>,
+        size: usize,
+        align: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
         let req = self.request(size, align)?;
         let Some(class) = req.class else {
             return Ok(dangling(align));
         };
-        let block = self.take(self.thread_cache(), class, &req, |state, live| {
+        let block = self.take(local, class, &req, true, |state, live| {
             state.live.insert(live);
         })?;
         Ok(block.ptr)
+    }
+
+    /// The arena could not serve a request on its fast path: rewind it after a reset (swapping
+    /// its chunk for a larger one if the last interval wanted more), apply other threads'
+    /// releases, or give it its first chunk; then try once more. `None`: the size classes
+    /// serve this request (the chunk is full for this interval, or the cap cannot cover one).
+    #[cold]
+    fn arena_slow(&self, local: Local<'_>, size: usize, align: usize) -> Option<NonNull<u8>> {
+        let sh = &local.arena.shared;
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let grow = {
+            // SAFETY: as in `allocate`: the owner thread, one borrow at a time (this one ends
+            // before `replace_chunk` borrows again).
+            let arena = unsafe { local.arena.owner() };
+            if arena.epoch() != epoch {
+                arena.rewind(sh, epoch)
+            } else {
+                arena.apply_inbox(sh);
+                if let Bump::Done(ptr) = arena.bump(sh, epoch, size, align) {
+                    return Some(ptr);
+                }
+                if !arena.is_empty() || arena.chunk().is_some() {
+                    arena.missed(size);
+                    return None;
+                }
+                // No chunk yet.
+                Some(MIN_CHUNK)
+            }
+        };
+        if let Some(bytes) = grow {
+            self.replace_chunk(local, bytes);
+        }
+        // SAFETY: as above; `replace_chunk` holds no borrow of the arena any more.
+        let arena = unsafe { local.arena.owner() };
+        match arena.bump(sh, epoch, size, align) {
+            Bump::Done(ptr) => Some(ptr),
+            _ => {
+                arena.missed(size);
+                None
+            }
+        }
+    }
+
+    /// Gives the (empty) arena of this thread a chunk of at least `bytes` instead of the one it
+    /// has, which goes back to the cache's idle blocks. Without room under the cap, the arena
+    /// is left without a chunk.
+    #[cold]
+    fn replace_chunk(&self, local: Local<'_>, bytes: usize) {
+        let sh = &local.arena.shared;
+        {
+            // SAFETY: as in `allocate`; the borrow ends in this block.
+            let arena = unsafe { local.arena.owner() };
+            debug_assert!(arena.is_empty());
+            arena.set_chunk(sh, core::ptr::null_mut(), 0);
+        }
+        let mut state = local.lock();
+        if let Some(old) = state.arena_chunk.take() {
+            // Its credit stays: the chunk was charged as if idle, and now is.
+            let stamp = self.clock.stamp(&mut state);
+            state.idle.push(old, stamp);
+            local.publish(&state);
+        }
+        drop(state);
+        let Some(class) = SizeClass::for_size(bytes) else {
+            return;
+        };
+        let req = Request {
+            size: class.size(),
+            align: ARENA_MAX_ALIGN,
+            class: Some(class),
+        };
+        // In nobody's books until the cap covers it.
+        let Ok(chunk) = self.take(local, class, &req, false, |_, _| {}) else {
+            return;
+        };
+        if !self.charge_chunk(local, chunk) {
+            let mut state = local.lock();
+            let spilled = self.cache_locked(&mut state, chunk);
+            local.publish(&state);
+            drop(state);
+            if let Some(block) = spilled {
+                self.cache_slow(&local, block);
+            }
+            return;
+        }
+        // SAFETY: as in `allocate`.
+        let arena = unsafe { local.arena.owner() };
+        arena.set_chunk(sh, chunk.ptr.as_ptr(), chunk.size());
+    }
+
+    /// Books `chunk` as the thread's arena chunk once its credit covers it, asking the cap for
+    /// more if needed (so `held() <= credit` holds at every unlock). `false` if the cap cannot.
+    fn charge_chunk(&self, local: Local<'_>, chunk: Block) -> bool {
+        for _ in 0..3 {
+            let mut state = local.lock();
+            let short = (state.held() + chunk.size()).saturating_sub(state.credit);
+            if short == 0 {
+                state.arena_chunk = Some(chunk);
+                return true;
+            }
+            drop(state);
+            let Some(grant) = self.make_room(short) else {
+                return false;
+            };
+            local.lock().credit += grant;
+        }
+        false
+    }
+
+    /// On the owner's thread: gives the arena's chunk back to the idle blocks if the arena
+    /// holds nothing live (so a trim can free it).
+    fn park_own_chunk(&self) {
+        let local = self.thread_cache();
+        if !local.owned() {
+            return;
+        }
+        let sh = &local.arena.shared;
+        let epoch = self.epoch.load(Ordering::Acquire);
+        {
+            // SAFETY: as in `allocate`; the borrow ends in this block.
+            let arena = unsafe { local.arena.owner() };
+            if arena.epoch() != epoch {
+                arena.rewind(sh, epoch);
+            }
+            arena.apply_inbox(sh);
+            if !arena.is_empty() || arena.chunk().is_none() {
+                return;
+            }
+            arena.set_chunk(sh, core::ptr::null_mut(), 0);
+        }
+        let mut state = local.lock();
+        if let Some(chunk) = state.arena_chunk.take() {
+            let stamp = self.clock.stamp(&mut state);
+            state.idle.push(chunk, stamp);
+        }
+        local.publish(&state);
     }
 
     /// Gives one block from [`allocate`](Self::allocate) back to the cache, from any thread.
@@ -164,6 +347,16 @@ impl CachingAllocator {
     pub unsafe fn release(&self, ptr: NonNull<u8>) -> Result<(), AllocError> {
         let here = self.thread_cache();
         let addr = ptr.as_ptr().addr();
+        if here.owned() {
+            // SAFETY: as in `allocate`: the owner thread, one borrow, confined to this block.
+            let arena = unsafe { here.arena.owner() };
+            if arena.holds(addr)
+                && arena.epoch() == self.epoch.load(Ordering::Acquire)
+                && arena.release(&here.arena.shared, addr)
+            {
+                return Ok(());
+            }
+        }
         let mut state = here.lock();
         if let Some(live) = state.live.remove(addr) {
             state.counters.remove_live(&live);
@@ -181,6 +374,7 @@ impl CachingAllocator {
     /// Evicts least recently used idle blocks until at most `keep_bytes` stay cached, counted
     /// over every thread's cache. The blocks that stay move to the shared pool.
     pub fn trim(&self, keep_bytes: usize) {
+        self.park_own_chunk();
         if self.cached_bytes() <= keep_bytes {
             return;
         }
@@ -208,9 +402,25 @@ impl CachingAllocator {
     pub fn stats(&self) -> Stats {
         let mut stats = Stats::default();
         let mut peak_live = 0usize;
+        let epoch = self.epoch.load(Ordering::Acquire);
         self.registry.for_each(|cache| {
             let state = cache.lock();
+            let arena = cache.arena.shared.figures(epoch);
+            stats.hits += arena.hits as u64;
+            stats.live_bytes += arena.live_bytes;
+            stats.live_blocks += arena.live_blocks;
+            stats.arena_live_blocks += arena.live_blocks;
+            stats.requested_bytes += arena.requested;
+            peak_live = peak_live.saturating_add(arena.max_peak);
+            if let Some(chunk) = state.arena_chunk {
+                // The chunk's bytes no live block of the arena has are cached.
+                stats.cached_bytes += chunk.size().saturating_sub(arena.live_bytes);
+                stats.arena_chunks += 1;
+            }
             let c = &state.counters;
+            let (interval, last) = c.interval(epoch);
+            stats.interval_peak_bytes += interval + arena.peak;
+            stats.last_interval_peak_bytes += last + arena.last_peak;
             stats.hits += c.hits;
             stats.oversize_hits += c.oversize_hits;
             stats.misses += c.misses;
@@ -226,6 +436,9 @@ impl CachingAllocator {
         stats.oversize_hits += shared.retired_oversize_hits;
         stats.misses += shared.retired_misses;
         peak_live = peak_live.saturating_add(shared.retired_peak_live);
+        let (interval, last) = shared.retired_interval(epoch);
+        stats.interval_peak_bytes += interval;
+        stats.last_interval_peak_bytes += last;
         stats.cached_bytes += shared.pool_bytes();
         stats.cached_blocks += shared.pool_blocks();
         stats.reserved_bytes = shared.reserved();
@@ -301,11 +514,11 @@ impl CachingAllocator {
 
     #[cold]
     fn thread_cache_slow(&self) -> *const ThreadCache {
-        thread_cache::find_or_create(self.id, |cache| {
+        thread_cache::find_or_create(self.id, &self.live_caches, |cache| {
             // A new thread: the good moment to forget threads that are gone, so a runtime
             // that spawns threads does not grow the registry without bound.
             self.registry
-                .register(cache, |state| self.forget_cache(state));
+                .register(cache, |cache, state| self.forget_cache(cache, state));
         })
         .unwrap_or(Arc::as_ptr(self.registry.fallback()))
     }
@@ -318,6 +531,7 @@ impl CachingAllocator {
         local: Local<'_>,
         class: SizeClass,
         req: &Request,
+        counts_live: bool,
         record: impl FnOnce(&mut CacheState, Live),
     ) -> Result<Block, AllocError> {
         let mut state = local.lock();
@@ -336,7 +550,10 @@ impl CachingAllocator {
                 }
             }
         };
-        if !cached {
+        // A request counts as a hit or a miss; an arena's chunk is not a request (its blocks
+        // count as hits).
+        if !counts_live {
+        } else if !cached {
             state.counters.misses += 1;
         } else {
             state.counters.hits += 1;
@@ -357,7 +574,11 @@ impl CachingAllocator {
             block,
             requested: req.size,
         };
-        state.counters.add_live(&live);
+        if counts_live {
+            state
+                .counters
+                .add_live(&live, self.epoch.load(Ordering::Relaxed));
+        }
         record(&mut state, live);
         local.publish(&state);
         drop(state);
@@ -613,7 +834,7 @@ impl CachingAllocator {
     /// the block back for [`cache_slow`](Self::cache_slow), to call once the lock is dropped.
     #[inline(always)]
     pub(crate) fn cache_locked(&self, state: &mut CacheState, block: Block) -> Option<Block> {
-        if state.idle.bytes() + block.size() > state.credit {
+        if state.held() + block.size() > state.credit {
             return Some(block);
         }
         let stamp = self.clock.stamp(state);
@@ -661,15 +882,28 @@ impl CachingAllocator {
         if is_dangling(addr) {
             return Ok(());
         }
+        // A small block of another thread's arena: checked against its records, queued for
+        // its owner.
+        let mut released = false;
+        self.registry.for_each(|cache| {
+            if !released && !core::ptr::eq(&**cache, here) && cache.arena.shared.in_chunk(addr) {
+                released = cache.arena.shared.release_foreign(&self.epoch, addr);
+            }
+        });
+        if released {
+            return Ok(());
+        }
         Err(AllocError::UnknownPointer { addr })
     }
 
     /// Moves every idle block of a locked thread cache to the shared pool and returns its
     /// credit.
+    /// The arena's chunk stays, with its credit (only its owner moves it, or `forget_cache`).
     pub(crate) fn move_to_pool(&self, state: &mut CacheState) {
         let mut shared = lock(&self.shared);
-        shared.return_credit(state.credit);
-        state.credit = 0;
+        let chunk = state.arena_chunk.map_or(0, |c| c.size());
+        shared.return_credit(state.credit - chunk);
+        state.credit = chunk;
         while let Some((stamp, block)) = state.idle.pop_lru() {
             // Under the pool's lock, before anyone can take it from there.
             self.directory.set_home(block.addr(), None);
@@ -679,7 +913,17 @@ impl CachingAllocator {
 
     /// Empties the cache of an exited thread that is being forgotten (locked, no live block):
     /// its idle blocks go to the pool, its counters to the shared books.
-    fn forget_cache(&self, state: &mut CacheState) {
+    /// `false` (nothing changes) if its arena still holds live blocks.
+    fn forget_cache(&self, cache: &ThreadCache, state: &mut CacheState) -> bool {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        if cache.arena.shared.figures(epoch).live_blocks > 0 {
+            return false;
+        }
+        if let Some(chunk) = state.arena_chunk.take() {
+            // The owner exited and its arena holds nothing live: nobody bumps through it.
+            let stamp = self.clock.stamp(state);
+            state.idle.push(chunk, stamp);
+        }
         self.move_to_pool(state);
         let mut shared = lock(&self.shared);
         // Keep the forgotten cache's counters: stats must not go backwards.
@@ -688,6 +932,12 @@ impl CachingAllocator {
         shared.retired_misses += state.counters.misses;
         shared.retired_peak_live += state.counters.peak_live_bytes;
         shared.retired_peak_requested += state.counters.peak_requested_bytes;
+        let arena = cache.arena.shared.figures(epoch);
+        shared.retired_hits += arena.hits as u64;
+        shared.retired_peak_live += arena.max_peak;
+        let (current, last) = state.counters.interval(epoch);
+        shared.retire_interval(epoch, current + arena.peak, last + arena.last_peak);
+        true
     }
 
     /// Gives a block back to the system because of the cap, the limit or a trim.
@@ -735,6 +985,11 @@ impl CachingAllocator {
         bytes + lock(&self.shared).pool_bytes()
     }
 
+    /// Whether any thread cache's live table may hold a block (see `ThreadCache::publish`).
+    pub(crate) fn any_live_tables(&self) -> bool {
+        self.live_caches.load(Ordering::Acquire) > 0
+    }
+
     /// Advances the eviction clock (resets do).
     pub(crate) fn tick(&self) {
         self.clock.advance();
@@ -743,13 +998,13 @@ impl CachingAllocator {
     /// Forgets the caches of exited threads that hold nothing live.
     pub(crate) fn forget_exited_threads(&self) {
         self.registry
-            .forget_exited_now(|state| self.forget_cache(state));
+            .forget_exited_now(|cache, state| self.forget_cache(cache, state));
     }
 
     /// Hands spare credit of a just-reset cache back, keeping one step so the next kernel's
     /// releases need no shared lock.
     pub(crate) fn trim_credit(&self, state: &mut CacheState) {
-        let spare = (state.credit - state.idle.bytes()).saturating_sub(CREDIT_STEP);
+        let spare = (state.credit - state.held()).saturating_sub(CREDIT_STEP);
         if spare > 0 {
             state.credit -= spare;
             lock(&self.shared).return_credit(spare);
@@ -809,6 +1064,7 @@ fn collect_blocks(state: &mut CacheState, blocks: &mut Vec<Block>) {
     state.live.drain_into(&mut live);
     blocks.extend(live.into_iter().map(|l| l.block));
     blocks.extend(state.scoped.drain(..).map(|s| s.live.block));
+    blocks.extend(state.arena_chunk.take());
 }
 
 const _: () = {

@@ -23,6 +23,7 @@ pub struct Config {
     pub(crate) limit_bytes: Option<usize>,
     pub(crate) debug_checks: bool,
     pub(crate) scope_chunk_bytes: usize,
+    pub(crate) arena_max_bytes: usize,
     pub(crate) max_oversize: f64,
     pub(crate) working_set_slack: Option<f64>,
     pub(crate) huge_page_min_bytes: Option<usize>,
@@ -36,6 +37,9 @@ pub const DEFAULT_SCOPE_CHUNK_BYTES: usize = 32 << 10;
 /// kernel.
 pub const DEFAULT_WORKING_SET_SLACK: f64 = 1.25;
 
+/// The default of [`Config::arena_max_bytes`]: 32 KiB.
+pub const DEFAULT_ARENA_MAX_BYTES: usize = 32 << 10;
+
 /// Requests up to this many bytes are served from a scope's chunk (when chunks are on).
 pub const SCOPE_BUMP_MAX: usize = 4 << 10;
 
@@ -48,6 +52,7 @@ impl Default for Config {
             limit_bytes: None,
             debug_checks: false,
             scope_chunk_bytes: DEFAULT_SCOPE_CHUNK_BYTES,
+            arena_max_bytes: DEFAULT_ARENA_MAX_BYTES,
             max_oversize: 2.0,
             working_set_slack: None,
             huge_page_min_bytes: Some(2 << 20),
@@ -161,6 +166,25 @@ impl Config {
         self
     }
 
+    /// `allocate` serves requests of up to `bytes` (with alignments up to 4 KiB) from the
+    /// calling thread's *arena*: a chunk taken from the cache that it bumps through, as a bump
+    /// allocator does, with no lock and no atomic read-modify-write, and that a reset takes
+    /// back in one atomic step (see the crate docs' "How it works"). Its chunk grows to the
+    /// most one reset interval asked for (up to 4 MiB), so after warm-up one chunk holds a
+    /// kernel call's small blocks. `0` turns the arena off; values above 1 MiB count as 1 MiB.
+    /// The arena is off with debug checks (each block needs its canary) and with a
+    /// `max_cached_bytes` below 64 KiB (the smallest chunk, charged to the cap). Default
+    /// [`DEFAULT_ARENA_MAX_BYTES`].
+    pub fn arena_max_bytes(mut self, bytes: usize) -> Self {
+        self.arena_max_bytes = bytes.min(1 << 20);
+        self
+    }
+
+    /// The arena's largest request, 0 when it is off (see [`Config::arena_max_bytes`]).
+    pub fn get_arena_max_bytes(&self) -> usize {
+        self.arena_max_bytes
+    }
+
     /// Where blocks come from and go back to; `std::alloc::System` by default. Tests use it to
     /// count calls and inject failures; a runtime may pass its own allocator.
     pub fn system_allocator(mut self, system: Arc<dyn GlobalAlloc + Send + Sync>) -> Self {
@@ -201,6 +225,7 @@ impl fmt::Debug for Config {
             .field("limit_bytes", &self.limit_bytes)
             .field("debug_checks", &self.debug_checks)
             .field("scope_chunk_bytes", &self.scope_chunk_bytes)
+            .field("arena_max_bytes", &self.arena_max_bytes)
             .field("max_oversize", &self.max_oversize)
             .field("working_set_slack", &self.working_set_slack)
             .field("huge_page_min_bytes", &self.huge_page_min_bytes)

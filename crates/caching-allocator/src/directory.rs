@@ -102,7 +102,7 @@ mod tests {
     #[test]
     fn finds_homes_and_forgets_freed_blocks() {
         let dir = Directory::new();
-        let cache = ThreadCache::new_arc(true);
+        let cache = ThreadCache::new_arc(true, Default::default());
         let n = if cfg!(miri) { 50 } else { 5_000 };
         for i in 1..=n {
             dir.insert(

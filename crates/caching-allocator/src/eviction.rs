@@ -93,7 +93,7 @@ impl CachingAllocator {
     fn reclaim_spare_credit(&self) {
         self.registry.for_each(|cache| {
             let mut state = cache.lock();
-            let spare = state.credit - state.idle.bytes();
+            let spare = state.credit - state.held();
             if spare > 0 {
                 state.credit -= spare;
                 lock(&self.shared).return_credit(spare);
@@ -161,8 +161,8 @@ mod tests {
     #[test]
     fn stamps_grow_within_a_cache_and_across_ticks() {
         let clock = Clock::new();
-        let a = ThreadCache::new_arc(true);
-        let b = ThreadCache::new_arc(true);
+        let a = ThreadCache::new_arc(true, Default::default());
+        let b = ThreadCache::new_arc(true, Default::default());
         let mut sa = a.lock();
         let mut sb = b.lock();
         let a1 = clock.stamp(&mut sa);

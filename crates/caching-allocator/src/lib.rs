@@ -47,6 +47,7 @@
 
 mod allocator;
 mod api2;
+mod arena;
 mod block;
 mod config;
 mod debug;
@@ -67,7 +68,10 @@ mod temp;
 mod thread_cache;
 
 pub use allocator::CachingAllocator;
-pub use config::{Config, DEFAULT_SCOPE_CHUNK_BYTES, DEFAULT_WORKING_SET_SLACK, SCOPE_BUMP_MAX};
+pub use config::{
+    Config, DEFAULT_ARENA_MAX_BYTES, DEFAULT_SCOPE_CHUNK_BYTES, DEFAULT_WORKING_SET_SLACK,
+    SCOPE_BUMP_MAX,
+};
 pub use error::AllocError;
 pub use scope::Scope;
 pub use size_class::SizeClass;

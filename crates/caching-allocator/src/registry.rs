@@ -9,7 +9,7 @@
 //! Lock order, allocator-wide: registry, then one thread cache, then the shared cache, then a
 //! directory shard. Code that walks the registry holds its lock and locks one cache at a time.
 
-use crate::sync::{lock, Arc, Mutex};
+use crate::sync::{lock, Arc, AtomicUsize, Mutex};
 use crate::thread_cache::{CacheGuard, ThreadCache};
 
 pub(crate) struct Registry {
@@ -20,8 +20,8 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    pub(crate) fn new() -> Self {
-        let fallback = ThreadCache::new_arc(false);
+    pub(crate) fn new(live_caches: &Arc<AtomicUsize>) -> Self {
+        let fallback = ThreadCache::new_arc(false, live_caches.clone());
         Registry {
             caches: Mutex::new(vec![fallback.clone()]),
             fallback,
@@ -33,20 +33,31 @@ impl Registry {
     }
 
     /// Adds a new thread's cache; first forgets exited threads' caches, handing each (locked,
-    /// empty of live blocks) to `forget` to empty it.
-    pub(crate) fn register(&self, cache: &Arc<ThreadCache>, forget: impl FnMut(&mut CacheGuard)) {
+    /// empty of live blocks) to `forget` to empty it (see `forget_exited_now`).
+    pub(crate) fn register(
+        &self,
+        cache: &Arc<ThreadCache>,
+        forget: impl FnMut(&ThreadCache, &mut CacheGuard) -> bool,
+    ) {
         let mut caches = lock(&self.caches);
         Self::forget_exited(&mut caches, forget);
         caches.push(cache.clone());
     }
 
     /// Forgets the caches of exited threads that hold no live block and no open scope, handing
-    /// each (locked) to `forget`, which moves its idle blocks and credit elsewhere.
-    pub(crate) fn forget_exited_now(&self, forget: impl FnMut(&mut CacheGuard)) {
+    /// each (locked) to `forget`, which moves its idle blocks and credit elsewhere, or returns
+    /// `false` to keep the cache (its arena still holds live blocks).
+    pub(crate) fn forget_exited_now(
+        &self,
+        forget: impl FnMut(&ThreadCache, &mut CacheGuard) -> bool,
+    ) {
         Self::forget_exited(&mut lock(&self.caches), forget);
     }
 
-    fn forget_exited(caches: &mut Vec<Arc<ThreadCache>>, mut forget: impl FnMut(&mut CacheGuard)) {
+    fn forget_exited(
+        caches: &mut Vec<Arc<ThreadCache>>,
+        mut forget: impl FnMut(&ThreadCache, &mut CacheGuard) -> bool,
+    ) {
         caches.retain(|cache| {
             if !cache.forgettable() {
                 return true;
@@ -55,8 +66,10 @@ impl Registry {
             if !state.live.is_empty() || !state.scoped.is_empty() {
                 return true;
             }
-            forget(&mut state);
-            debug_assert!(state.idle.blocks() == 0 && state.credit == 0);
+            if !forget(cache, &mut state) {
+                return true;
+            }
+            debug_assert!(state.held() == 0 && state.credit == 0);
             false
         });
     }

@@ -1,6 +1,11 @@
 //! Resets: every block handed out by `allocate` (or the `Allocator` trait), on any thread,
 //! goes back to the cache at once, as ExecuTorch's runtime does after every kernel.
 //!
+//! Small blocks live in the threads' arenas, which a reset takes back in one atomic step: it
+//! increments the allocator's epoch, and each arena's owner rewinds when it next sees the
+//! epoch move (see `arena`). Larger blocks live in the thread caches' live tables, which the
+//! reset then walks (only when some cache has one):
+//!
 //! A reset visits the thread caches one at a time, under each cache's own lock, so it is safe
 //! against every other call running at the same time on other threads: allocations, releases,
 //! scopes, stats, trims and other resets. What a concurrent allocation gets is decided by its
@@ -17,7 +22,7 @@
 
 use crate::allocator::CachingAllocator;
 use crate::block::Block;
-use crate::sync::Arc;
+use crate::sync::{Arc, Ordering};
 use crate::thread_cache::{Live, ThreadCache};
 use crate::AllocError;
 
@@ -82,8 +87,16 @@ impl CachingAllocator {
     /// Returns every live block of every thread to its thread's cache, within the cap, then
     /// hands unused credit back. Returns the errors of blocks found overrun (already freed).
     fn reset_all(&self) -> Vec<AllocError> {
-        self.tick();
+        // The arenas: one increment takes back every block they handed out before it (each
+        // owner rewinds on its next call). An RMW, so two resets never move it backwards.
+        self.epoch.fetch_add(1, Ordering::AcqRel);
         let mut overruns = Vec::new();
+        // The size classes' live blocks: a block booked before this reset began was counted
+        // in `live_caches` before its `allocate` returned.
+        if !self.any_live_tables() {
+            return overruns;
+        }
+        self.tick();
         // Blocks that do not fit their cache's credit need eviction, which walks the registry:
         // they wait until the walk is over (rare: a reset usually returns what the cache held).
         let mut spilled: Vec<(Arc<ThreadCache>, Block)> = Vec::new();

@@ -170,12 +170,14 @@ impl<'a> Scope<'a> {
 
     #[inline]
     fn take_block(&self, class: SizeClass, req: &Request) -> Result<NonNull<u8>, AllocError> {
-        let block = self.alloc.take(self.cache, class, req, |state, live| {
-            state.scoped.push(Scoped {
-                scope: self.id,
-                live,
-            });
-        })?;
+        let block = self
+            .alloc
+            .take(self.cache, class, req, true, |state, live| {
+                state.scoped.push(Scoped {
+                    scope: self.id,
+                    live,
+                });
+            })?;
         self.blocks.set(self.blocks.get() + 1);
         Ok(block.ptr)
     }

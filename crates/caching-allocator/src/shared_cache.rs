@@ -48,6 +48,8 @@ pub(crate) struct SharedCache {
     pub(crate) retired_misses: u64,
     pub(crate) retired_peak_live: usize,
     pub(crate) retired_peak_requested: usize,
+    /// Interval peaks of forgotten caches: (the epoch they are of, current, last).
+    retired_interval: (usize, usize, usize),
 }
 
 impl SharedCache {
@@ -69,6 +71,25 @@ impl SharedCache {
             retired_misses: 0,
             retired_peak_live: 0,
             retired_peak_requested: 0,
+            retired_interval: (0, 0, 0),
+        }
+    }
+
+    /// Keeps a forgotten cache's peaks of reset interval `epoch` and the one before it.
+    pub(crate) fn retire_interval(&mut self, epoch: usize, current: usize, last: usize) {
+        let (cur0, last0) = self.retired_interval(epoch);
+        self.retired_interval = (epoch, cur0 + current, last0 + last);
+    }
+
+    /// The peaks of forgotten caches in interval `epoch` and the one before it.
+    pub(crate) fn retired_interval(&self, epoch: usize) -> (usize, usize) {
+        let (at, current, last) = self.retired_interval;
+        if epoch == at {
+            (current, last)
+        } else if epoch == at.wrapping_add(1) {
+            (0, current)
+        } else {
+            (0, 0)
         }
     }
 

@@ -47,6 +47,19 @@ pub struct Stats {
     /// Bytes of the blocks held now (live or idle) that were advised to use huge pages and
     /// the kernel accepted the advice for (`Config::huge_pages`; Linux only).
     pub huge_page_bytes: usize,
+    /// Blocks live in the threads' arenas (counted in `live_blocks` too): small blocks bumped
+    /// through a chunk rather than blocks of their own (`Config::arena_max_bytes`).
+    pub arena_live_blocks: usize,
+    /// Chunks the threads' arenas hold: each is one block from the system, its bytes live
+    /// (those of the arena's live blocks) or cached (the rest).
+    pub arena_chunks: usize,
+    /// The most bytes live at once since the last reset (the reset interval running now),
+    /// summed over threads.
+    pub interval_peak_bytes: usize,
+    /// The most bytes live at once in the reset interval the last reset ended: a kernel
+    /// call's scratch high-water mark when the runtime resets after every kernel (what an
+    /// ahead-of-time memory plan must give that call), summed over threads.
+    pub last_interval_peak_bytes: usize,
     /// The cap or the working-set budget has evicted, so a miss takes any larger idle block
     /// before the system (wide fit; see `Config::working_set_slack`).
     pub working_set_mode: bool,

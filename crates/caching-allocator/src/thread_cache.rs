@@ -10,6 +10,7 @@ use core::cell::{Cell, RefCell};
 use core::marker::PhantomData;
 use core::ops::Deref;
 
+use crate::arena::ArenaCell;
 use crate::block::{Block, IdleLists};
 use crate::live_table::LiveTable;
 use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Ordering, SpinGuard, SpinLock};
@@ -20,6 +21,11 @@ pub(crate) type CacheGuard<'a> = SpinGuard<'a, CacheState>;
 /// One thread's cache in one allocator.
 pub(crate) struct ThreadCache {
     state: SpinLock<CacheState>,
+    /// The temp arena: its owner's bump allocator for small blocks (see `arena`). Only an
+    /// owned cache's thread uses it.
+    pub(crate) arena: ArenaCell,
+    /// How many caches of the allocator have `live_hint` set: a reset with none skips its walk.
+    live_caches: Arc<AtomicUsize>,
     /// Whether one thread owns this cache (and alone opens scopes on it). The allocator's
     /// fallback cache, used by threads whose thread-locals are gone, is shared.
     owned: bool,
@@ -73,6 +79,11 @@ pub(crate) struct Counters {
     pub(crate) live_blocks: usize,
     pub(crate) requested_bytes: usize,
     pub(crate) peak_live_bytes: usize,
+    /// The allocator epoch (reset interval) `interval_peak` belongs to, the most live bytes in
+    /// it, and in the interval before it.
+    pub(crate) interval_epoch: usize,
+    pub(crate) interval_peak: usize,
+    pub(crate) last_interval_peak: usize,
     /// The most bytes requested by live blocks at once: the working set as the runtime sees
     /// it (`retention` budgets from it, so best fit's larger blocks do not raise the budget).
     pub(crate) peak_requested_bytes: usize,
@@ -82,8 +93,12 @@ pub(crate) struct Counters {
 pub(crate) struct CacheState {
     /// Idle blocks kept for this thread.
     pub(crate) idle: IdleLists,
-    /// Bytes of the allocator's cap reserved for `idle`: `idle.bytes() <= credit` always, so a
-    /// release that fits needs no shared lock to respect the global cap.
+    /// The chunk the arena bumps through, if it has one. Only the owner thread sets or takes
+    /// it (or anyone, once the owner exited and the arena holds nothing live).
+    pub(crate) arena_chunk: Option<Block>,
+    /// Bytes of the allocator's cap reserved for `idle` and the arena's chunk:
+    /// `held() <= credit` always, so a release that fits needs no shared lock to respect the
+    /// global cap.
     pub(crate) credit: usize,
     /// Blocks handed out by `allocate` on this thread, by address.
     pub(crate) live: LiveTable,
@@ -98,14 +113,40 @@ pub(crate) struct CacheState {
     pub(crate) stamp_seq: u64,
 }
 
-impl Counters {
+impl CacheState {
+    /// Bytes charged to the cache's credit: idle blocks and the arena's chunk.
     #[inline]
-    pub(crate) fn add_live(&mut self, live: &Live) {
+    pub(crate) fn held(&self) -> usize {
+        self.idle.bytes() + self.arena_chunk.map_or(0, |c| c.size())
+    }
+}
+
+impl Counters {
+    /// Counts a block handed out in reset interval `epoch`.
+    #[inline]
+    pub(crate) fn add_live(&mut self, live: &Live, epoch: usize) {
         self.live_bytes += live.block.size();
         self.live_blocks += 1;
         self.requested_bytes += live.requested;
         self.peak_live_bytes = self.peak_live_bytes.max(self.live_bytes);
         self.peak_requested_bytes = self.peak_requested_bytes.max(self.requested_bytes);
+        if self.interval_epoch != epoch {
+            self.last_interval_peak = self.interval(epoch).1;
+            self.interval_epoch = epoch;
+            self.interval_peak = 0;
+        }
+        self.interval_peak = self.interval_peak.max(self.live_bytes);
+    }
+
+    /// The peak of live bytes in interval `epoch` (the current one) and in the one before.
+    pub(crate) fn interval(&self, epoch: usize) -> (usize, usize) {
+        if epoch == self.interval_epoch {
+            (self.interval_peak, self.last_interval_peak)
+        } else if epoch == self.interval_epoch.wrapping_add(1) {
+            (0, self.interval_peak)
+        } else {
+            (0, 0)
+        }
     }
 
     #[inline]
@@ -118,11 +159,14 @@ impl Counters {
 
 impl ThreadCache {
     /// A new cache. Every cache lives in an `Arc` (what [`Local::to_arc`] relies on).
-    pub(crate) fn new_arc(owned: bool) -> Arc<Self> {
+    pub(crate) fn new_arc(owned: bool, live_caches: Arc<AtomicUsize>) -> Arc<Self> {
         Arc::new(ThreadCache {
             owned,
+            arena: ArenaCell::new(),
+            live_caches,
             state: SpinLock::new(CacheState {
                 idle: IdleLists::new(),
+                arena_chunk: None,
                 credit: 0,
                 live: LiveTable::new(),
                 returning: Vec::new(),
@@ -138,6 +182,12 @@ impl ThreadCache {
             open_scopes: AtomicUsize::new(0),
             scope_serial: AtomicU64::new(0),
         })
+    }
+
+    /// Whether one thread owns this cache (and alone uses its arena).
+    #[inline(always)]
+    pub(crate) fn owned(&self) -> bool {
+        self.owned
     }
 
     /// Whether this cache's thread has exited.
@@ -185,8 +235,17 @@ impl ThreadCache {
     #[inline]
     pub(crate) fn publish(&self, state: &CacheState) {
         self.idle_hint.store(state.idle.blocks(), Ordering::Relaxed);
-        self.live_hint
-            .store(!state.live.is_empty(), Ordering::Release);
+        let live = !state.live.is_empty();
+        // `live_hint` is written under this cache's lock only, so this load is exact.
+        if live != self.live_hint.load(Ordering::Relaxed) {
+            self.live_hint.store(live, Ordering::Release);
+            // Counted before the unlock: a reset that begins after this call returns sees it.
+            if live {
+                self.live_caches.fetch_add(1, Ordering::Release);
+            } else {
+                self.live_caches.fetch_sub(1, Ordering::Release);
+            }
+        }
     }
 
     /// Whether the cache may hold blocks from `allocate` (see `live_hint`).
@@ -322,6 +381,7 @@ pub(crate) fn last_cache(id: u64) -> Option<*const ThreadCache> {
 /// cache so the allocator can reach it. `None` once the thread's locals are gone (thread exit).
 pub(crate) fn find_or_create(
     id: u64,
+    live_caches: &Arc<AtomicUsize>,
     register: impl FnOnce(&Arc<ThreadCache>),
 ) -> Option<*const ThreadCache> {
     OWNED
@@ -334,7 +394,7 @@ pub(crate) fn find_or_create(
                     owned
                         .0
                         .retain(|(_, cache)| !cache.closed.load(Ordering::Acquire));
-                    let cache = ThreadCache::new_arc(true);
+                    let cache = ThreadCache::new_arc(true, live_caches.clone());
                     register(&cache);
                     let ptr = Arc::as_ptr(&cache);
                     owned.0.push((id, cache));

@@ -26,6 +26,16 @@ fn write_read(p: NonNull<u8>, len: usize, tag: u8) {
     }
 }
 
+/// An allocator whose requests all go through the size classes (no arena): what the tests of
+/// classes, best fit, eviction and cross-thread block flow are about.
+fn classes(max_cached_bytes: usize) -> CachingAllocator {
+    CachingAllocator::with_config(
+        Config::default()
+            .max_cached_bytes(max_cached_bytes)
+            .arena_max_bytes(0),
+    )
+}
+
 fn counted(config: Config) -> (CachingAllocator, Arc<Counting>) {
     let counting = Arc::new(Counting::default());
     let alloc = CachingAllocator::with_config(config.system_allocator(counting.clone()));
@@ -36,7 +46,7 @@ fn counted(config: Config) -> (CachingAllocator, Arc<Counting>) {
 
 #[test]
 fn a_cached_block_serves_any_size_of_its_class() {
-    let mut alloc = CachingAllocator::new(1 << 20);
+    let mut alloc = classes(1 << 20);
     let p = alloc.allocate(5000, 64).unwrap();
     alloc.reset();
     // 5000 and 5100 share the 5120-byte class.
@@ -294,7 +304,7 @@ fn limit_evicts_idle_blocks_then_refuses() {
 
 #[test]
 fn out_of_memory_frees_the_cache_retries_once_then_fails() {
-    let (alloc, counting) = counted(Config::default());
+    let (alloc, counting) = counted(Config::default().arena_max_bytes(0));
     let p = alloc.allocate(4096, 64).unwrap();
     // SAFETY: released once.
     unsafe { alloc.release(p).unwrap() };
@@ -365,7 +375,7 @@ fn a_pointer_from_another_allocator_is_unknown() {
 
 #[test]
 fn a_block_released_on_one_thread_serves_another() {
-    let alloc = Arc::new(CachingAllocator::new(1 << 20));
+    let alloc = Arc::new(classes(1 << 20));
     let p = alloc.allocate(3000, 64).unwrap();
     let addr_p = addr(p);
     /// A block handed to another thread, which releases it.
@@ -393,7 +403,7 @@ fn a_block_released_on_one_thread_serves_another() {
 
 #[test]
 fn reset_returns_every_threads_live_blocks() {
-    let mut alloc = CachingAllocator::new(64 << 20);
+    let mut alloc = classes(64 << 20);
     std::thread::scope(|s| {
         for _ in 0..3 {
             s.spawn(|| {
@@ -499,7 +509,11 @@ fn an_overrun_scope_block_panics_on_drop_after_returning_the_rest() {
 
 #[test]
 fn dropping_gives_every_block_back() {
-    let (alloc, counting) = counted(Config::default().max_cached_bytes(1 << 20));
+    let (alloc, counting) = counted(
+        Config::default()
+            .arena_max_bytes(0)
+            .max_cached_bytes(1 << 20),
+    );
     let live = alloc.allocate(5000, 64).unwrap();
     write_read(live, 5000, 3);
     let idle = alloc.allocate(300, 4096).unwrap();
@@ -524,7 +538,7 @@ fn dropping_gives_every_block_back() {
 
 #[test]
 fn a_miss_takes_the_smallest_larger_idle_block_within_twice_its_class() {
-    let alloc = CachingAllocator::new(1 << 20);
+    let alloc = classes(1 << 20);
     let big = alloc.allocate(16 << 10, 64).unwrap();
     let mid = alloc.allocate(6000, 64).unwrap(); // class 6144
                                                  // SAFETY: released once, not used after.
@@ -557,7 +571,7 @@ fn a_miss_takes_the_smallest_larger_idle_block_within_twice_its_class() {
 fn under_cap_pressure_any_larger_idle_block_serves() {
     let big = 200 << 10; // class 212992
     for (cap, pressured) in [(1 << 20, false), (212_992 + 2048, true)] {
-        let alloc = CachingAllocator::new(cap);
+        let alloc = classes(cap);
         let p = alloc.allocate(big, 64).unwrap();
         // SAFETY: released once, not used after.
         unsafe { alloc.release(p).unwrap() };
@@ -576,7 +590,8 @@ fn under_cap_pressure_any_larger_idle_block_serves() {
 
 #[test]
 fn best_fit_can_be_turned_off() {
-    let alloc = CachingAllocator::with_config(Config::default().max_oversize(1.0));
+    let alloc =
+        CachingAllocator::with_config(Config::default().arena_max_bytes(0).max_oversize(1.0));
     let mid = alloc.allocate(6000, 64).unwrap();
     // SAFETY: released once, not used after.
     unsafe { alloc.release(mid).unwrap() };
@@ -627,7 +642,8 @@ fn best_fit_keeps_a_capped_decode_from_going_back_to_the_system() {
 /// Rounds of a decode-like loop, reset after every call: per token, a block that grows by
 /// 4 KiB (the attention scratch) and a small one. Returns the stats after each round.
 fn growing_rounds(config: Config, rounds: usize, tokens: usize) -> Vec<Stats> {
-    let mut alloc = CachingAllocator::with_config(config);
+    // Size classes only: the small blocks would otherwise live in the arena.
+    let mut alloc = CachingAllocator::with_config(config.arena_max_bytes(0));
     (0..rounds)
         .map(|_| {
             for t in 1..=tokens {
@@ -656,6 +672,7 @@ fn the_allocator_keeps_its_working_set_under_any_cap() {
     let largest = 4096 * tokens + 4096;
     for cap in [small_cap, 64 << 20] {
         let config = Config::default()
+            .arena_max_bytes(0)
             .max_cached_bytes(cap)
             .working_set_slack(Some(1.25))
             .huge_pages(None);
@@ -714,7 +731,11 @@ fn the_allocator_keeps_its_working_set_under_any_cap() {
 fn blocks_that_all_live_at_once_meet_no_budget() {
     // The budget counts live bytes: a runtime holding all its blocks at once is never
     // trimmed, and keeps the exact-class path.
-    let mut alloc = CachingAllocator::with_config(Config::default().working_set_slack(Some(1.25)));
+    let mut alloc = CachingAllocator::with_config(
+        Config::default()
+            .arena_max_bytes(0)
+            .working_set_slack(Some(1.25)),
+    );
     for _ in 0..3 {
         let blocks: Vec<_> = (1..=40)
             .map(|i| alloc.allocate(i * 3000, 64).unwrap())
@@ -741,6 +762,7 @@ fn once_the_cap_evicts_a_miss_takes_any_larger_idle_block() {
     ] {
         let alloc = CachingAllocator::with_config(
             Config::default()
+                .arena_max_bytes(0)
                 .max_cached_bytes(256 << 10)
                 .working_set_slack(slack)
                 .max_oversize(oversize),
@@ -933,8 +955,12 @@ fn collections_keep_their_memory_in_the_cache() {
         assert!(alloc.stats().live_blocks >= 2);
     }
     let s = alloc.stats();
-    assert_eq!(s.live_blocks, 0);
-    assert!(s.cached_blocks > 0);
+    assert_eq!((s.live_blocks, s.live_bytes), (0, 0));
+    // Kept: as idle blocks, or as the free part of the arena's chunk.
+    assert!(
+        s.cached_bytes > 0 && s.reserved_bytes == s.cached_bytes,
+        "{s}"
+    );
     alloc.reset();
 }
 
@@ -969,7 +995,7 @@ fn et_different_sizes_are_distinct() {
 
 #[test]
 fn et_two_blocks_reused_after_reset() {
-    let mut alloc = CachingAllocator::new(1 << 20);
+    let mut alloc = classes(1 << 20);
     let mut a = [
         addr(alloc.allocate(256, 64).unwrap()),
         addr(alloc.allocate(256, 64).unwrap()),
@@ -987,7 +1013,7 @@ fn et_two_blocks_reused_after_reset() {
 
 #[test]
 fn et_rounds_of_mixed_sizes_and_repeated_resets() {
-    let mut alloc = CachingAllocator::new(1 << 20);
+    let mut alloc = classes(1 << 20);
     for _ in 0..5 {
         for size in [256, 512, 1024] {
             let p = alloc.allocate(size, 64).unwrap();
@@ -1080,7 +1106,7 @@ fn error_messages_say_what_to_do() {
 
 #[test]
 fn stats_display_is_readable() {
-    let alloc = CachingAllocator::new(1 << 20);
+    let alloc = classes(1 << 20);
     let _ = alloc.allocate(2000, 64).unwrap();
     let text = alloc.stats().to_string();
     assert!(text.contains("live 2.0 KiB in 1 blocks"), "{text}");
@@ -1091,7 +1117,7 @@ fn stats_display_is_readable() {
 
 #[test]
 fn idle_blocks_of_an_exited_thread_serve_others() {
-    let mut alloc = CachingAllocator::new(1 << 20);
+    let mut alloc = classes(1 << 20);
     std::thread::scope(|s| {
         s.spawn(|| {
             let ps: Vec<_> = (0..4)
@@ -1124,7 +1150,7 @@ fn idle_blocks_of_an_exited_thread_serve_others() {
 #[test]
 fn thread_local_destructors_may_still_allocate() {
     static ALLOC: std::sync::OnceLock<CachingAllocator> = std::sync::OnceLock::new();
-    let alloc = ALLOC.get_or_init(|| CachingAllocator::new(1 << 20));
+    let alloc = ALLOC.get_or_init(|| classes(1 << 20));
 
     struct AllocOnDrop;
     impl Drop for AllocOnDrop {
@@ -1155,7 +1181,7 @@ fn thread_local_destructors_may_still_allocate() {
 
 #[test]
 fn thread_churn_does_not_grow_the_books() {
-    let alloc = Arc::new(CachingAllocator::new(1 << 20));
+    let alloc = Arc::new(classes(1 << 20));
     for round in 0..if cfg!(miri) { 8 } else { 40 } {
         let alloc = alloc.clone();
         // `spawn` + `join`, not a scoped thread: `join` returns only once the thread's

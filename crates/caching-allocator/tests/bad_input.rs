@@ -167,7 +167,8 @@ fn out_of_memory_with_nothing_cached_changes_nothing() {
     let sys = Arc::new(Exhausting {
         remaining: AtomicUsize::new(1),
     });
-    let alloc = CachingAllocator::with_config(Config::default().system_allocator(sys));
+    let alloc =
+        CachingAllocator::with_config(Config::default().arena_max_bytes(0).system_allocator(sys));
     let live = alloc.allocate(3000, 64).unwrap();
     let before = alloc.stats();
     let e = alloc.allocate(1000, 128).unwrap_err();
@@ -197,7 +198,8 @@ fn out_of_memory_after_the_retry_gives_the_idle_cache_back() {
     let sys = Arc::new(Exhausting {
         remaining: AtomicUsize::new(2),
     });
-    let alloc = CachingAllocator::with_config(Config::default().system_allocator(sys));
+    let alloc =
+        CachingAllocator::with_config(Config::default().arena_max_bytes(0).system_allocator(sys));
     let (alloc, live) = {
         let live = alloc.allocate(3000, 64).unwrap();
         let idle = alloc.allocate(100, 64).unwrap();

@@ -103,6 +103,7 @@ struct Outcome {
 fn workload(sys: &Arc<Faulty>, seed: u64) -> Outcome {
     let mut alloc = CachingAllocator::with_config(
         Config::default()
+            .arena_max_bytes(0) // the size classes' failure paths
             // Every scope request reaches the cache as a block (chunks off): the counts below.
             .scope_chunk_bytes(0)
             .max_cached_bytes(CAP)
@@ -338,6 +339,7 @@ fn failures_on_two_threads() {
         let sys = Faulty::new(5 + n * 7, 3);
         let alloc = CachingAllocator::with_config(
             Config::default()
+                .arena_max_bytes(0) // the size classes' failure paths
                 // Every scope request reaches the cache as a block (chunks off): the counts below.
                 .scope_chunk_bytes(0)
                 .max_cached_bytes(64 << 10)
@@ -385,6 +387,7 @@ fn limit_exceeded_run() {
     let limit = 64 << 10;
     let alloc = CachingAllocator::with_config(
         Config::default()
+            .arena_max_bytes(0) // the size classes' failure paths
             // Every scope request reaches the cache as a block (chunks off): the counts below.
             .scope_chunk_bytes(0)
             .max_cached_bytes(32 << 10)

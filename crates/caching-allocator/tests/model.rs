@@ -124,6 +124,8 @@ fn run(ops: Vec<Op>, cap: usize, debug: bool) {
         // Scope requests as blocks of their own (chunks off): what the model books.
         CachingAllocator::with_config(
             Config::default()
+                // The model predicts size classes; the arena has its own model (tests/arena.rs).
+                .arena_max_bytes(0)
                 .scope_chunk_bytes(0)
                 .max_cached_bytes(cap)
                 .debug_checks(debug),

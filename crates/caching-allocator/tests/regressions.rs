@@ -10,7 +10,12 @@ use caching_allocator::{AllocError, CachingAllocator, Config};
 /// backwards (2 after 3 allocations) and `misses != system_allocs`.
 #[test]
 fn counters_survive_forgetting_an_exited_threads_cache() {
-    let mut alloc = CachingAllocator::new(1 << 20);
+    // Size classes (the arena would serve the block as a hit of its chunk).
+    let mut alloc = CachingAllocator::with_config(
+        Config::default()
+            .max_cached_bytes(1 << 20)
+            .arena_max_bytes(0),
+    );
     let addr = std::thread::scope(|s| {
         s.spawn(|| alloc.allocate(5000, 64).unwrap().as_ptr() as usize)
             .join()

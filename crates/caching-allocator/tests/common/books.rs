@@ -23,8 +23,10 @@ pub fn assert_books_balance(
         stats.system_allocs - stats.system_frees,
         "{ctx}: {stats:?}"
     );
+    // Arena blocks are parts of their chunks: the chunks are the system's blocks.
     assert_eq!(
-        (stats.live_blocks + stats.cached_blocks) as u64,
+        (stats.live_blocks - stats.arena_live_blocks + stats.cached_blocks + stats.arena_chunks)
+            as u64,
         stats.system_allocs - stats.system_frees,
         "{ctx}: {stats:?}"
     );

@@ -523,6 +523,8 @@ pub fn run(input: &Input) {
     // scopes have their own tests in `api.rs` and `stress.rs`).
     let mut config = Config::default()
         .scope_chunk_bytes(0)
+        // The model predicts size classes; the arena has its own model (tests/arena.rs).
+        .arena_max_bytes(0)
         .max_cached_bytes(cap)
         .debug_checks(cfg.debug)
         // Working-set retention (a budget and wide fit) on half the inputs.

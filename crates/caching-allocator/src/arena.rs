@@ -1,0 +1,527 @@
+//! The temp arena: one thread's bump allocator for small blocks, reset in one atomic step.
+//!
+//! A kernel asks its temp allocator for a few to a few dozen small blocks and the runtime resets
+//! the allocator after the kernel returns. For that pattern a size-class cache pays for
+//! bookkeeping a bump allocator never does. So each thread's cache keeps one *chunk* (a block
+//! taken from the cache like any other) and serves requests of up to
+//! `Config::arena_max_bytes` by bumping an offset through it:
+//!
+//! - **Owner only.** [`Arena`] is touched by the cache's own thread alone, with no lock and no
+//!   atomic read-modify-write: an allocation is a bounds check, a bump, a record and a few
+//!   counter stores. What other threads may need (the records, the counters) is published in
+//!   [`ArenaShared`] with plain release stores.
+//! - **Reset in one atomic step.** A reset increments the allocator's *epoch*
+//!   (`fetch_add`, so two resets never move it backwards). The owner compares its arena's epoch
+//!   with the allocator's on every call and, when they differ, rewinds: every block of the old
+//!   epoch is taken back at once. Blocks handed out before the reset's increment belong to the
+//!   old epoch (taken), blocks handed out after it to the new one (they survive); a block handed
+//!   out while the increment happens is on exactly one side, decided by the epoch its call read.
+//! - **Releases.** A block released on its own thread is marked released in its record; the
+//!   topmost released records are popped and the bump offset rewinds to the lowest of them, so
+//!   blocks released newest-first (the common order) give their bytes back at once. A block
+//!   released on another thread is checked against the published records *at the call* (a
+//!   pointer never handed out, already released or taken back by a reset is
+//!   `UnknownPointer` there) and queued in the arena's inbox, which the owner applies on its
+//!   slow path (a chunk or the record table full) and when it rewinds. Each record carries a
+//!   serial number, and an inbox entry names the serial it saw, so an entry can never release a
+//!   later block that happens to sit at the same address.
+//! - **Growth.** A chunk full for this epoch sends the rest of the epoch's small requests to
+//!   the size classes, and remembers how much the epoch wanted; the next rewind swaps the chunk
+//!   for one of that size (up to [`MAX_CHUNK`]). After warm-up, one chunk holds a whole kernel
+//!   call and no system allocation happens in steady state.
+//! - **The cap.** A chunk is charged to its cache's credit for as long as the arena holds it,
+//!   as if it were all idle (conservative: the cap holds whatever the arena's blocks do); a
+//!   chunk the cap cannot cover goes back, and the arena stays off for that epoch.
+//!
+//! Debug checks (poison and canaries) turn the arena off: every block then needs a canary of
+//! its own, which the size classes give it.
+
+use core::cell::UnsafeCell;
+use core::ptr::NonNull;
+
+use crate::block::MIN_ALIGN;
+use crate::sync::{lock, AtomicBool, AtomicUsize, Mutex, Ordering};
+
+/// Records per epoch: past this many blocks in one reset interval, small requests go to the
+/// size classes.
+#[cfg(not(loom))]
+pub(crate) const RECORDS: usize = 256;
+/// Under loom, few records keep the models small.
+#[cfg(loom)]
+pub(crate) const RECORDS: usize = 4;
+
+/// The largest alignment the arena serves; a chunk is aligned to it.
+pub(crate) const ARENA_MAX_ALIGN: usize = 4096;
+/// The smallest chunk.
+pub(crate) const MIN_CHUNK: usize = 64 << 10;
+/// The largest chunk: an epoch that wants more sends the rest to the size classes.
+pub(crate) const MAX_CHUNK: usize = 4 << 20;
+
+/// Low bit of a published record: the block was released (addresses are 64-byte aligned).
+const RELEASED: usize = 1;
+
+/// Rounds a request to the arena's granule (one cache line, as every block of the allocator).
+#[inline(always)]
+fn granules(size: usize) -> usize {
+    (size + (MIN_ALIGN - 1)) & !(MIN_ALIGN - 1)
+}
+
+/// The owner-only part of a thread's arena.
+pub(crate) struct Arena {
+    /// The chunk's first byte (with the chunk's provenance); null without a chunk.
+    base: *mut u8,
+    /// The chunk's length; 0 without a chunk (so every request misses the fast path).
+    len: usize,
+    /// Bytes of the chunk bumped past.
+    top: usize,
+    /// Records in use (published as `ArenaShared::count`).
+    count: usize,
+    /// The allocator epoch this arena's records belong to.
+    epoch: usize,
+    /// The serial the next record gets.
+    serial: usize,
+    live_bytes: usize,
+    live_blocks: usize,
+    requested: usize,
+    hits: usize,
+    /// The most bytes live at once this epoch, and in any epoch.
+    peak: usize,
+    max_peak: usize,
+    /// How many bytes this epoch's small requests wanted, including those the chunk could not
+    /// take: the size of the next chunk.
+    want: usize,
+}
+
+/// One record as other threads see it: the block's address (low bit: released), the serial
+/// of the block, and the size asked for.
+struct Record {
+    addr: AtomicUsize,
+    serial: AtomicUsize,
+    requested: AtomicUsize,
+}
+
+/// A release from another thread, waiting for the owner.
+#[derive(Clone, Copy, Debug)]
+struct Foreign {
+    slot: usize,
+    serial: usize,
+    requested: usize,
+}
+
+/// What other threads may read of an arena (and the inbox they write).
+pub(crate) struct ArenaShared {
+    /// The epoch of the published records.
+    epoch: AtomicUsize,
+    /// The chunk's range, for finding the arena a released pointer lies in.
+    base: AtomicUsize,
+    len: AtomicUsize,
+    /// Published records (`records[..count]`).
+    count: AtomicUsize,
+    records: Box<[Record]>,
+    live_bytes: AtomicUsize,
+    live_blocks: AtomicUsize,
+    requested: AtomicUsize,
+    hits: AtomicUsize,
+    /// This epoch's peak of live bytes, and the peak of the epoch before it.
+    peak: AtomicUsize,
+    last_peak: AtomicUsize,
+    max_peak: AtomicUsize,
+    inbox: Mutex<Vec<Foreign>>,
+    inbox_pending: AtomicBool,
+}
+
+/// The arena's live figures as `stats` reports them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ArenaFigures {
+    pub(crate) live_bytes: usize,
+    pub(crate) live_blocks: usize,
+    pub(crate) requested: usize,
+    pub(crate) hits: usize,
+    /// Peak live bytes of the current reset interval, and of the one before it.
+    pub(crate) peak: usize,
+    pub(crate) last_peak: usize,
+    /// The most bytes live at once in any interval.
+    pub(crate) max_peak: usize,
+}
+
+/// The arena of one thread cache: [`Arena`] for its owner, [`ArenaShared`] for all.
+pub(crate) struct ArenaCell {
+    owner: UnsafeCell<Arena>,
+    pub(crate) shared: ArenaShared,
+}
+
+// SAFETY: `owner` is only reached through `ArenaCell::owner`, whose contract is that the caller
+// is the cache's owner thread (one thread), so the `UnsafeCell` is never accessed from two
+// threads; the raw chunk pointer in it is memory the allocator owns, not tied to a thread.
+// Everything else is atomics and a mutex.
+unsafe impl Sync for ArenaCell {}
+// SAFETY: as above: the arena owns nothing tied to a thread.
+unsafe impl Send for ArenaCell {}
+
+impl ArenaCell {
+    pub(crate) fn new() -> Self {
+        ArenaCell {
+            owner: UnsafeCell::new(Arena {
+                base: core::ptr::null_mut(),
+                len: 0,
+                top: 0,
+                count: 0,
+                epoch: 0,
+                serial: 1,
+                live_bytes: 0,
+                live_blocks: 0,
+                requested: 0,
+                hits: 0,
+                peak: 0,
+                max_peak: 0,
+                want: 0,
+            }),
+            shared: ArenaShared {
+                epoch: AtomicUsize::new(0),
+                base: AtomicUsize::new(0),
+                len: AtomicUsize::new(0),
+                count: AtomicUsize::new(0),
+                records: (0..RECORDS)
+                    .map(|_| Record {
+                        addr: AtomicUsize::new(0),
+                        serial: AtomicUsize::new(0),
+                        requested: AtomicUsize::new(0),
+                    })
+                    .collect(),
+                live_bytes: AtomicUsize::new(0),
+                live_blocks: AtomicUsize::new(0),
+                requested: AtomicUsize::new(0),
+                hits: AtomicUsize::new(0),
+                peak: AtomicUsize::new(0),
+                last_peak: AtomicUsize::new(0),
+                max_peak: AtomicUsize::new(0),
+                inbox: Mutex::new(Vec::new()),
+                inbox_pending: AtomicBool::new(false),
+            },
+        }
+    }
+
+    /// The owner's arena.
+    ///
+    /// # Safety
+    /// The caller runs on the thread that owns this cache (`ThreadCache::owned`), and no other
+    /// reference from `owner` is alive (the owner's calls do not nest: the arena is never
+    /// borrowed across a call that could come back into the allocator).
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn owner(&self) -> &mut Arena {
+        // SAFETY: the caller's contract: one thread, one borrow at a time.
+        unsafe { &mut *self.owner.get() }
+    }
+}
+
+/// What the fast path found.
+pub(crate) enum Bump {
+    /// The block.
+    Done(NonNull<u8>),
+    /// The arena's epoch is behind the allocator's: rewind first.
+    Stale,
+    /// The chunk or the record table is full, or there is no chunk.
+    Full,
+}
+
+impl Arena {
+    /// The fast path: bumps `size` bytes aligned to `align` (a power of two up to
+    /// [`ARENA_MAX_ALIGN`], `size > 0`) if the arena is in `epoch` and has room.
+    #[inline(always)]
+    pub(crate) fn bump(
+        &mut self,
+        sh: &ArenaShared,
+        epoch: usize,
+        size: usize,
+        align: usize,
+    ) -> Bump {
+        if self.epoch != epoch {
+            return Bump::Stale;
+        }
+        let start = (self.top + (align - 1)) & !(align - 1);
+        let taken = granules(size);
+        let end = start + taken;
+        if end > self.len || self.count == RECORDS {
+            return Bump::Full;
+        }
+        // SAFETY: `end <= len`, so `base + start` is inside the chunk (`len > 0` means a chunk
+        // is set: `base` is its first byte, valid for `len` bytes).
+        let ptr = unsafe { self.base.add(start) };
+        let i = self.count;
+        let record = &sh.records[i];
+        record.serial.store(self.serial, Ordering::Relaxed);
+        record.requested.store(size, Ordering::Relaxed);
+        // Release: a thread that reads this address reads the serial and size above.
+        record.addr.store(ptr.addr(), Ordering::Release);
+        sh.count.store(i + 1, Ordering::Release);
+        self.serial += 1;
+        self.count = i + 1;
+        self.top = end;
+        self.live_bytes += taken;
+        self.live_blocks += 1;
+        self.requested += size;
+        self.hits += 1;
+        self.peak = self.peak.max(self.live_bytes);
+        self.want = self.want.max(end);
+        self.publish(sh);
+        // SAFETY: inside a live chunk, so not null.
+        Bump::Done(unsafe { NonNull::new_unchecked(ptr) })
+    }
+
+    /// Stores the counters other threads read.
+    #[inline(always)]
+    fn publish(&self, sh: &ArenaShared) {
+        sh.live_bytes.store(self.live_bytes, Ordering::Relaxed);
+        sh.live_blocks.store(self.live_blocks, Ordering::Relaxed);
+        sh.requested.store(self.requested, Ordering::Relaxed);
+        sh.hits.store(self.hits, Ordering::Relaxed);
+        sh.peak.store(self.peak, Ordering::Relaxed);
+    }
+
+    /// The allocator epoch this arena's blocks belong to.
+    #[inline(always)]
+    pub(crate) fn epoch(&self) -> usize {
+        self.epoch
+    }
+
+    /// Whether `addr` lies in the part of the chunk bumped past.
+    #[inline(always)]
+    pub(crate) fn holds(&self, addr: usize) -> bool {
+        addr.wrapping_sub(self.base.addr()) < self.top
+    }
+
+    /// Releases the block at `addr`, on the owner's thread. `false` if it is not a live block
+    /// of this epoch (the caller looks elsewhere). The arena must be in the allocator's epoch.
+    #[inline(always)]
+    pub(crate) fn release(&mut self, sh: &ArenaShared, addr: usize) -> bool {
+        let mut i = self.count;
+        loop {
+            if i == 0 {
+                return false;
+            }
+            i -= 1;
+            if sh.records[i].addr.load(Ordering::Relaxed) == addr {
+                break;
+            }
+        }
+        let requested = sh.records[i].requested.load(Ordering::Relaxed);
+        self.forget(sh, i, addr, requested);
+        if i + 1 == self.count {
+            self.pop_released(sh);
+        }
+        self.publish(sh);
+        true
+    }
+
+    /// Marks record `i` (live, at `addr`) released and takes it out of the counters.
+    #[inline(always)]
+    fn forget(&mut self, sh: &ArenaShared, i: usize, addr: usize, requested: usize) {
+        sh.records[i].addr.store(addr | RELEASED, Ordering::Release);
+        self.live_bytes -= granules(requested);
+        self.live_blocks -= 1;
+        self.requested -= requested;
+    }
+
+    /// Pops released records off the top and rewinds the bump offset to the lowest popped.
+    #[inline]
+    fn pop_released(&mut self, sh: &ArenaShared) {
+        while self.count > 0 {
+            let addr = sh.records[self.count - 1].addr.load(Ordering::Relaxed);
+            if addr & RELEASED == 0 {
+                break;
+            }
+            self.count -= 1;
+            self.top = (addr & !RELEASED) - self.base.addr();
+        }
+        if self.count == 0 {
+            self.top = 0;
+        }
+        sh.count.store(self.count, Ordering::Release);
+        debug_assert!(self.top <= self.len);
+    }
+
+    /// Applies the releases other threads queued. Cold: the owner calls it when the chunk or
+    /// the record table is full and before it rewinds.
+    #[cold]
+    pub(crate) fn apply_inbox(&mut self, sh: &ArenaShared) {
+        if !sh.inbox_pending.load(Ordering::Acquire) {
+            return;
+        }
+        let entries = {
+            let mut inbox = lock(&sh.inbox);
+            sh.inbox_pending.store(false, Ordering::Relaxed);
+            core::mem::take(&mut *inbox)
+        };
+        for e in entries {
+            if e.slot >= self.count {
+                continue;
+            }
+            let record = &sh.records[e.slot];
+            let addr = record.addr.load(Ordering::Relaxed);
+            // The very block the releasing thread saw, still live.
+            if record.serial.load(Ordering::Relaxed) == e.serial && addr & RELEASED == 0 {
+                self.forget(sh, e.slot, addr, e.requested);
+            }
+        }
+        self.pop_released(sh);
+        self.publish(sh);
+    }
+
+    /// The owner saw the allocator's epoch move to `epoch`: every block of the arena's epoch
+    /// is taken back. Returns how many bytes the next chunk should have if the chunk is too
+    /// small for what the past epoch wanted (`None`: keep it).
+    #[cold]
+    pub(crate) fn rewind(&mut self, sh: &ArenaShared, epoch: usize) -> Option<usize> {
+        // Entries queued for the old epoch's blocks are void now.
+        if sh.inbox_pending.load(Ordering::Acquire) {
+            lock(&sh.inbox).clear();
+            sh.inbox_pending.store(false, Ordering::Relaxed);
+        }
+        let last = if epoch == self.epoch.wrapping_add(1) {
+            self.peak
+        } else {
+            0
+        };
+        // The epoch first: a thread that sees a record written after this sees the epoch too.
+        sh.epoch.store(epoch, Ordering::Release);
+        sh.last_peak.store(last, Ordering::Relaxed);
+        self.max_peak = self.max_peak.max(self.peak);
+        sh.max_peak.store(self.max_peak, Ordering::Relaxed);
+        sh.count.store(0, Ordering::Release);
+        self.epoch = epoch;
+        self.count = 0;
+        self.top = 0;
+        self.live_bytes = 0;
+        self.live_blocks = 0;
+        self.requested = 0;
+        self.peak = 0;
+        self.publish(sh);
+        let want = core::mem::take(&mut self.want);
+        (want > self.len).then(|| want.clamp(MIN_CHUNK, MAX_CHUNK))
+    }
+
+    /// A request the chunk could not take this epoch: the next chunk should hold it too.
+    #[inline]
+    pub(crate) fn missed(&mut self, size: usize) {
+        self.want = self.want.max(self.top) + granules(size);
+    }
+
+    /// Whether the arena holds no live block (after applying its inbox).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The chunk's first byte, if any.
+    pub(crate) fn chunk(&self) -> Option<NonNull<u8>> {
+        NonNull::new(self.base)
+    }
+
+    /// Starts using a new chunk (`base` valid for `len` bytes, aligned to
+    /// [`ARENA_MAX_ALIGN`]), or none (`base` null, `len` 0). The arena must be empty.
+    pub(crate) fn set_chunk(&mut self, sh: &ArenaShared, base: *mut u8, len: usize) {
+        debug_assert!(self.count == 0 && self.top == 0);
+        debug_assert!(base.addr().is_multiple_of(ARENA_MAX_ALIGN));
+        self.base = base;
+        self.len = len;
+        sh.base.store(base.addr(), Ordering::Release);
+        sh.len.store(len, Ordering::Release);
+    }
+}
+
+impl ArenaShared {
+    /// Whether `addr` lies in this arena's chunk.
+    pub(crate) fn in_chunk(&self, addr: usize) -> bool {
+        let base = self.base.load(Ordering::Acquire);
+        base != 0 && addr.wrapping_sub(base) < self.len.load(Ordering::Acquire)
+    }
+
+    /// A release from another thread than the owner: `true` if `addr` is a live block of
+    /// this arena in the allocator's current epoch `epoch` (then it is queued for the owner),
+    /// `false` if not (nothing changes).
+    pub(crate) fn release_foreign(&self, epoch: &AtomicUsize, addr: usize) -> bool {
+        loop {
+            let seen = self.epoch.load(Ordering::Acquire);
+            if seen != epoch.load(Ordering::Acquire) {
+                // A reset took the arena's blocks back (its owner has not rewound yet).
+                return false;
+            }
+            let count = self.count.load(Ordering::Acquire);
+            let mut found = None;
+            for (slot, record) in self.records[..count.min(RECORDS)].iter().enumerate().rev() {
+                if record.addr.load(Ordering::Acquire) == addr {
+                    let serial = record.serial.load(Ordering::Relaxed);
+                    let requested = record.requested.load(Ordering::Relaxed);
+                    // Read again: the owner may have reused the slot meanwhile.
+                    if record.addr.load(Ordering::Acquire) == addr {
+                        found = Some(Foreign {
+                            slot,
+                            serial,
+                            requested,
+                        });
+                    }
+                    break;
+                }
+            }
+            if self.epoch.load(Ordering::Acquire) != seen {
+                continue; // the owner rewound during the scan: look again
+            }
+            let Some(entry) = found else {
+                return false;
+            };
+            let mut inbox = lock(&self.inbox);
+            if inbox.iter().any(|e| e.serial == entry.serial) {
+                return false; // already released by another thread
+            }
+            inbox.push(entry);
+            self.inbox_pending.store(true, Ordering::Release);
+            return true;
+        }
+    }
+
+    /// The arena's figures as of the allocator's epoch `epoch`: an arena whose epoch is behind
+    /// holds nothing live (a reset took its blocks), and releases waiting in the inbox count
+    /// as done.
+    pub(crate) fn figures(&self, epoch: usize) -> ArenaFigures {
+        let hits = self.hits.load(Ordering::Relaxed);
+        let seen = self.epoch.load(Ordering::Acquire);
+        let max_peak = self
+            .max_peak
+            .load(Ordering::Relaxed)
+            .max(self.peak.load(Ordering::Relaxed));
+        if seen != epoch {
+            let last_peak = if epoch == seen.wrapping_add(1) {
+                self.peak.load(Ordering::Relaxed)
+            } else {
+                0
+            };
+            return ArenaFigures {
+                hits,
+                last_peak,
+                max_peak,
+                ..ArenaFigures::default()
+            };
+        }
+        let (mut bytes, mut blocks, mut requested) = (
+            self.live_bytes.load(Ordering::Relaxed),
+            self.live_blocks.load(Ordering::Relaxed),
+            self.requested.load(Ordering::Relaxed),
+        );
+        if self.inbox_pending.load(Ordering::Acquire) {
+            for e in lock(&self.inbox).iter() {
+                bytes = bytes.saturating_sub(granules(e.requested));
+                blocks = blocks.saturating_sub(1);
+                requested = requested.saturating_sub(e.requested);
+            }
+        }
+        ArenaFigures {
+            live_bytes: bytes,
+            live_blocks: blocks,
+            requested,
+            hits,
+            peak: self.peak.load(Ordering::Relaxed),
+            last_peak: self.last_peak.load(Ordering::Relaxed),
+            max_peak,
+        }
+    }
+}
