@@ -152,20 +152,46 @@ impl CachingAllocator {
     /// larger than the machine's memory.
     #[inline]
     pub fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+        if let Some(ptr) = self.arena_bump(size, align) {
+            return Ok(ptr);
+        }
+        self.allocate_slow(size, align)
+    }
+
+    /// The common case in one short function: a small request bumped through this thread's
+    /// arena, touching only state its owner reaches. `None`: anything else.
+    #[inline(always)]
+    fn arena_bump(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
+        // Sizes 1..=arena_max, alignments powers of two up to 4 KiB.
+        if size.wrapping_sub(1) >= self.arena_max
+            || align.wrapping_sub(1) >= ARENA_MAX_ALIGN
+            || align & (align - 1) != 0
+        {
+            return None;
+        }
+        let local = self.last_local()?;
+        if !local.owned() {
+            return None;
+        }
+        // SAFETY: `local` is this thread's own cache (`owned`, and `Local` is this thread's),
+        // and no borrow of its arena is alive: each is confined to one call.
+        let arena = unsafe { local.arena.owner() };
+        let epoch = self.epoch.load(Ordering::Acquire);
+        match arena.bump(&local.arena.shared, epoch, size, align) {
+            Bump::Done(ptr) => Some(ptr),
+            _ => None,
+        }
+    }
+
+    /// Everything `arena_bump` does not serve.
+    #[inline(never)]
+    fn allocate_slow(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         let local = self.thread_cache();
-        // Small requests: the thread's arena (sizes 1..=arena_max, alignments up to 4 KiB).
         if size.wrapping_sub(1) < self.arena_max
             && align.is_power_of_two()
             && align <= ARENA_MAX_ALIGN
             && local.owned()
         {
-            // SAFETY: `local` is this thread's own cache (`owned`, and `Local` is this
-            // thread's), and no borrow of its arena is alive: each is confined to one call.
-            let arena = unsafe { local.arena.owner() };
-            let epoch = self.epoch.load(Ordering::Acquire);
-            if let Bump::Done(ptr) = arena.bump(&local.arena.shared, epoch, size, align) {
-                return Ok(ptr);
-            }
             if let Some(ptr) = self.arena_slow(local, size, align) {
                 return Ok(ptr);
             }
@@ -345,18 +371,26 @@ impl CachingAllocator {
     /// (until `allocate` hands it out again).
     #[inline]
     pub unsafe fn release(&self, ptr: NonNull<u8>) -> Result<(), AllocError> {
-        let here = self.thread_cache();
         let addr = ptr.as_ptr().addr();
-        if here.owned() {
-            // SAFETY: as in `allocate`: the owner thread, one borrow, confined to this block.
-            let arena = unsafe { here.arena.owner() };
-            if arena.holds(addr)
-                && arena.epoch() == self.epoch.load(Ordering::Acquire)
-                && arena.release(&here.arena.shared, addr)
-            {
-                return Ok(());
+        if let Some(here) = self.last_local() {
+            if here.owned() {
+                // SAFETY: as in `arena_bump`: the owner thread, one borrow, in this block.
+                let arena = unsafe { here.arena.owner() };
+                if arena.holds(addr)
+                    && arena.epoch() == self.epoch.load(Ordering::Acquire)
+                    && arena.release(&here.arena.shared, addr)
+                {
+                    return Ok(());
+                }
             }
         }
+        self.release_block(addr)
+    }
+
+    /// A release `release` did not find in this thread's arena.
+    #[inline(never)]
+    fn release_block(&self, addr: usize) -> Result<(), AllocError> {
+        let here = self.thread_cache();
         let mut state = here.lock();
         if let Some(live) = state.live.remove(addr) {
             state.counters.remove_live(&live);
@@ -494,6 +528,15 @@ impl CachingAllocator {
             align,
             class: Some(class),
         })
+    }
+
+    /// This thread's cache in this allocator if it is the one this thread used last (the
+    /// fast path's one comparison), without registering anything.
+    #[inline(always)]
+    fn last_local(&self) -> Option<Local<'_>> {
+        let cache = thread_cache::last_cache(self.id)?;
+        // SAFETY: as in `thread_cache`.
+        Some(unsafe { Local::new(cache) })
     }
 
     /// This thread's cache in this allocator.

@@ -59,6 +59,10 @@ pub(crate) const MAX_CHUNK: usize = 4 << 20;
 
 /// Low bit of a published record: the block was released (addresses are 64-byte aligned).
 const RELEASED: usize = 1;
+/// A record's `meta` word: the block's serial above these bits, the size asked for in them
+/// (requests are at most 1 MiB, `Config::arena_max_bytes`'s bound).
+const SIZE_BITS: u32 = 21;
+const SIZE_MASK: usize = (1 << SIZE_BITS) - 1;
 
 /// Rounds a request to the arena's granule (one cache line, as every block of the allocator).
 #[inline(always)]
@@ -78,13 +82,12 @@ pub(crate) struct Arena {
     count: usize,
     /// The allocator epoch this arena's records belong to.
     epoch: usize,
-    /// The serial the next record gets.
+    /// The serial the next record gets: one more than the blocks the arena ever handed out.
     serial: usize,
+    /// Bytes of the live blocks (their sizes rounded to 64 bytes).
     live_bytes: usize,
-    live_blocks: usize,
-    requested: usize,
-    hits: usize,
-    /// The most bytes live at once this epoch, and in any epoch.
+    /// The most bytes live at once this epoch, as of the last release (live bytes only grow
+    /// between releases, so the true peak is this or the live bytes now), and in any epoch.
     peak: usize,
     max_peak: usize,
     /// How many bytes this epoch's small requests wanted, including those the chunk could not
@@ -92,12 +95,23 @@ pub(crate) struct Arena {
     want: usize,
 }
 
-/// One record as other threads see it: the block's address (low bit: released), the serial
-/// of the block, and the size asked for.
+/// One record as other threads see it: the block's address (low bit: released), and its
+/// serial and the size asked for in one word (`meta`).
 struct Record {
     addr: AtomicUsize,
-    serial: AtomicUsize,
-    requested: AtomicUsize,
+    meta: AtomicUsize,
+}
+
+impl Record {
+    #[inline(always)]
+    fn serial(meta: usize) -> usize {
+        meta >> SIZE_BITS
+    }
+
+    #[inline(always)]
+    fn requested(meta: usize) -> usize {
+        meta & SIZE_MASK
+    }
 }
 
 /// A release from another thread, waiting for the owner.
@@ -117,12 +131,11 @@ pub(crate) struct ArenaShared {
     len: AtomicUsize,
     /// Published records (`records[..count]`).
     count: AtomicUsize,
-    records: Box<[Record]>,
-    live_bytes: AtomicUsize,
-    live_blocks: AtomicUsize,
-    requested: AtomicUsize,
+    records: Box<[Record; RECORDS]>,
+    /// Blocks handed out before the current records' first (stored when records are popped or
+    /// the arena rewinds; the records' serials count the rest).
     hits: AtomicUsize,
-    /// This epoch's peak of live bytes, and the peak of the epoch before it.
+    /// `Arena::peak` (as of the last release) and the peak of the epoch before this one.
     peak: AtomicUsize,
     last_peak: AtomicUsize,
     max_peak: AtomicUsize,
@@ -169,9 +182,6 @@ impl ArenaCell {
                 epoch: 0,
                 serial: 1,
                 live_bytes: 0,
-                live_blocks: 0,
-                requested: 0,
-                hits: 0,
                 peak: 0,
                 max_peak: 0,
                 want: 0,
@@ -181,16 +191,10 @@ impl ArenaCell {
                 base: AtomicUsize::new(0),
                 len: AtomicUsize::new(0),
                 count: AtomicUsize::new(0),
-                records: (0..RECORDS)
-                    .map(|_| Record {
-                        addr: AtomicUsize::new(0),
-                        serial: AtomicUsize::new(0),
-                        requested: AtomicUsize::new(0),
-                    })
-                    .collect(),
-                live_bytes: AtomicUsize::new(0),
-                live_blocks: AtomicUsize::new(0),
-                requested: AtomicUsize::new(0),
+                records: Box::new(core::array::from_fn(|_| Record {
+                    addr: AtomicUsize::new(0),
+                    meta: AtomicUsize::new(0),
+                })),
                 hits: AtomicUsize::new(0),
                 peak: AtomicUsize::new(0),
                 last_peak: AtomicUsize::new(0),
@@ -250,32 +254,26 @@ impl Arena {
         let ptr = unsafe { self.base.add(start) };
         let i = self.count;
         let record = &sh.records[i];
-        record.serial.store(self.serial, Ordering::Relaxed);
-        record.requested.store(size, Ordering::Relaxed);
-        // Release: a thread that reads this address reads the serial and size above.
+        record
+            .meta
+            .store(self.serial << SIZE_BITS | size, Ordering::Relaxed);
+        // Release: a thread that reads this address reads the meta word above.
         record.addr.store(ptr.addr(), Ordering::Release);
         sh.count.store(i + 1, Ordering::Release);
         self.serial += 1;
         self.count = i + 1;
         self.top = end;
         self.live_bytes += taken;
-        self.live_blocks += 1;
-        self.requested += size;
-        self.hits += 1;
-        self.peak = self.peak.max(self.live_bytes);
-        self.want = self.want.max(end);
-        self.publish(sh);
         // SAFETY: inside a live chunk, so not null.
         Bump::Done(unsafe { NonNull::new_unchecked(ptr) })
     }
 
-    /// Stores the counters other threads read.
+    /// Stores what other threads read beside the records: the blocks handed out before the
+    /// current records, and the epoch's peak.
     #[inline(always)]
     fn publish(&self, sh: &ArenaShared) {
-        sh.live_bytes.store(self.live_bytes, Ordering::Relaxed);
-        sh.live_blocks.store(self.live_blocks, Ordering::Relaxed);
-        sh.requested.store(self.requested, Ordering::Relaxed);
-        sh.hits.store(self.hits, Ordering::Relaxed);
+        sh.hits
+            .store(self.serial - 1 - self.count, Ordering::Relaxed);
         sh.peak.store(self.peak, Ordering::Relaxed);
     }
 
@@ -305,7 +303,7 @@ impl Arena {
                 break;
             }
         }
-        let requested = sh.records[i].requested.load(Ordering::Relaxed);
+        let requested = Record::requested(sh.records[i].meta.load(Ordering::Relaxed));
         self.forget(sh, i, addr, requested);
         if i + 1 == self.count {
             self.pop_released(sh);
@@ -318,9 +316,9 @@ impl Arena {
     #[inline(always)]
     fn forget(&mut self, sh: &ArenaShared, i: usize, addr: usize, requested: usize) {
         sh.records[i].addr.store(addr | RELEASED, Ordering::Release);
+        // Live bytes only fall here: the peak is the live bytes before the first fall.
+        self.peak = self.peak.max(self.live_bytes);
         self.live_bytes -= granules(requested);
-        self.live_blocks -= 1;
-        self.requested -= requested;
     }
 
     /// Pops released records off the top and rewinds the bump offset to the lowest popped.
@@ -360,7 +358,8 @@ impl Arena {
             let record = &sh.records[e.slot];
             let addr = record.addr.load(Ordering::Relaxed);
             // The very block the releasing thread saw, still live.
-            if record.serial.load(Ordering::Relaxed) == e.serial && addr & RELEASED == 0 {
+            let serial = Record::serial(record.meta.load(Ordering::Relaxed));
+            if serial == e.serial && addr & RELEASED == 0 {
                 self.forget(sh, e.slot, addr, e.requested);
             }
         }
@@ -378,6 +377,7 @@ impl Arena {
             lock(&sh.inbox).clear();
             sh.inbox_pending.store(false, Ordering::Relaxed);
         }
+        self.peak = self.peak.max(self.live_bytes);
         let last = if epoch == self.epoch.wrapping_add(1) {
             self.peak
         } else {
@@ -393,8 +393,6 @@ impl Arena {
         self.count = 0;
         self.top = 0;
         self.live_bytes = 0;
-        self.live_blocks = 0;
-        self.requested = 0;
         self.peak = 0;
         self.publish(sh);
         let want = core::mem::take(&mut self.want);
@@ -450,14 +448,13 @@ impl ArenaShared {
             let mut found = None;
             for (slot, record) in self.records[..count.min(RECORDS)].iter().enumerate().rev() {
                 if record.addr.load(Ordering::Acquire) == addr {
-                    let serial = record.serial.load(Ordering::Relaxed);
-                    let requested = record.requested.load(Ordering::Relaxed);
+                    let meta = record.meta.load(Ordering::Relaxed);
                     // Read again: the owner may have reused the slot meanwhile.
                     if record.addr.load(Ordering::Acquire) == addr {
                         found = Some(Foreign {
                             slot,
-                            serial,
-                            requested,
+                            serial: Record::serial(meta),
+                            requested: Record::requested(meta),
                         });
                     }
                     break;
@@ -483,15 +480,26 @@ impl ArenaShared {
     /// holds nothing live (a reset took its blocks), and releases waiting in the inbox count
     /// as done.
     pub(crate) fn figures(&self, epoch: usize) -> ArenaFigures {
-        let hits = self.hits.load(Ordering::Relaxed);
+        let count = self.count.load(Ordering::Acquire).min(RECORDS);
+        let (mut bytes, mut blocks, mut requested, mut newest) = (0usize, 0usize, 0usize, 0);
+        for record in &self.records[..count] {
+            let addr = record.addr.load(Ordering::Acquire);
+            let meta = record.meta.load(Ordering::Relaxed);
+            newest = newest.max(Record::serial(meta));
+            if addr & RELEASED == 0 {
+                bytes += granules(Record::requested(meta));
+                blocks += 1;
+                requested += Record::requested(meta);
+            }
+        }
+        let hits = self.hits.load(Ordering::Relaxed).max(newest);
+        let peak = self.peak.load(Ordering::Relaxed).max(bytes);
+        let max_peak = self.max_peak.load(Ordering::Relaxed).max(peak);
         let seen = self.epoch.load(Ordering::Acquire);
-        let max_peak = self
-            .max_peak
-            .load(Ordering::Relaxed)
-            .max(self.peak.load(Ordering::Relaxed));
         if seen != epoch {
+            // A reset took the blocks back; its owner has not rewound yet.
             let last_peak = if epoch == seen.wrapping_add(1) {
-                self.peak.load(Ordering::Relaxed)
+                peak
             } else {
                 0
             };
@@ -502,11 +510,6 @@ impl ArenaShared {
                 ..ArenaFigures::default()
             };
         }
-        let (mut bytes, mut blocks, mut requested) = (
-            self.live_bytes.load(Ordering::Relaxed),
-            self.live_blocks.load(Ordering::Relaxed),
-            self.requested.load(Ordering::Relaxed),
-        );
         if self.inbox_pending.load(Ordering::Acquire) {
             for e in lock(&self.inbox).iter() {
                 bytes = bytes.saturating_sub(granules(e.requested));
@@ -519,7 +522,7 @@ impl ArenaShared {
             live_blocks: blocks,
             requested,
             hits,
-            peak: self.peak.load(Ordering::Relaxed),
+            peak,
             last_peak: self.last_peak.load(Ordering::Relaxed),
             max_peak,
         }
