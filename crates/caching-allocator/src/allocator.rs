@@ -373,24 +373,34 @@ impl CachingAllocator {
     pub unsafe fn release(&self, ptr: NonNull<u8>) -> Result<(), AllocError> {
         let addr = ptr.as_ptr().addr();
         if let Some(here) = self.last_local() {
-            if here.owned() {
-                // SAFETY: as in `arena_bump`: the owner thread, one borrow, in this block.
-                let arena = unsafe { here.arena.owner() };
-                if arena.holds(addr)
-                    && arena.epoch() == self.epoch.load(Ordering::Acquire)
-                    && arena.release(&here.arena.shared, addr)
-                {
-                    return Ok(());
-                }
+            if self.release_in_arena(here, addr) {
+                return Ok(());
             }
         }
         self.release_block(addr)
     }
 
-    /// A release `release` did not find in this thread's arena.
+    /// Releases `addr` if it is a live block of the calling thread's arena (`here`).
+    #[inline(always)]
+    fn release_in_arena(&self, here: Local<'_>, addr: usize) -> bool {
+        if !here.owned() {
+            return false;
+        }
+        // SAFETY: as in `arena_bump`: the owner thread, one borrow, in this function.
+        let arena = unsafe { here.arena.owner() };
+        arena.holds(addr)
+            && arena.epoch() == self.epoch.load(Ordering::Acquire)
+            && arena.release(&here.arena.shared, addr)
+    }
+
+    /// A release `release`'s fast path did not find in this thread's arena.
     #[inline(never)]
     fn release_block(&self, addr: usize) -> Result<(), AllocError> {
         let here = self.thread_cache();
+        // The fast path looks only when this allocator is the thread's last used one.
+        if self.release_in_arena(here, addr) {
+            return Ok(());
+        }
         let mut state = here.lock();
         if let Some(live) = state.live.remove(addr) {
             state.counters.remove_live(&live);
