@@ -230,7 +230,7 @@ impl CachingAllocator {
             // before `replace_chunk` borrows again).
             let arena = unsafe { local.arena.owner() };
             if arena.epoch() != epoch {
-                arena.rewind(sh, epoch)
+                self.rewind_arena(local, arena, epoch)
             } else {
                 arena.apply_inbox(sh);
                 if let Bump::Done(ptr) = arena.bump(sh, epoch, size, align) {
@@ -324,6 +324,48 @@ impl CachingAllocator {
         false
     }
 
+    /// Rewinds this thread's arena (`arena`, of `local`) to `epoch`, under the cache's lock: a
+    /// trim on another thread may have taken the chunk of an arena whose epoch was behind
+    /// (see `revoke_stale_chunks`), and the lock orders the two. Returns what `Arena::rewind`
+    /// does, or the chunk to take when the old one was taken.
+    fn rewind_arena(
+        &self,
+        local: Local<'_>,
+        arena: &mut crate::arena::Arena,
+        epoch: usize,
+    ) -> Option<usize> {
+        let sh = &local.arena.shared;
+        let state = local.lock();
+        let old_len = arena.len();
+        let grow = arena.rewind(sh, epoch);
+        if state.arena_chunk.is_none() && arena.chunk().is_some() {
+            // Taken by a trim while the arena was behind: forget it, take another next.
+            arena.set_chunk(sh, core::ptr::null_mut(), 0);
+            return Some(grow.unwrap_or(old_len).max(MIN_CHUNK));
+        }
+        grow
+    }
+
+    /// Takes the chunks of other threads' arenas whose epoch is behind the allocator's (a
+    /// reset took their blocks and their owners have not called since) into their caches'
+    /// idle blocks, where a trim reaches them. The lock orders this with the owner's rewind.
+    fn revoke_stale_chunks(&self) {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        self.registry.for_each(|cache| {
+            if !cache.owned() {
+                return;
+            }
+            let mut state = cache.lock();
+            if state.arena_chunk.is_some() && cache.arena.shared.epoch() != epoch {
+                if let Some(chunk) = state.arena_chunk.take() {
+                    let stamp = self.clock.stamp(&mut state);
+                    state.idle.push(chunk, stamp);
+                    cache.publish(&state);
+                }
+            }
+        });
+    }
+
     /// On the owner's thread: gives the arena's chunk back to the idle blocks if the arena
     /// holds nothing live (so a trim can free it).
     fn park_own_chunk(&self) {
@@ -337,7 +379,7 @@ impl CachingAllocator {
             // SAFETY: as in `allocate`; the borrow ends in this block.
             let arena = unsafe { local.arena.owner() };
             if arena.epoch() != epoch {
-                arena.rewind(sh, epoch);
+                self.rewind_arena(local, arena, epoch);
             }
             arena.apply_inbox(sh);
             if !arena.is_empty() || arena.chunk().is_none() {
@@ -419,6 +461,7 @@ impl CachingAllocator {
     /// over every thread's cache. The blocks that stay move to the shared pool.
     pub fn trim(&self, keep_bytes: usize) {
         self.park_own_chunk();
+        self.revoke_stale_chunks();
         if self.cached_bytes() <= keep_bytes {
             return;
         }

@@ -410,6 +410,11 @@ impl Arena {
         self.count == 0
     }
 
+    /// The chunk's length (0 without one).
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// The chunk's first byte, if any.
     pub(crate) fn chunk(&self) -> Option<NonNull<u8>> {
         NonNull::new(self.base)
@@ -428,6 +433,11 @@ impl Arena {
 }
 
 impl ArenaShared {
+    /// The epoch of the published records (the owner stores it when it rewinds).
+    pub(crate) fn epoch(&self) -> usize {
+        self.epoch.load(Ordering::Acquire)
+    }
+
     /// Whether `addr` lies in this arena's chunk.
     pub(crate) fn in_chunk(&self, addr: usize) -> bool {
         let base = self.base.load(Ordering::Acquire);
