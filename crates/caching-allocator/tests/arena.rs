@@ -1,0 +1,377 @@
+//! The temp arena's rules: small blocks bumped through a per-thread chunk, taken back by a
+//! reset in one step, released on their own thread or another one, charged to the cap.
+
+use std::ptr::NonNull;
+use std::sync::mpsc;
+
+use caching_allocator::{AllocError, CachingAllocator, Config};
+
+fn addr(p: NonNull<u8>) -> usize {
+    p.as_ptr() as usize
+}
+
+/// Fills `len` bytes behind `p` with `tag`.
+fn tag(p: NonNull<u8>, len: usize, tag: u8) {
+    // SAFETY: the tests pass live blocks of at least `len` bytes that only they use.
+    unsafe { p.as_ptr().write_bytes(tag, len) };
+}
+
+/// Whether the `len` bytes behind `p` all hold `tag`.
+fn has_tag(p: NonNull<u8>, len: usize, tag: u8) -> bool {
+    // SAFETY: as in `tag`.
+    unsafe { core::slice::from_raw_parts(p.as_ptr(), len) }
+        .iter()
+        .all(|&b| b == tag)
+}
+
+#[test]
+fn small_blocks_are_bumped_through_one_chunk_and_reset_in_one_step() {
+    let mut alloc = CachingAllocator::new(64 << 20);
+    let mut first = Vec::new();
+    for call in 0..3 {
+        let blocks: Vec<_> = (0..16)
+            .map(|k| alloc.allocate(64 << (k % 7), 64).unwrap())
+            .collect();
+        // Distinct and 64-byte aligned, in one chunk.
+        for (k, &p) in blocks.iter().enumerate() {
+            assert_eq!(addr(p) % 64, 0);
+            tag(p, 64 << (k % 7), k as u8);
+        }
+        for (k, &p) in blocks.iter().enumerate() {
+            assert!(
+                has_tag(p, 64 << (k % 7), k as u8),
+                "block {k} overlaps another"
+            );
+        }
+        if call == 0 {
+            first = blocks.iter().map(|&p| addr(p)).collect();
+        } else {
+            // After a reset the same call gets the same memory: the arena rewound.
+            assert_eq!(blocks.iter().map(|&p| addr(p)).collect::<Vec<_>>(), first);
+        }
+        let s = alloc.stats();
+        assert_eq!((s.live_blocks, s.arena_live_blocks), (16, 16), "{s}");
+        alloc.reset();
+        let s = alloc.stats();
+        assert_eq!(
+            (s.live_blocks, s.live_bytes, s.requested_bytes),
+            (0, 0, 0),
+            "{s}"
+        );
+    }
+    let s = alloc.stats();
+    // One chunk from the system for all three calls, every block a hit.
+    assert_eq!(
+        (s.system_allocs, s.arena_chunks, s.hits, s.misses),
+        (1, 1, 48, 0),
+        "{s}"
+    );
+    assert_eq!(s.reserved_bytes, s.cached_bytes);
+}
+
+#[test]
+fn a_reset_takes_blocks_handed_out_before_it_and_keeps_those_after() {
+    let alloc = CachingAllocator::new(64 << 20);
+    let before = alloc.allocate(256, 64).unwrap();
+    // SAFETY: `before` is not used after the reset.
+    unsafe { alloc.reset_unchecked() };
+    let after = alloc.allocate(256, 64).unwrap();
+    // The old block was taken: its memory serves the new one, and releasing it by its old
+    // name now names the new block; so only `after` is released, and only once.
+    assert_eq!(addr(before), addr(after));
+    let kept = alloc.allocate(1000, 64).unwrap();
+    tag(kept, 1000, 7);
+    // SAFETY: released once.
+    unsafe { alloc.release(after) }.unwrap();
+    // SAFETY: `after` was released just above.
+    assert!(matches!(
+        unsafe { alloc.release(after) },
+        Err(AllocError::UnknownPointer { .. })
+    ));
+    assert!(has_tag(kept, 1000, 7));
+    assert_eq!(alloc.stats().live_blocks, 1);
+}
+
+#[test]
+fn releasing_the_newest_block_rewinds_the_bump_and_others_wait_for_it() {
+    let alloc = CachingAllocator::new(64 << 20);
+    let a = alloc.allocate(100, 64).unwrap();
+    let b = alloc.allocate(100, 64).unwrap();
+    let c = alloc.allocate(100, 64).unwrap();
+    // A round trip of the newest block gives its bytes back at once.
+    // SAFETY: released once, not used after.
+    unsafe { alloc.release(c) }.unwrap();
+    let c2 = alloc.allocate(100, 64).unwrap();
+    assert_eq!(addr(c2), addr(c));
+    // A block below the top is marked; its bytes come back once everything above it goes.
+    // SAFETY: released once, not used after.
+    unsafe { alloc.release(b) }.unwrap();
+    let d = alloc.allocate(100, 64).unwrap();
+    assert!(
+        addr(d) > addr(c2),
+        "b's bytes are not free while c2 lives above them"
+    );
+    // SAFETY: each released once, not used after.
+    unsafe {
+        alloc.release(d).unwrap();
+        alloc.release(c2).unwrap();
+    }
+    // c2 and the released b pop together: the next block sits where b was.
+    let e = alloc.allocate(100, 64).unwrap();
+    assert_eq!(addr(e), addr(b));
+    let s = alloc.stats();
+    assert_eq!((s.live_blocks, s.requested_bytes), (2, 200), "{s}");
+    // SAFETY: released once each.
+    unsafe {
+        alloc.release(a).unwrap();
+        alloc.release(e).unwrap();
+    }
+    assert_eq!(alloc.stats().live_bytes, 0);
+}
+
+#[test]
+fn bad_releases_are_refused_at_the_call_and_change_nothing() {
+    let alloc = CachingAllocator::new(64 << 20);
+    let a = alloc.allocate(256, 64).unwrap();
+    let b = alloc.allocate(256, 64).unwrap();
+    tag(a, 256, 1);
+    tag(b, 256, 2);
+    let before = alloc.stats();
+    // Inside a live block, past the bump, and far away: never handed out.
+    for bad in [addr(a) + 64, addr(b) + 256, addr(b) + 4096] {
+        let p = NonNull::new(bad as *mut u8).unwrap();
+        // SAFETY: `release` does not read behind a pointer it does not know.
+        let r = unsafe { alloc.release(p) };
+        assert_eq!(r, Err(AllocError::UnknownPointer { addr: bad }));
+    }
+    assert_eq!(alloc.stats(), before);
+    // SAFETY: released once.
+    unsafe { alloc.release(a) }.unwrap();
+    // SAFETY: double release: refused.
+    assert!(unsafe { alloc.release(a) }.is_err());
+    assert!(has_tag(b, 256, 2));
+}
+
+#[test]
+fn a_stale_pointer_never_rewinds_the_arena_under_a_live_holder() {
+    let alloc = CachingAllocator::new(64 << 20);
+    let _a = alloc.allocate(128, 64).unwrap();
+    let b = alloc.allocate(128, 64).unwrap();
+    // SAFETY: nothing handed out above is used after this.
+    unsafe { alloc.reset_unchecked() };
+    // A new holder of the first bytes; `b`'s old address is past the bump now.
+    let c = alloc.allocate(128, 64).unwrap();
+    tag(c, 128, 9);
+    // SAFETY: `b` was taken by the reset; `release` refuses it without reading it.
+    assert!(unsafe { alloc.release(b) }.is_err());
+    let d = alloc.allocate(128, 64).unwrap();
+    tag(d, 128, 10);
+    assert!(has_tag(c, 128, 9), "a block was handed out over a live one");
+    assert_ne!(addr(c), addr(d));
+}
+
+#[test]
+fn a_block_released_on_another_thread_is_checked_at_the_call_and_applied_by_its_owner() {
+    let alloc = CachingAllocator::new(64 << 20);
+    let a = alloc.allocate(512, 64).unwrap();
+    let b = alloc.allocate(512, 64).unwrap();
+    tag(b, 512, 3);
+    let (a_addr, inside_addr) = (addr(a), addr(b) + 64);
+    let (ra, ra_again, inside) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let a = NonNull::new(a_addr as *mut u8).unwrap();
+            // SAFETY: `a` is released once here and not used after; the others are refused.
+            unsafe {
+                let first = alloc.release(a);
+                let again = alloc.release(a);
+                let inside = alloc.release(NonNull::new(inside_addr as *mut u8).unwrap());
+                (first, again, inside)
+            }
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(ra, Ok(()));
+    assert!(matches!(ra_again, Err(AllocError::UnknownPointer { .. })));
+    assert!(matches!(inside, Err(AllocError::UnknownPointer { .. })));
+    // Counted as released at once, though its owner applies it later.
+    let s = alloc.stats();
+    assert_eq!((s.live_blocks, s.requested_bytes), (1, 512), "{s}");
+    assert!(has_tag(b, 512, 3));
+    // SAFETY: released once.
+    unsafe { alloc.release(b) }.unwrap();
+    assert_eq!(alloc.stats().live_blocks, 0);
+}
+
+#[test]
+fn a_release_on_another_thread_after_a_reset_is_unknown() {
+    let alloc = CachingAllocator::new(64 << 20);
+    let a = alloc.allocate(512, 64).unwrap();
+    // SAFETY: `a` is not used after this (the other thread only names it).
+    unsafe { alloc.reset_unchecked() };
+    let a_addr = addr(a);
+    let r = std::thread::scope(|s| {
+        s.spawn(|| {
+            let a = NonNull::new(a_addr as *mut u8).unwrap();
+            // SAFETY: refused without being read.
+            unsafe { alloc.release(a) }
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(r, Err(AllocError::UnknownPointer { addr: addr(a) }));
+}
+
+#[test]
+fn blocks_pass_between_threads_and_every_holder_keeps_its_bytes() {
+    let alloc = CachingAllocator::new(64 << 20);
+    let rounds = if cfg!(miri) { 20 } else { 2_000 };
+    std::thread::scope(|s| {
+        let (tx, rx) = mpsc::channel::<(usize, usize, u8)>();
+        let alloc = &alloc;
+        s.spawn(move || {
+            let mut mine = Vec::new();
+            for i in 0..rounds {
+                let len = 64 + (i * 37) % 3000;
+                let p = alloc.allocate(len, 64).unwrap();
+                let t = (i % 251) as u8;
+                tag(p, len, t);
+                if i % 3 == 0 {
+                    tx.send((addr(p), len, t)).unwrap();
+                } else {
+                    mine.push((p, len, t));
+                }
+                if mine.len() > 6 {
+                    let (q, len, t) = mine.remove(i % mine.len());
+                    assert!(has_tag(q, len, t), "a block was handed to two holders");
+                    // SAFETY: released once, not used after.
+                    unsafe { alloc.release(q) }.unwrap();
+                }
+            }
+            for (q, len, t) in mine {
+                assert!(has_tag(q, len, t));
+                // SAFETY: released once.
+                unsafe { alloc.release(q) }.unwrap();
+            }
+        });
+        s.spawn(move || {
+            for (a, len, t) in rx {
+                let p = NonNull::new(a as *mut u8).unwrap();
+                assert!(has_tag(p, len, t), "a block was handed to two holders");
+                // SAFETY: sent once by the allocating thread, released once here.
+                unsafe { alloc.release(p) }.unwrap();
+            }
+        });
+    });
+    let s = alloc.stats();
+    assert_eq!((s.live_blocks, s.live_bytes), (0, 0), "{s}");
+    assert_eq!(s.reserved_bytes, s.cached_bytes + s.live_bytes, "{s}");
+}
+
+#[test]
+fn the_chunk_grows_to_what_one_interval_asked_for() {
+    let mut alloc = CachingAllocator::new(64 << 20);
+    let call = |alloc: &CachingAllocator| {
+        for _ in 0..40 {
+            alloc.allocate(4096, 64).unwrap(); // 160 KiB in all: more than a first chunk
+        }
+    };
+    call(&alloc);
+    let first = alloc.stats();
+    assert!(
+        first.misses > 0,
+        "the first chunk cannot hold it all: {first}"
+    );
+    alloc.reset();
+    call(&alloc); // the arena rewinds into a chunk of 160 KiB
+    alloc.reset();
+    let warm = alloc.stats();
+    call(&alloc);
+    let s = alloc.stats();
+    assert_eq!(
+        s.system_allocs, warm.system_allocs,
+        "steady state: no system allocation"
+    );
+    assert_eq!(s.misses, warm.misses, "{s}");
+    assert_eq!(s.arena_live_blocks, 40);
+}
+
+#[test]
+fn the_last_interval_peak_is_the_calls_high_water_mark() {
+    let mut alloc = CachingAllocator::new(64 << 20);
+    let a = alloc.allocate(1000, 64).unwrap(); // 1024 bytes in the arena
+    let _b = alloc.allocate(3000, 64).unwrap(); // 3008
+                                                // SAFETY: released once.
+    unsafe { alloc.release(a) }.unwrap();
+    let _c = alloc.allocate(100, 64).unwrap(); // 128
+    let big = alloc.allocate(1 << 20, 64).unwrap(); // a size class: 1 MiB
+                                                    // SAFETY: released once.
+    unsafe { alloc.release(big) }.unwrap();
+    assert_eq!(alloc.stats().interval_peak_bytes, 1024 + 3008 + (1 << 20));
+    alloc.reset();
+    let s = alloc.stats();
+    assert_eq!(s.interval_peak_bytes, 0);
+    assert_eq!(s.last_interval_peak_bytes, 1024 + 3008 + (1 << 20), "{s}");
+    let _d = alloc.allocate(64, 64).unwrap();
+    alloc.reset();
+    assert_eq!(alloc.stats().last_interval_peak_bytes, 64);
+    alloc.reset();
+    assert_eq!(
+        alloc.stats().last_interval_peak_bytes,
+        0,
+        "an empty interval"
+    );
+}
+
+#[test]
+fn the_chunk_counts_against_the_cap_and_a_trim_frees_it() {
+    let cap = 256 << 10;
+    let alloc = CachingAllocator::new(cap);
+    let threads = 6; // more threads than the cap has room for chunks
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                for _ in 0..if cfg!(miri) { 2 } else { 20 } {
+                    let p = alloc.allocate(2000, 64).unwrap();
+                    // SAFETY: released once.
+                    unsafe { alloc.release(p) }.unwrap();
+                }
+            });
+        }
+    });
+    let s = alloc.stats();
+    assert!(s.cached_bytes <= cap, "{s}");
+    assert!(s.arena_chunks * (64 << 10) <= cap, "{s}");
+    // SAFETY: nothing is live.
+    unsafe { alloc.reset_unchecked() };
+    alloc.free_cached();
+    let s = alloc.stats();
+    assert_eq!((s.reserved_bytes, s.arena_chunks), (0, 0), "{s}");
+}
+
+#[test]
+fn the_arena_can_be_turned_off_and_is_off_with_debug_checks() {
+    for config in [
+        Config::default().arena_max_bytes(0),
+        Config::default().debug_checks(true),
+        Config::default().max_cached_bytes(16 << 10),
+    ] {
+        let alloc = CachingAllocator::with_config(config.clone());
+        let _p = alloc.allocate(100, 64).unwrap();
+        let s = alloc.stats();
+        assert_eq!(
+            (s.arena_chunks, s.arena_live_blocks, s.misses),
+            (0, 0, 1),
+            "{config:?}"
+        );
+    }
+    assert_eq!(
+        Config::default().get_arena_max_bytes(),
+        caching_allocator::DEFAULT_ARENA_MAX_BYTES
+    );
+    // Requests above the bound and large alignments go to the size classes.
+    let alloc = CachingAllocator::new(64 << 20);
+    let _big = alloc.allocate(caching_allocator::DEFAULT_ARENA_MAX_BYTES + 1, 64);
+    let _aligned = alloc.allocate(100, 8192).unwrap();
+    assert_eq!(alloc.stats().arena_live_blocks, 0);
+}
