@@ -42,11 +42,19 @@ fn model<F: Fn() + Sync + Send + 'static>(name: &str, f: F) {
     assert!(runs > 1, "loom explored a single interleaving of {name}");
 }
 
+/// An allocator whose requests all go through the size classes: the models below check their
+/// protocols (the arena's have models of their own, `arena_*`).
 fn allocator(cap: usize) -> (Arc<CachingAllocator>, StdArc<Counting>) {
+    with_arena(cap, 0)
+}
+
+/// An allocator whose requests up to `arena_max` bytes go to the threads' arenas.
+fn with_arena(cap: usize, arena_max: usize) -> (Arc<CachingAllocator>, StdArc<Counting>) {
     let counting = StdArc::new(Counting::default());
     let alloc = CachingAllocator::with_config(
         Config::default()
             .max_cached_bytes(cap)
+            .arena_max_bytes(arena_max)
             .system_allocator(counting.clone()),
     );
     (Arc::new(alloc), counting)
@@ -358,6 +366,87 @@ fn reset_races_with_allocation_and_release() {
         assert_eq!((stats.live_blocks, stats.live_bytes), (0, 0), "{stats:?}");
         assert_eq!(stats.reserved_bytes, stats.cached_bytes, "{stats:?}");
         check_books(&stats, &counting, cap);
+        drop_and_check(alloc, &counting);
+    });
+}
+
+/// The arena's epoch protocol: a reset on another thread races the owner's allocations. The
+/// block allocated before the reset may be taken (then its bytes serve the next block), the
+/// one allocated after it survives if the reset came first; the books stay exact either way,
+/// and a quiet reset afterwards leaves nothing live.
+#[test]
+fn arena_reset_racing_the_owners_allocations() {
+    model("arena_reset_racing_the_owners_allocations", || {
+        let (alloc, counting) = with_arena(1 << 20, 1024);
+        let owner = {
+            let alloc = alloc.clone();
+            thread::spawn(move || {
+                let p = alloc.allocate(256, 64).unwrap().as_ptr() as usize;
+                tag(p, 256, 1);
+                let q = alloc.allocate(256, 64).unwrap().as_ptr() as usize;
+                tag(q, 256, 2);
+                (p, q)
+            })
+        };
+        let resetter = {
+            let alloc = alloc.clone();
+            // SAFETY: nothing handed out is used after the reset but by its own thread, which
+            // only checks the tags of blocks the reset cannot have taken (see below).
+            thread::spawn(move || unsafe { alloc.reset_unchecked() })
+        };
+        let (p, q) = owner.join().unwrap();
+        resetter.join().unwrap();
+        // `q` was allocated last: nothing was handed out over it.
+        assert!(tagged(q, 256, 2));
+        let s = alloc.stats();
+        assert!(s.live_blocks <= 2, "{s:?}");
+        if p == q {
+            // The reset took `p` between the two calls: `q` reused its bytes.
+            assert_eq!(s.live_blocks, 1, "{s:?}");
+        }
+        check_books(&s, &counting, 1 << 20);
+        // SAFETY: quiet now; nothing is used after.
+        unsafe { alloc.reset_unchecked() };
+        let s = alloc.stats();
+        assert_eq!((s.live_blocks, s.live_bytes), (0, 0), "{s:?}");
+        check_books(&s, &counting, 1 << 20);
+        drop_and_check(alloc, &counting);
+    });
+}
+
+/// The arena's inbox: another thread releases one of the owner's blocks while the owner
+/// releases and allocates more. The foreign release is `Ok` (the block was live), the owner
+/// never hands out bytes a live block holds, and the books end exact.
+#[test]
+fn arena_foreign_release_racing_the_owner() {
+    model("arena_foreign_release_racing_the_owner", || {
+        let (alloc, counting) = with_arena(1 << 20, 1024);
+        let a = alloc.allocate(256, 64).unwrap().as_ptr() as usize;
+        let b = alloc.allocate(256, 64).unwrap().as_ptr() as usize;
+        tag(b, 256, 2);
+        let releaser = {
+            let alloc = alloc.clone();
+            thread::spawn(move || {
+                // SAFETY: `a` was handed to this thread; nothing uses it after.
+                unsafe { alloc.release(core::ptr::NonNull::new(a as *mut u8).unwrap()) }
+            })
+        };
+        // The owner: a new block while the release may be in flight, then a round trip.
+        let c = alloc.allocate(256, 64).unwrap().as_ptr() as usize;
+        tag(c, 256, 3);
+        assert_ne!(c, a, "a block was handed out over a live one");
+        assert_eq!(releaser.join().unwrap(), Ok(()));
+        let d = alloc.allocate(256, 64).unwrap().as_ptr() as usize;
+        tag(d, 256, 4);
+        assert!(tagged(b, 256, 2) && tagged(c, 256, 3));
+        let s = alloc.stats();
+        assert_eq!(s.live_blocks, 3, "{s:?}");
+        check_books(&s, &counting, 1 << 20);
+        for p in [b, c, d] {
+            // SAFETY: each released once, not used after.
+            unsafe { alloc.release(core::ptr::NonNull::new(p as *mut u8).unwrap()) }.unwrap();
+        }
+        assert_eq!(alloc.stats().live_bytes, 0);
         drop_and_check(alloc, &counting);
     });
 }
