@@ -63,11 +63,11 @@ pkg_config_consumer() {
     local out="$work/pkg-config"
     mkdir -p "$out"
     local warn=(-Wall -Wextra -Wpedantic -Werror)
-    local libdir
-    libdir=$(pkg-config --variable=libdir caching_allocator)
+    # The README's line exactly, nothing added: the .pc file's Libs carry the rpath, so the
+    # program finds the shared library in this non-system prefix with no LD_LIBRARY_PATH.
     # shellcheck disable=SC2046 # pkg-config's output is meant to be split into words
     cc -std=c11 "${warn[@]}" crates/capi/examples/capi_test.c -o "$out/capi_test" \
-        $(pkg-config --cflags --libs caching_allocator) -Wl,-rpath,"$libdir"
+        $(pkg-config --cflags --libs caching_allocator)
     # shellcheck disable=SC2046
     cc -std=c11 "${warn[@]}" crates/capi/examples/capi_test.c -o "$out/capi_test_static" \
         $(pkg-config --cflags --libs caching_allocator-static)
@@ -75,7 +75,13 @@ pkg_config_consumer() {
     c++ -std=c++17 "${warn[@]}" -I crates/capi/tests/cpp/executorch_standin -I crates/capi/tests/cpp/support \
         crates/capi/tests/cpp/executorch_adapter_test.cpp -o "$out/executorch_adapter_test" \
         $(pkg-config --cflags --libs caching_allocator-static) -pthread
-    "$out/capi_test" | tee "$out/1.log" | tail -n 1
+    env -u LD_LIBRARY_PATH "$out/capi_test" | tee "$out/1.log" | tail -n 1
+    # And it is this prefix's copy that it loads (the rpath is ${pcfiledir}/../../lib, resolved).
+    local deps loaded
+    deps=$(env -u LD_LIBRARY_PATH ldd "$out/capi_test")
+    loaded=$(sed -n 's/.*libcaching_allocator\.so => \([^ ]*\) .*/\1/p' <<<"$deps")
+    [[ -n "$loaded" && "$(realpath "$loaded")" == "$prefix/lib/libcaching_allocator.so" ]] \
+        || { echo "capi_test does not load $prefix/lib/libcaching_allocator.so:"; echo "$deps"; return 1; }
     "$out/capi_test_static" | tee "$out/2.log" | tail -n 1
     "$out/executorch_adapter_test" | tee "$out/3.log"
     grep -q " 0 failed" "$out/1.log" && grep -q " 0 failed" "$out/2.log" \
