@@ -119,7 +119,7 @@ executorch_consumer() {
     # Without CMake: the flags crates/capi/README.md gives, exactly.
     local out="$work/executorch-plain"
     # shellcheck disable=SC2046 # pkg-config's output is meant to be split into words
-    PKG_CONFIG_PATH="$prefix/lib/pkgconfig" c++ -std=c++17 -Wall -Wextra -Werror \
+    c++ -std=c++17 -Wall -Wextra -Werror \
         crates/capi/examples/executorch/executorch_runtime_temp_allocator.cpp -o "$out" \
         -I"$et/include" -I"$et/include/executorch/runtime/core/portable_type/c10" \
         -DC10_USING_CUSTOM_GENERATED_MACROS -DET_EVENT_TRACER_ENABLED \
