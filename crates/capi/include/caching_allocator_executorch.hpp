@@ -90,7 +90,9 @@ class ExecuTorchTempAllocator : public executorch::runtime::MemoryAllocator {
     // inside the block; reset() takes the whole block back (there is no per-block free).
     const size_t pad = alignment - kMaxAlign;
     if (request > SIZE_MAX - pad) {
-      return ca_allocate(a_, SIZE_MAX, kMaxAlign);  // the library reports the overflow
+      // Then request > PTRDIFF_MAX (pad < SIZE_MAX / 2): the library reports the overflow,
+      // naming the size that was asked for.
+      return ca_allocate(a_, request, kMaxAlign);
     }
     void* block = ca_allocate(a_, request + pad, kMaxAlign);
     if (block == nullptr) {

@@ -114,6 +114,9 @@ void invalid_alignments_give_nullptr_and_a_reason() {
   CHECK(temp.last_error().code == CA_STATUS_SIZE_OVERFLOW);
   CHECK(temp.allocate(SIZE_MAX - 10, 8 * kMiB) == nullptr);
   CHECK(temp.last_error().code == CA_STATUS_SIZE_OVERFLOW);
+  char asked[64];
+  std::snprintf(asked, sizeof asked, "size %zu ", SIZE_MAX - 10);
+  CHECK(std::strstr(temp.last_error().message, asked) != nullptr);  // the size asked for
   CHECK(temp.stats().live_blocks == 0);
 }
 
