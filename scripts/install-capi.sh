@@ -14,6 +14,11 @@
 #       the static one when CACHING_ALLOCATOR_STATIC is ON)
 #   <prefix>/lib/pkgconfig/caching_allocator.pc (shared) and caching_allocator-static.pc
 #
+# The shared library is found at run time through an rpath: the CMake targets get one from
+# CMake itself, the shared pkg-config file carries `-Wl,-rpath,${libdir}` in its Libs, so a
+# program linked with `$(pkg-config --cflags --libs caching_allocator)` runs from any prefix
+# with no LD_LIBRARY_PATH. The script ends by printing the lines to build and run a program.
+#
 # The package files are relocatable: the CMake one finds the prefix from its own path, the
 # pkg-config ones from ${pcfiledir}. The static library holds the Rust standard library, which
 # needs system libraries after it; the exact list is what rustc reports for this target
@@ -38,7 +43,7 @@ while [[ $# -gt 0 ]]; do
         --prefix=*) prefix="${1#--prefix=}"; shift ;;
         --no-strip) strip_debug=0; shift ;;
         --profile) profile="${2:?--profile needs a cargo profile}"; shift 2 ;;
-        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
         *) echo "install-capi.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -167,7 +172,7 @@ Name: caching_allocator
 Description: Caching CPU allocator for kernel scratch memory (shared library; C ABI and C++ ExecuTorch adapter)
 Version: ${version}
 Cflags: -I\${includedir}
-Libs: -L\${libdir} -lcaching_allocator
+Libs: -L\${libdir} -Wl,-rpath,\${libdir} -lcaching_allocator
 EOF
 cat >"$prefix/lib/pkgconfig/caching_allocator-static.pc" <<EOF
 $pc_common
@@ -181,3 +186,12 @@ EOF
 
 echo "installed caching_allocator ${version} into ${prefix}:"
 ls -l "$prefix/lib/libcaching_allocator.a" "$prefix/lib/$shared_name" | awk '{print "  " $5 " bytes  " $NF}'
+cat <<EOF
+Build and run a program against it (the shared .pc file carries an rpath to ${prefix}/lib,
+so the program runs with no LD_LIBRARY_PATH; a program linked by hand with
+-L${prefix}/lib -lcaching_allocator needs -Wl,-rpath,${prefix}/lib or LD_LIBRARY_PATH=${prefix}/lib):
+  export PKG_CONFIG_PATH=${prefix}/lib/pkgconfig
+  cc app.c \$(pkg-config --cflags --libs caching_allocator) -o app && ./app          # shared
+  cc app.c \$(pkg-config --cflags --libs caching_allocator-static) -o app && ./app   # static
+  cmake -DCMAKE_PREFIX_PATH=${prefix} ...   # find_package(caching_allocator); CMake sets the rpath
+EOF

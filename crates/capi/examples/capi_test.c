@@ -31,6 +31,9 @@ static void expect_error(const CaAllocator *a, CaStatus code, const char *functi
     CHECK(e.code == code);
     CHECK(e.message != NULL);
     CHECK(strncmp(e.message, function, strlen(function)) == 0);
+    /* It speaks C: CaConfig fields and ca_* calls, no Rust paths or types. */
+    CHECK(strstr(e.message, "::") == NULL && strstr(e.message, "Scope") == NULL &&
+          strstr(e.message, "isize") == NULL);
     if (e.code != code) {
         fprintf(stderr, "  expected %s, got %s: %s\n", ca_status_name((int)code),
                 ca_status_name((int)e.code), e.message);
@@ -96,11 +99,13 @@ static void allocation_errors(void) {
     CHECK(half != NULL);
     CHECK(ca_allocate(a, 600 << 10, 64) == NULL); /* 1.2 MiB > the 1 MiB limit */
     expect_error(a, CA_STATUS_LIMIT_EXCEEDED, "ca_allocate");
+    CHECK(strstr(ca_last_error(a).message, "CaConfig.limit_bytes") != NULL);
     CHECK(ca_release(a, half) == CA_STATUS_OK);
 
     int on_stack = 0;
     CHECK(ca_release(a, &on_stack) == CA_STATUS_UNKNOWN_POINTER);
     expect_error(a, CA_STATUS_UNKNOWN_POINTER, "ca_release");
+    CHECK(strstr(ca_last_error(a).message, " 0x") != NULL); /* the address, in hex */
     CHECK(ca_release(a, half) == CA_STATUS_UNKNOWN_POINTER); /* released twice */
     CHECK(ca_destroy(a) == CA_STATUS_OK);
 

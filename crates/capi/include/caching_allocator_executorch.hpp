@@ -1,7 +1,11 @@
 /* caching_allocator_executorch.hpp: caching-allocator as ExecuTorch's temp allocator.
  *
  * Header-only, C++17. Link with the C library (libcaching_allocator, see caching_allocator.h).
- * Needs ExecuTorch's <executorch/runtime/core/memory_allocator.h> on the include path.
+ * Needs ExecuTorch's <executorch/runtime/core/memory_allocator.h> on the include path: with
+ * ExecuTorch's CMake package (the executorch wheel has one), link executorch::runtime, which
+ * brings its include directories, compile definitions and libexecutorch.so; the steps, and
+ * the flags without CMake, are in crates/capi/README.md. CI builds it against ExecuTorch 1.5.1
+ * (crates/capi/examples/executorch).
  *
  * Replaces ExecuTorch's CPUCachingAllocator line for line, e.g. in the LLM runner:
  *
@@ -86,7 +90,9 @@ class ExecuTorchTempAllocator : public executorch::runtime::MemoryAllocator {
     // inside the block; reset() takes the whole block back (there is no per-block free).
     const size_t pad = alignment - kMaxAlign;
     if (request > SIZE_MAX - pad) {
-      return ca_allocate(a_, SIZE_MAX, kMaxAlign);  // the library reports the overflow
+      // Then request > PTRDIFF_MAX (pad < SIZE_MAX / 2): the library reports the overflow,
+      // naming the size that was asked for.
+      return ca_allocate(a_, request, kMaxAlign);
     }
     void* block = ca_allocate(a_, request + pad, kMaxAlign);
     if (block == nullptr) {

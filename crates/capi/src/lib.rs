@@ -31,9 +31,10 @@ use core::ptr::NonNull;
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use ca::{AllocError, CachingAllocator, Config, Stats};
+use ca::{CachingAllocator, Config, Stats};
 
 mod last_error;
+mod messages;
 mod panic_output;
 #[cfg(test)]
 mod tests;
@@ -264,21 +265,6 @@ impl Failure {
     }
 }
 
-impl From<AllocError> for Failure {
-    fn from(e: AllocError) -> Self {
-        let code = match e {
-            AllocError::InvalidAlignment { .. } => CaStatus::InvalidAlignment,
-            AllocError::SizeOverflow { .. } => CaStatus::SizeOverflow,
-            AllocError::LimitExceeded { .. } => CaStatus::LimitExceeded,
-            AllocError::OutOfMemory { .. } => CaStatus::OutOfMemory,
-            AllocError::UnknownPointer { .. } => CaStatus::UnknownPointer,
-            AllocError::Corrupted { .. } => CaStatus::Corrupted,
-            _ => CaStatus::Internal,
-        };
-        Failure::new(code, e.to_string())
-    }
-}
-
 fn panic_message(payload: &(dyn Any + Send)) -> &str {
     if let Some(s) = payload.downcast_ref::<&str>() {
         s
@@ -451,8 +437,12 @@ pub unsafe extern "C" fn ca_allocate(
     let Ok(a) = (unsafe { handle(a, FUNCTION) }) else {
         return core::ptr::null_mut();
     };
-    a.call(FUNCTION, |inner| Ok(inner.allocate(size, align)?))
-        .map_or(core::ptr::null_mut(), |p| p.as_ptr().cast())
+    a.call(FUNCTION, |inner| {
+        inner
+            .allocate(size, align)
+            .map_err(|e| messages::failure(&e, inner, FUNCTION))
+    })
+    .map_or(core::ptr::null_mut(), |p| p.as_ptr().cast())
 }
 
 /// Gives one block from `ca_allocate` back to the cache. Thread-safe, from any thread.
@@ -483,7 +473,7 @@ pub unsafe extern "C" fn ca_release(a: *mut CaAllocator, ptr: *mut c_void) -> Ca
         })?;
         // SAFETY: the caller promises nothing uses the block after this call if it is live;
         // the core checks the pointer against its books without dereferencing it otherwise.
-        Ok(unsafe { inner.release(ptr) }?)
+        unsafe { inner.release(ptr) }.map_err(|e| messages::failure(&e, inner, FUNCTION))
     }))
 }
 
@@ -510,7 +500,7 @@ pub unsafe extern "C" fn ca_reset(a: *mut CaAllocator) -> CaStatus {
         // SAFETY: the caller guarantees that no block handed out before is used or released
         // after: `reset_unchecked`'s contract. An overrun found by debug checks comes back as
         // `Corrupted`, after every other block was reset.
-        unsafe { inner.try_reset_unchecked() }.map_err(Failure::from)
+        unsafe { inner.try_reset_unchecked() }.map_err(|e| messages::failure(&e, inner, FUNCTION))
     }))
 }
 

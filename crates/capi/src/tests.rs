@@ -75,6 +75,223 @@ fn allocation_errors_map_to_their_codes() {
     }
 }
 
+fn stats(a: *mut CaAllocator) -> CaStats {
+    let mut s = CaStats::default();
+    // SAFETY: the callers pass a live handle; `s` is a valid `CaStats` to write.
+    assert_eq!(unsafe { ca_stats(a, &mut s) }, CaStatus::Ok);
+    s
+}
+
+/// The message of the calling thread's last failure on `a`, which must have `code`.
+///
+/// # Safety
+/// `a` is a live handle.
+unsafe fn last_message(a: *mut CaAllocator, code: CaStatus) -> String {
+    // SAFETY: `a` is live, by this function's contract.
+    let e = unsafe { ca_last_error(a) };
+    let text = message(e);
+    assert_eq!(e.code, code, "{text}");
+    text
+}
+
+/// Every message names C things: `CaConfig` fields and `ca_*` functions, never Rust's.
+fn assert_speaks_c(text: &str) {
+    for rust in [
+        "Config::",
+        "Scope",
+        "isize",
+        "`allocate`",
+        "reset_unchecked",
+        "AllocError",
+    ] {
+        assert!(!text.contains(rust), "{rust:?} in a C message: {text}");
+    }
+}
+
+#[test]
+fn alignment_messages_claim_the_bound_only_when_it_was_passed() {
+    let a = create(ca_config_default());
+    // SAFETY: `a` is live until `ca_destroy`.
+    unsafe {
+        for align in [0, 3, 48] {
+            assert!(ca_allocate(a, 8, align).is_null());
+            let text = last_message(a, CaStatus::InvalidAlignment);
+            assert!(
+                text.starts_with(&format!(
+                    "ca_allocate: alignment {align} is not a power of two"
+                )),
+                "{text}"
+            );
+            assert!(!text.contains("CA_MAX_ALIGN") && !text.contains(&CA_MAX_ALIGN.to_string()));
+            assert_speaks_c(&text);
+        }
+        assert!(ca_allocate(a, 8, CA_MAX_ALIGN * 2).is_null());
+        let text = last_message(a, CaStatus::InvalidAlignment);
+        assert!(
+            text.contains(&format!(
+                "alignment {} is above CA_MAX_ALIGN ({CA_MAX_ALIGN} bytes)",
+                CA_MAX_ALIGN * 2
+            )),
+            "{text}"
+        );
+        assert_eq!(ca_destroy(a), CaStatus::Ok);
+    }
+}
+
+#[test]
+fn size_overflow_names_ptrdiff_max() {
+    let a = create(ca_config_default());
+    // SAFETY: `a` is live until `ca_destroy`.
+    unsafe {
+        assert!(ca_allocate(a, usize::MAX - 3, 64).is_null());
+        let text = last_message(a, CaStatus::SizeOverflow);
+        assert!(
+            text.starts_with(&format!(
+                "ca_allocate: size {} (alignment 64)",
+                usize::MAX - 3
+            )) && text.contains("PTRDIFF_MAX"),
+            "{text}"
+        );
+        assert_speaks_c(&text);
+        assert_eq!(ca_destroy(a), CaStatus::Ok);
+    }
+}
+
+#[test]
+fn limit_exceeded_tells_cached_bytes_from_live_ones() {
+    let limit = 64 << 10;
+    let a = create(CaConfig {
+        limit_bytes: limit,
+        ..ca_config_default()
+    });
+    // SAFETY: `a` is live until `ca_destroy`; no block is used after its release.
+    unsafe {
+        // Only cached bytes, nothing live, and a request whose class alone passes the limit:
+        // releasing cannot help, raising the limit can.
+        let p = ca_allocate(a, 20 << 10, 64);
+        assert_eq!(ca_release(a, p), CaStatus::Ok);
+        let cached = stats(a).cached_bytes;
+        assert!(cached > 0 && stats(a).live_bytes == 0);
+        assert!(ca_allocate(a, limit + 1, 64).is_null());
+        let text = last_message(a, CaStatus::LimitExceeded);
+        assert!(
+            text.starts_with(&format!(
+                "ca_allocate: allocating {} bytes (size class ",
+                limit + 1
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "would pass CaConfig.limit_bytes ({limit}): {cached} bytes were reserved from \
+                 the system (0 live in blocks handed out, {cached} idle in the cache)"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains("raise CaConfig.limit_bytes to at least "),
+            "{text}"
+        );
+        assert_speaks_c(&text);
+
+        // The limit full of live blocks: release or reset them.
+        let mut blocks = Vec::new();
+        loop {
+            let p = ca_allocate(a, 8 << 10, 64);
+            if p.is_null() {
+                break;
+            }
+            blocks.push(p);
+            assert!(
+                blocks.len() <= limit / (8 << 10),
+                "the limit was not enforced"
+            );
+        }
+        let text = last_message(a, CaStatus::LimitExceeded);
+        let s = stats(a);
+        assert!(s.live_bytes > 0);
+        assert!(
+            text.contains(&format!(
+                "{} bytes were reserved from the system ({} live in blocks handed out, {} idle",
+                s.reserved_bytes, s.live_bytes, s.cached_bytes
+            )),
+            "{text}\n{s:?}"
+        );
+        assert!(
+            text.contains("ca_release or ca_reset blocks first"),
+            "{text}"
+        );
+        assert_speaks_c(&text);
+        assert_eq!(ca_destroy(a), CaStatus::Ok);
+    }
+}
+
+#[test]
+fn unknown_pointers_are_named_in_hex() {
+    let a = create(ca_config_default());
+    // SAFETY: `a` is live until `ca_destroy`; the released block is never used again, and
+    // `ca_release` reads nothing behind a pointer that is not live.
+    unsafe {
+        let p = ca_allocate(a, 100, 64);
+        assert_eq!(ca_release(a, p), CaStatus::Ok);
+        assert_eq!(ca_release(a, p), CaStatus::UnknownPointer);
+        let text = last_message(a, CaStatus::UnknownPointer);
+        assert!(
+            text.starts_with(&format!(
+                "ca_release: pointer {:#x} is not live",
+                p as usize
+            )),
+            "{text}"
+        );
+        assert!(
+            !text.contains(&(p as usize).to_string()),
+            "no decimal address: {text}"
+        );
+        assert!(
+            text.contains("ca_reset") && text.contains("ca_allocate"),
+            "{text}"
+        );
+        assert_speaks_c(&text);
+        assert_eq!(ca_destroy(a), CaStatus::Ok);
+    }
+}
+
+#[test]
+fn corrupted_blocks_are_named_in_hex_with_their_sizes() {
+    let a = create(CaConfig {
+        debug_checks: true,
+        ..ca_config_default()
+    });
+    // SAFETY: `a` is live until `ca_destroy`; the writes stay inside the blocks' classes
+    // (100 bytes + canary fit the 128-byte class); this test alone uses `a`.
+    unsafe {
+        let p = ca_allocate(a, 100, 64).cast::<u8>();
+        p.add(100).write(0);
+        assert_eq!(ca_release(a, p.cast()), CaStatus::Corrupted);
+        let text = last_message(a, CaStatus::Corrupted);
+        assert!(
+            text.starts_with(&format!(
+                "ca_release: block {:#x} was written past its requested 100 bytes",
+                p as usize
+            )) && text.contains("CaConfig.debug_checks"),
+            "{text}"
+        );
+        assert!(!text.contains("every other block"), "{text}");
+        assert_speaks_c(&text);
+        let q = ca_allocate(a, 100, 64).cast::<u8>();
+        q.add(100).write(0);
+        assert_eq!(ca_reset(a), CaStatus::Corrupted);
+        let text = last_message(a, CaStatus::Corrupted);
+        assert!(
+            text.starts_with(&format!("ca_reset: block {:#x}", q as usize))
+                && text.contains("every other block was still reset")
+                && text.contains("CaStats.corrupted_blocks"),
+            "{text}"
+        );
+        assert_eq!(ca_destroy(a), CaStatus::Ok);
+    }
+}
+
 #[test]
 fn out_of_memory_when_the_system_refuses() {
     let a = create(ca_config_default());
@@ -82,7 +299,15 @@ fn out_of_memory_when_the_system_refuses() {
     unsafe {
         // 4 PiB: past any address space a process gets, so the system refuses.
         assert!(ca_allocate(a, 1 << 52, 64).is_null());
-        assert_eq!(ca_last_error(a).code, CaStatus::OutOfMemory);
+        let text = last_message(a, CaStatus::OutOfMemory);
+        assert!(
+            text.starts_with(&format!(
+                "ca_allocate: the system allocator refused {} bytes",
+                1u64 << 52
+            )),
+            "{text}"
+        );
+        assert_speaks_c(&text);
         assert_eq!(ca_destroy(a), CaStatus::Ok);
     }
 }

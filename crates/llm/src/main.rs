@@ -35,7 +35,7 @@ enum Command {
         /// The prompt text (needs tokenizer.json).
         #[arg(long, value_name = "TEXT", conflicts_with = "prompt_ids")]
         prompt: Option<String>,
-        /// The prompt as comma-separated token ids (output is ids too).
+        /// The prompt as comma-separated token ids (output is ids too, comma-separated).
         #[arg(long, value_name = "IDS", value_delimiter = ',')]
         prompt_ids: Option<Vec<u32>>,
         #[command(flatten)]
@@ -148,13 +148,18 @@ fn run(cli: Cli) -> Result<(), LlmError> {
                 path: "<stdout>".into(),
                 source: e,
             };
+            // Ids go out as they came in: comma-separated, so the output can be passed back.
+            let mut id_separator = "";
             // Run on a rayon worker, so kernels' parallel sections start from inside the pool.
             let st = rayon::scope(|_| {
                 generate(&mut m, &ids, &mut sampler, &opts, |t| {
                     let mut out = stdout.lock();
                     match (&mut stream, as_text) {
                         (Some(s), true) => write!(out, "{}", s.push(t)?).map_err(io)?,
-                        _ => write!(out, "{t} ").map_err(io)?,
+                        _ => {
+                            write!(out, "{id_separator}{t}").map_err(io)?;
+                            id_separator = ",";
+                        }
                     }
                     out.flush().map_err(io)
                 })

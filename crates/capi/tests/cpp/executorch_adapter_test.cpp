@@ -104,11 +104,19 @@ void invalid_alignments_give_nullptr_and_a_reason() {
   for (size_t alignment : {0, 5, 6, 12, 34}) {
     CHECK(temp.allocate(64, alignment) == nullptr);
     CHECK(temp.last_error().code == CA_STATUS_INVALID_ALIGNMENT);
+    // The adapter serves every power of two: its reason names no upper bound.
+    const char* reason = temp.last_error().message;
+    CHECK(std::strstr(reason, "is not a power of two") != nullptr);
+    CHECK(std::strstr(reason, "CA_MAX_ALIGN") == nullptr && std::strstr(reason, "2097152") == nullptr &&
+          std::strstr(reason, "2 MiB") == nullptr);
   }
   CHECK(temp.allocate(SIZE_MAX, 64) == nullptr);
   CHECK(temp.last_error().code == CA_STATUS_SIZE_OVERFLOW);
   CHECK(temp.allocate(SIZE_MAX - 10, 8 * kMiB) == nullptr);
   CHECK(temp.last_error().code == CA_STATUS_SIZE_OVERFLOW);
+  char asked[64];
+  std::snprintf(asked, sizeof asked, "size %zu ", SIZE_MAX - 10);
+  CHECK(std::strstr(temp.last_error().message, asked) != nullptr);  // the size asked for
   CHECK(temp.stats().live_blocks == 0);
 }
 
