@@ -126,6 +126,12 @@ typedef struct CaConfig {
      * 0 (the default) turns it off; values between 0 and 1 count as 1.
      */
     double working_set_slack;
+    /**
+     * Requests of up to this many bytes (alignment up to 4 KiB) are bumped through the
+     * calling thread's arena, which a reset takes back in one atomic step; 0 turns it off.
+     * `ca_config_default()` gives 32 KiB. Off with `debug_checks`.
+     */
+    size_t arena_max_bytes;
 } CaConfig;
 
 /**
@@ -209,6 +215,23 @@ typedef struct CaStats {
      * The working-set budget (`CaConfig::working_set_slack`) has evicted: wide fit is on.
      */
     bool working_set_mode;
+    /**
+     * Blocks live in the threads' arenas (counted in `live_blocks` too).
+     */
+    size_t arena_live_blocks;
+    /**
+     * Chunks the threads' arenas hold (each one block from the system).
+     */
+    size_t arena_chunks;
+    /**
+     * The most bytes live at once since the last `ca_reset`, summed over threads.
+     */
+    size_t interval_peak_bytes;
+    /**
+     * The most bytes live at once between the last two `ca_reset`s: the scratch high-water
+     * mark of the kernel call the last reset ended.
+     */
+    size_t last_interval_peak_bytes;
 } CaStats;
 
 /**

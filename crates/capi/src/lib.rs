@@ -143,6 +143,10 @@ pub struct CaConfig {
     /// idle block within that budget. 1.25 is recommended (the ExecuTorch adapter uses it);
     /// 0 (the default) turns it off; values between 0 and 1 count as 1.
     pub working_set_slack: f64,
+    /// Requests of up to this many bytes (alignment up to 4 KiB) are bumped through the
+    /// calling thread's arena, which a reset takes back in one atomic step; 0 turns it off.
+    /// `ca_config_default()` gives 32 KiB. Off with `debug_checks`.
+    pub arena_max_bytes: usize,
 }
 
 impl From<CaConfig> for Config {
@@ -152,7 +156,8 @@ impl From<CaConfig> for Config {
         let config = Config::new()
             .max_cached_bytes(c.max_cached_bytes)
             .debug_checks(c.debug_checks)
-            .working_set_slack(slack);
+            .working_set_slack(slack)
+            .arena_max_bytes(c.arena_max_bytes);
         if c.limit_bytes == 0 {
             config
         } else {
@@ -206,6 +211,15 @@ pub struct CaStats {
     pub huge_page_bytes: usize,
     /// The working-set budget (`CaConfig::working_set_slack`) has evicted: wide fit is on.
     pub working_set_mode: bool,
+    /// Blocks live in the threads' arenas (counted in `live_blocks` too).
+    pub arena_live_blocks: usize,
+    /// Chunks the threads' arenas hold (each one block from the system).
+    pub arena_chunks: usize,
+    /// The most bytes live at once since the last `ca_reset`, summed over threads.
+    pub interval_peak_bytes: usize,
+    /// The most bytes live at once between the last two `ca_reset`s: the scratch high-water
+    /// mark of the kernel call the last reset ended.
+    pub last_interval_peak_bytes: usize,
 }
 
 impl From<Stats> for CaStats {
@@ -229,6 +243,10 @@ impl From<Stats> for CaStats {
             oversize_hits: s.oversize_hits,
             huge_page_bytes: s.huge_page_bytes,
             working_set_mode: s.working_set_mode,
+            arena_live_blocks: s.arena_live_blocks,
+            arena_chunks: s.arena_chunks,
+            interval_peak_bytes: s.interval_peak_bytes,
+            last_interval_peak_bytes: s.last_interval_peak_bytes,
         }
     }
 }
@@ -330,6 +348,7 @@ pub extern "C" fn ca_config_default() -> CaConfig {
         limit_bytes: d.get_limit_bytes().unwrap_or(0),
         debug_checks: d.get_debug_checks(),
         working_set_slack: d.get_working_set_slack().unwrap_or(0.0),
+        arena_max_bytes: d.get_arena_max_bytes(),
     }
 }
 

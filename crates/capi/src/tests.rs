@@ -473,6 +473,7 @@ fn last_error_is_per_thread_and_per_handle() {
 fn cache_calls_and_stats() {
     let a = create(CaConfig {
         max_cached_bytes: 1 << 20,
+        arena_max_bytes: 0, // blocks of their own: what the counts below are about
         ..ca_config_default()
     });
     // SAFETY: `a` is live until `ca_destroy`; no block is used after it goes back.
@@ -528,6 +529,7 @@ fn config_maps_zero_limit_to_none_and_defaults_match_the_core() {
         limit_bytes: 7,
         debug_checks: true,
         working_set_slack: 0.0,
+        arena_max_bytes: 0,
     }
     .into();
     assert_eq!(
@@ -682,9 +684,10 @@ fn c_abi_reset_race() {
             "{st:?}"
         );
         assert_eq!(st.reserved_bytes, st.cached_bytes, "{st:?}");
+        // Every system block is idle, or an arena's chunk (its free bytes are cached too).
         assert_eq!(
             st.system_allocs - st.system_frees,
-            st.cached_blocks as u64,
+            (st.cached_blocks + st.arena_chunks) as u64,
             "{st:?}"
         );
         assert!(st.cached_bytes <= cap, "{st:?}");
@@ -696,5 +699,35 @@ fn c_abi_reset_race() {
             "{st:?}"
         );
         assert_eq!(ca_destroy(a), CaStatus::Ok);
+    }
+}
+
+#[test]
+fn stats_report_the_last_calls_high_water_mark_and_the_arena() {
+    let a = create(ca_config_default());
+    // SAFETY: `a` is a live handle; the blocks are not used after the reset.
+    unsafe {
+        assert!(!ca_allocate(a, 1000, 64).is_null()); // 1024 bytes in the arena
+        assert!(!ca_allocate(a, 3000, 64).is_null()); // 3008
+        let s = stats(a);
+        assert_eq!((s.arena_live_blocks, s.arena_chunks), (2, 1), "{s:?}");
+        assert_eq!(s.interval_peak_bytes, 1024 + 3008);
+        assert_eq!(ca_reset(a), CaStatus::Ok);
+        let s = stats(a);
+        assert_eq!(
+            (s.interval_peak_bytes, s.last_interval_peak_bytes),
+            (0, 1024 + 3008)
+        );
+        ca_destroy(a);
+    }
+    // Off: every block of its own.
+    let mut config = ca_config_default();
+    config.arena_max_bytes = 0;
+    let a = create(config);
+    // SAFETY: as above.
+    unsafe {
+        assert!(!ca_allocate(a, 1000, 64).is_null());
+        assert_eq!(stats(a).arena_chunks, 0);
+        ca_destroy(a);
     }
 }
