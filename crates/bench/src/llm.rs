@@ -92,6 +92,36 @@ impl LlmConfig {
             seed: 1,
         }
     }
+
+    /// Tests: the [`TINY`] shape, a 12-token prompt, 4 decode tokens, one round.
+    pub fn tiny() -> Self {
+        LlmConfig {
+            model: TINY.into(),
+            model_dir: None,
+            prompt_tokens: 12,
+            decode_tokens: 4,
+            prefill_reps: 2,
+            rounds: 1,
+            eff_reps: 1,
+            seed: 1,
+        }
+    }
+}
+
+/// The shape name of a tiny model for tests (2 layers, hidden 64, vocab 300).
+pub const TINY: &str = "tiny";
+
+/// The tiny model's configuration: smollm2-135m's, shrunk.
+fn tiny_config() -> Option<llm::LlamaConfig> {
+    let mut c = llm::shapes::named("smollm2-135m")?;
+    c.hidden_size = 64;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 16;
+    c.intermediate_size = 96;
+    c.num_layers = 2;
+    c.vocab_size = 300;
+    Some(c)
 }
 
 /// Decode against the streaming read.
@@ -159,7 +189,12 @@ pub fn weights(cfg: &LlmConfig) -> Result<Arc<Weights>, String> {
     let w = match &cfg.model_dir {
         Some(dir) => Weights::load(dir).map_err(|e| e.to_string())?,
         None => {
-            let c = llm::shapes::named(&cfg.model).ok_or_else(|| {
+            let shape = if cfg.model == TINY {
+                tiny_config()
+            } else {
+                llm::shapes::named(&cfg.model)
+            };
+            let c = shape.ok_or_else(|| {
                 format!(
                     "unknown shape `{}`; known: {}",
                     cfg.model,

@@ -119,6 +119,9 @@ struct Common {
     /// caching: max_cached_bytes, in MiB.
     #[arg(long, global = true, value_name = "MIB", default_value_t = 256)]
     caching_cap_mib: usize,
+    /// Tests: one tiny round of every workload, tiny attention shapes and a tiny model.
+    #[arg(long, global = true, hide = true)]
+    tiny: bool,
 }
 
 fn select_sources(names: Option<&[String]>) -> Result<Vec<&'static SourceKind>, String> {
@@ -341,7 +344,11 @@ fn sdpa(tokens: usize, layers: usize, c: &Common) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let cfg = allocbench::sdpa::SdpaConfig::new(c.quick, tokens, layers);
+    let cfg = if c.tiny {
+        allocbench::sdpa::SdpaConfig::smoke()
+    } else {
+        allocbench::sdpa::SdpaConfig::new(c.quick, tokens, layers)
+    };
     let report = run_sdpa(cfg, c.quick, &sources, &source_config(c));
     print_sdpa(&report);
     write_outputs(c, &report.info, || report.to_json(), &report.rows)
@@ -498,13 +505,19 @@ fn llm_cmd(
             return ExitCode::from(2);
         }
     };
-    let mut cfg = allocbench::llm::LlmConfig::new(c.quick, &shape);
+    let mut cfg = if c.tiny {
+        allocbench::llm::LlmConfig::tiny()
+    } else {
+        allocbench::llm::LlmConfig::new(c.quick, &shape)
+    };
     if let Some(dir) = model {
         cfg.model = dir.display().to_string();
         cfg.model_dir = Some(dir);
     }
-    cfg.prompt_tokens = prompt_tokens.max(1);
-    cfg.decode_tokens = decode_tokens;
+    if !c.tiny {
+        cfg.prompt_tokens = prompt_tokens.max(1);
+        cfg.decode_tokens = decode_tokens;
+    }
     let Some(report) = run_llm(cfg, c.quick, &sources) else {
         return ExitCode::FAILURE;
     };
@@ -597,8 +610,15 @@ fn main() -> ExitCode {
         opts.decode_layers = n.max(1);
     }
     opts.decode_kernel_threads = c.decode_kernel_threads.max(1);
+    if c.tiny {
+        (opts.decode_tokens, opts.decode_layers) = (12, 2);
+    }
     let source_config = source_config(c);
-    let run = opts.run_config();
+    let run = if c.tiny {
+        allocbench::harness::RunConfig::smoke()
+    } else {
+        opts.run_config()
+    };
     let jobs = suite::plan(bench, &opts);
 
     let command: Vec<String> = std::env::args().collect();
@@ -654,7 +674,11 @@ fn main() -> ExitCode {
     // `all` runs the attention kernel too, after the scratch workloads.
     let sdpa_report = (bench == Bench::All).then(|| {
         println!();
-        let cfg = allocbench::sdpa::SdpaConfig::new(quick, 1024, 32);
+        let cfg = if c.tiny {
+            allocbench::sdpa::SdpaConfig::smoke()
+        } else {
+            allocbench::sdpa::SdpaConfig::new(quick, 1024, 32)
+        };
         let r = run_sdpa(cfg, quick, &sources, &source_config);
         print_sdpa(&r);
         r
@@ -664,7 +688,11 @@ fn main() -> ExitCode {
         println!();
         match select_llm_sources(c.allocators.as_deref(), true) {
             Ok(s) if !s.is_empty() => run_llm(
-                allocbench::llm::LlmConfig::new(quick, "smollm2-135m"),
+                if c.tiny {
+                    allocbench::llm::LlmConfig::tiny()
+                } else {
+                    allocbench::llm::LlmConfig::new(quick, "smollm2-135m")
+                },
                 quick,
                 &s,
             ),
