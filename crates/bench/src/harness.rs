@@ -80,7 +80,7 @@ impl RunConfig {
 }
 
 /// Median, min and max of a sample.
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Spread {
     /// Median.
     pub median: f64,
@@ -112,8 +112,9 @@ impl Spread {
     }
 }
 
-/// Everything measured for one (workload, source, threads).
-#[derive(Clone, Debug, Default)]
+/// Everything measured for one (workload, source, threads). It crosses from a workload's
+/// own process to the one that reports (see [`crate::parts`]) as JSON.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Measurement {
     /// Workload name.
     pub workload: String,
@@ -121,7 +122,7 @@ pub struct Measurement {
     pub source: String,
     /// What one "call" of the per-call figures is: `call` (a kernel call), `token`,
     /// `prefill`.
-    pub unit: &'static str,
+    pub unit: String,
     /// Threads running the workload at once.
     pub threads: usize,
     /// Measured rounds.
@@ -308,7 +309,7 @@ pub fn measure_all(
         .map(|k| Measurement {
             workload: workload.name(),
             source: k.name.to_string(),
-            unit: "call",
+            unit: "call".into(),
             threads,
             rounds: cfg.rounds,
             ..Measurement::default()

@@ -15,9 +15,12 @@
 //! - [`llm`]: a whole Llama-family model generating with every temp-memory source;
 //! - [`soak`]: random kernel-like traffic on one shared allocator, every block's tag checked.
 
+pub mod command;
 pub mod harness;
 pub mod llm;
 pub mod os;
+pub mod output;
+pub mod parts;
 pub mod plot;
 pub mod report;
 pub mod sdpa;
@@ -25,4 +28,5 @@ pub mod soak;
 pub mod source;
 pub mod steps;
 pub mod suite;
+pub mod summary;
 pub mod workload;

@@ -128,7 +128,7 @@ pub(crate) fn fig(v: f64, unit: &str) -> Value {
 
 /// One measurement as JSON, with units.
 pub fn measurement_json(m: &Measurement) -> Value {
-    let per = m.unit;
+    let per = &m.unit;
     let opt = |x: Option<f64>, unit: &str| x.map(|x| fig(x, unit));
     let bytes = |x: Option<u64>| x.map(|x| fig(x as f64, "bytes"));
     json!({
@@ -308,7 +308,7 @@ pub fn efficiency_check(
 }
 
 /// One checked target.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct TargetCheck {
     /// The goal, as the issue states it.
     pub target: String,
@@ -623,6 +623,33 @@ impl Report {
         targets_table(&self.targets())
     }
 
+    /// Settings, workloads, the comparison and scaling tables and the sources' legend, as
+    /// printed under `--details`.
+    pub fn details(&self, sources: &[&crate::source::SourceKind]) -> String {
+        let mut out = format!(
+            "## Scratch workloads\n\n{} warm-up + {} measured rounds per figure; alignment 64; \
+             exact-cache cap {} B; caching max_cached_bytes {} MiB; multi-thread runs on {} \
+             threads\n",
+            self.run.warmup_rounds,
+            self.run.rounds,
+            self.sources.exact_cap,
+            self.sources.caching_cap >> 20,
+            self.info.threads
+        );
+        for (label, what) in &self.workloads {
+            out += &format!("workload {label}: {what}\n");
+        }
+        out += &format!("\n{}\n", self.table());
+        if let Some(t) = self.scaling_table() {
+            out += &format!("\n{t}\n");
+        }
+        out += "\nsources:\n";
+        for k in sources {
+            out += &format!("  {:<14} {}\n", k.name, k.about);
+        }
+        out
+    }
+
     /// Thread-scaling table: calls/s on 1 and N threads per source.
     pub fn scaling_table(&self) -> Option<Table> {
         let sources: Vec<&str> = self
@@ -689,7 +716,7 @@ pub(crate) mod tests {
         Measurement {
             workload: workload.into(),
             source: source.into(),
-            unit: "call",
+            unit: "call".into(),
             threads: 1,
             ns_per_call: Spread {
                 median: ns,

@@ -178,7 +178,7 @@ impl<'a> Steps<'a> {
                 Measurement {
                     workload: label.to_string(),
                     source: self.kinds[i].name.to_string(),
-                    unit,
+                    unit: unit.into(),
                     threads: rayon::current_num_threads(),
                     rounds: a.steps.len(),
                     calls_per_round: 0,

@@ -400,10 +400,88 @@ pub fn run(
     (rows, dec, pre, errors)
 }
 
+/// Runs `allocbench sdpa` on `kinds` in this process: the report's rows, JSON section, targets
+/// and the text of its detail tables.
+pub fn run_part(
+    cfg: &SdpaConfig,
+    quick: bool,
+    kinds: &[&SourceKind],
+    source_config: &SourceConfig,
+) -> crate::parts::PartResult {
+    let machine = crate::os::Machine::detect();
+    let threads = rayon::current_num_threads();
+    let started = std::time::Instant::now();
+    let pb = crate::suite::progress_bar(cfg.progress_units());
+    pb.set_message("sdpa");
+    let (rows, decode_eff, prefill_eff, eff_errors) = run(cfg, kinds, source_config, &|| pb.inc(1));
+    pb.finish_and_clear();
+    let command: Vec<String> = std::env::args().collect();
+    let report = SdpaReport {
+        info: RunInfo::new(machine, command.join(" "), quick, threads, started),
+        config: cfg.clone(),
+        sgemm_threads: ::sdpa::baseline::sgemm_threads(),
+        simd: ::sdpa::simd_level().name().to_string(),
+        rows,
+        decode_eff,
+        prefill_eff,
+        eff_errors,
+    };
+    crate::parts::PartResult {
+        details: vec![report.details()],
+        section: Some(report.to_json()),
+        targets: report.targets(),
+        rows: report.rows,
+        errors: Vec::new(),
+    }
+}
+
 impl SdpaReport {
     /// The comparison table, as Markdown.
     pub fn table(&self) -> Table {
         comparison_table(&self.rows, &[], &[])
+    }
+
+    /// What ran and every table but the targets, as printed under `--details`.
+    pub fn details(&self) -> String {
+        let c = &self.config;
+        let mut out = format!(
+            "## sdpa: the attention kernel over a model\n\nkernel on {} rayon threads (SIMD: \
+             {}), sgemm on {} threads; {} layers, {} heads, {} kv heads, head_dim {}; one \
+             layer's KV cache ({} positions, {} MiB for K and V) is shared by every layer\n",
+            self.info.threads,
+            self.simd,
+            self.sgemm_threads
+                .map(|t| t.to_string())
+                .unwrap_or_else(|| "?".into()),
+            c.layers,
+            c.heads,
+            c.kv_heads,
+            c.head_dim,
+            c.kv_capacity,
+            (2 * c.kv_capacity * c.kv_heads * c.head_dim * 4) >> 20
+        );
+        for (label, what) in c.workloads() {
+            out += &format!("workload {label}: {what}\n");
+        }
+        let (dt, pt) = self.efficiency_tables();
+        out += &format!(
+            "\nAllocator comparison (median: per token over {} layers for decode, per prefill of \
+             {} layer calls; x static / x caching: median of step-by-step ratios over the same \
+             interleaved steps; faults and system allocations per attention call):\n\n{}\n\n\
+             Decode efficiency (q_len 1, layer caches cycled so K/V come from DRAM; GB/s of K and \
+             V read) vs a streaming read on {} threads:\n\n{dt}\n\nPrefill efficiency (causal, \
+             start_pos 0; FLOPs = 4 * head_dim per visible pair) vs matrixmultiply sgemm (best of \
+             the shapes {:?}):\n\n{pt}\n",
+            c.layers,
+            c.layers,
+            self.table(),
+            self.info.threads,
+            c.eff_sgemm_shapes
+        );
+        for e in &self.eff_errors {
+            out += &format!("efficiency not measured: {e}\n");
+        }
+        out
     }
 
     /// The efficiency tables (decode, prefill), as Markdown.
@@ -573,7 +651,8 @@ mod tests {
                 "token"
             } else {
                 "prefill"
-            },
+            }
+            .into(),
             ns_per_call: Spread {
                 median: ns,
                 min: ns,
