@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde_json::Value;
 
 use crate::harness::Measurement;
-use crate::os::Machine;
+use crate::measure::Machine;
 use crate::output::Output;
 use crate::parts::{self, Part, PartResult, Settings, What};
 use crate::report::{targets_table, Report, RunInfo, TargetCheck};

@@ -12,7 +12,7 @@
 //! are per token.
 //!
 //! **Efficiency**, with the `caching` source: decode tokens/s times the bytes of weights a
-//! step reads, against a streaming read of as many bytes (`sdpa::baseline::stream_read`);
+//! step reads, against a streaming read of as many bytes ([`crate::measure::stream_read`]);
 //! prefill FLOP/s against matrixmultiply's sgemm on the model's largest matmul shape. Both
 //! timed in alternating turns.
 
@@ -23,13 +23,13 @@ use comfy_table::Table;
 use serde_json::{json, Value};
 
 use crate::harness::Measurement;
+use crate::measure::{best, interleaved, median, sgemm, stream_read};
 use crate::report::{
     comparison_table, efficiency_check, goal, markdown_table, pct, within_static, Column, RunInfo,
     TargetCheck, CACHING,
 };
 use crate::source::{ScratchSource, ScratchWorker, SourceConfig, SourceKind, LLM_ONLY, SOURCES};
 use crate::steps::Steps;
-use ::sdpa::baseline::{best, interleaved, median, sgemm, stream_read};
 use llm::safetensors::DType;
 use llm::{Llama, ModelOptions, Module, Sampler, TempRef, Weights};
 
@@ -344,7 +344,7 @@ pub fn run(
             stream_gbs: gbs(best(&rounds, 0)),
             decode_gbs: gbs(best(&rounds, 1)),
             ratio_best: best(&rounds, 0) / best(&rounds, 1),
-            ratio_median: median(ratios),
+            ratio_median: median(&ratios),
         })
     })();
     tick();
@@ -361,8 +361,8 @@ pub fn run(
             + 2.0 * (c.vocab_size * h) as f64
             + c.num_layers as f64 * 4.0 * (c.head_dim * c.num_heads) as f64 * pairs;
         let (m, k, nn) = (l, h, ffn);
-        let a = ::sdpa::baseline::fill(m * k, 3);
-        let b = ::sdpa::baseline::fill(k * nn, 4);
+        let a = crate::measure::fill(m * k, 3);
+        let b = crate::measure::fill(k * nn, 4);
         let mut cbuf = vec![0f32; m * nn];
         let mut err = None;
         let mut gemm = || sgemm(m, k, nn, &a, &b, &mut cbuf);
@@ -389,7 +389,7 @@ pub fn run(
             sgemm_gflops: sg,
             prefill_gflops: pf,
             ratio_best: pf / sg,
-            ratio_median: median(ratios),
+            ratio_median: median(&ratios),
         })
     })();
     tick();
@@ -410,7 +410,7 @@ pub fn progress_units(cfg: &LlmConfig) -> usize {
 /// Runs `allocbench llm` on `kinds` in this process: the report's rows, JSON section, targets
 /// and the text of its detail tables; only an error when the weights could not be had.
 pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> crate::parts::PartResult {
-    let machine = crate::os::Machine::detect();
+    let machine = crate::measure::Machine::detect();
     let started = std::time::Instant::now();
     let weights = match weights(cfg) {
         Ok(w) => w,
@@ -463,7 +463,7 @@ pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> crate::p
         ),
         config: cfg.clone(),
         arch,
-        sgemm_threads: ::sdpa::baseline::sgemm_threads(),
+        sgemm_threads: crate::measure::sgemm_threads(),
         isa: format!("{:?}", ::llm::kernels::isa()),
         rows,
         decode_eff,

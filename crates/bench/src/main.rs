@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 use allocbench::harness::RunConfig;
 use allocbench::llm::LlmConfig;
-use allocbench::os::Machine;
+use allocbench::measure::Machine;
 use allocbench::output::{self, Output};
 use allocbench::parts::{self, Settings, What};
 use allocbench::report::RunInfo;
@@ -359,7 +359,7 @@ fn settings(what: What, cmd: Option<&Command>, c: &Common) -> Result<Settings, S
 }
 
 fn main() -> ExitCode {
-    allocbench::os::pin_malloc_thresholds();
+    allocbench::measure::pin_malloc_thresholds();
     let cli = Cli::parse();
     let c = &cli.common;
     parts::init_threads(Machine::detect().cores);

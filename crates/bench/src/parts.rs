@@ -252,7 +252,7 @@ pub fn init_threads(cores: usize) {
         .and_then(|s| s.parse::<usize>().ok())
         .filter(|&n| n > 0)
         .unwrap_or(cores);
-    ::sdpa::baseline::set_sgemm_threads(rayon_threads);
+    crate::measure::set_sgemm_threads(rayon_threads);
     if rayon_threads >= 2 {
         // An error means a global pool exists already: then the calls stay outside it, which
         // costs time, not correctness.

@@ -10,7 +10,7 @@ use comfy_table::{presets, CellAlignment, Table};
 use serde_json::{json, Value};
 
 use crate::harness::{Measurement, RunConfig};
-use crate::os::Machine;
+use crate::measure::Machine;
 use crate::source::SourceConfig;
 
 /// Source names the ratios and targets refer to.
@@ -85,7 +85,7 @@ impl RunInfo {
             mode: if quick { "quick" } else { "full" },
             threads,
             elapsed_s: started.elapsed().as_secs_f64(),
-            load_avg_end: crate::os::load_avg(),
+            load_avg_end: crate::measure::load_avg(),
         }
     }
 
@@ -710,7 +710,7 @@ impl Report {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::harness::Spread;
+    use crate::measure::Spread;
 
     fn m(workload: &str, source: &str, ns: f64, faults: f64) -> Measurement {
         Measurement {

@@ -93,7 +93,7 @@ pub fn table(rows: &[Measurement]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::harness::Spread;
+    use crate::measure::Spread;
 
     fn m(w: &str, s: &str, ns: f64, x_static: f64, x_caching: f64) -> Measurement {
         Measurement {

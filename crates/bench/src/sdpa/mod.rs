@@ -150,7 +150,7 @@ impl SdpaConfig {
     }
 
     fn prefill_shape(&self, len: usize) -> Shape {
-        ::sdpa::baseline::prefill_shape(self.heads, self.kv_heads, self.head_dim, len)
+        crate::measure::prefill_shape(self.heads, self.kv_heads, self.head_dim, len)
     }
 
     /// Attention calls of the allocator comparison per source, warm-up included.
@@ -408,7 +408,7 @@ pub fn run_part(
     kinds: &[&SourceKind],
     source_config: &SourceConfig,
 ) -> crate::parts::PartResult {
-    let machine = crate::os::Machine::detect();
+    let machine = crate::measure::Machine::detect();
     let threads = rayon::current_num_threads();
     let started = std::time::Instant::now();
     let pb = crate::suite::progress_bar(cfg.progress_units());
@@ -419,7 +419,7 @@ pub fn run_part(
     let report = SdpaReport {
         info: RunInfo::new(machine, command.join(" "), quick, threads, started),
         config: cfg.clone(),
-        sgemm_threads: ::sdpa::baseline::sgemm_threads(),
+        sgemm_threads: crate::measure::sgemm_threads(),
         simd: ::sdpa::simd_level().name().to_string(),
         rows,
         decode_eff,
@@ -641,7 +641,7 @@ impl SdpaReport {
 mod tests {
     use super::*;
 
-    use crate::harness::Spread;
+    use crate::measure::Spread;
 
     fn row(w: &str, s: &str, ns: f64, x: Option<f64>) -> Measurement {
         Measurement {
