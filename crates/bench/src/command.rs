@@ -10,8 +10,8 @@ use serde_json::Value;
 use crate::harness::Measurement;
 use crate::measure::Machine;
 use crate::output::Output;
-use crate::parts::{self, Part, PartResult, Settings, What};
-use crate::report::{targets_table, Report, RunInfo, TargetCheck};
+use crate::parts::{self, Part, Settings, What};
+use crate::report::{targets_table, Report, RunInfo, Section, TargetCheck};
 
 /// Runs the command of `s` and writes `json` and `plot`; `details` prints every table and the
 /// developers' goals too. Failure when a part failed or a file could not be written.
@@ -26,18 +26,19 @@ pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode 
     let machine = Machine::detect();
     let command: Vec<String> = std::env::args().collect();
     let started = Instant::now();
-    println!("# allocbench {}: {}", s.what.name(), command.join(" "));
+    println!("# allocbench {}", command[1..].join(" "));
+    println!("{machine}");
     println!(
-        "{machine}; {} run; each workload in a fresh process",
+        "{} run; each workload in a fresh process",
         if s.quick { "quick" } else { "full" }
     );
     let mut ok = true;
-    let mut results: Vec<(String, Part, PartResult)> = Vec::new();
+    let mut results: Vec<(String, Part, Section)> = Vec::new();
     for (i, (label, part)) in plan.into_iter().enumerate() {
         let r = parts::run_in_child(i, &label).unwrap_or_else(|e| {
             eprintln!("allocbench: {e}");
             ok = false;
-            PartResult::failed(e)
+            Section::failed(e)
         });
         results.push((label, part, r));
     }

@@ -393,8 +393,8 @@ pub fn median_ratios(ms: &mut [Measurement]) {
             .find(|m| m.source == name && m.error.is_none() && m.ns_per_call.median > 0.0)
             .map(|m| m.ns_per_call.median)
     };
-    let floor = median_of(crate::report::FLOOR, ms);
-    let caching = median_of(crate::report::CACHING, ms);
+    let floor = median_of(crate::source::FLOOR, ms);
+    let caching = median_of(crate::source::CACHING, ms);
     for m in ms.iter_mut().filter(|m| m.error.is_none()) {
         m.x_static = floor.map(|b| m.ns_per_call.median / b);
         m.x_caching = caching.map(|b| m.ns_per_call.median / b);

@@ -33,8 +33,7 @@ use crate::steps::Steps;
 use llm::safetensors::DType;
 use llm::{Llama, ModelOptions, Module, Sampler, TempRef, Weights};
 
-/// ExecuTorch's LLM runner's temp-allocator cap, `1024 * 1024 * 10` (used for both caches).
-pub const RUNNER_CAP: usize = 10 << 20;
+use crate::source::RUNNER_CAP;
 
 /// The temp-memory sources of the llm comparison, in table order: [`SOURCES`] entries and
 /// [`LLM_ONLY`]'s, all built with [`llm_source_config`] (caps at the runner's 10 MiB).
@@ -409,12 +408,12 @@ pub fn progress_units(cfg: &LlmConfig) -> usize {
 
 /// Runs `allocbench llm` on `kinds` in this process: the report's rows, JSON section, targets
 /// and the text of its detail tables; only an error when the weights could not be had.
-pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> crate::parts::PartResult {
+pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> crate::report::Section {
     let machine = crate::measure::Machine::detect();
     let started = std::time::Instant::now();
     let weights = match weights(cfg) {
         Ok(w) => w,
-        Err(e) => return crate::parts::PartResult::failed(format!("llm: {e}")),
+        Err(e) => return crate::report::Section::failed(format!("llm: {e}")),
     };
     let c = &weights.config;
     let arch = format!(
@@ -443,7 +442,7 @@ pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> crate::p
         weights.decode_weight_bytes() as f64 / (1 << 20) as f64
     );
     let ready_s = started.elapsed().as_secs_f64();
-    let pb = crate::suite::progress_bar(progress_units(cfg));
+    let pb = crate::output::progress_bar(progress_units(cfg));
     pb.set_message("llm");
     // On a rayon worker, as `llm generate` runs: the kernels' parallel sections then start
     // inside the pool instead of waking the main thread through a latch after each of the
@@ -470,7 +469,7 @@ pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> crate::p
         prefill_eff,
         errors,
     };
-    crate::parts::PartResult {
+    crate::report::Section {
         details: vec![report.details(ready_s)],
         section: Some(report.to_json()),
         targets: report.targets(),

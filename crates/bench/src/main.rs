@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -12,7 +11,6 @@ use allocbench::llm::LlmConfig;
 use allocbench::measure::Machine;
 use allocbench::output::{self, Output};
 use allocbench::parts::{self, Settings, What};
-use allocbench::report::RunInfo;
 use allocbench::sdpa::SdpaConfig;
 use allocbench::source::{self, SourceConfig, SourceKind, SOURCES};
 use allocbench::suite::Options;
@@ -166,27 +164,6 @@ struct Common {
     tiny: bool,
 }
 
-fn select_sources(names: Option<&[String]>) -> Result<Vec<&'static SourceKind>, String> {
-    let Some(names) = names else {
-        return Ok(SOURCES.iter().collect());
-    };
-    names
-        .iter()
-        .map(|n| {
-            source::find(n.trim()).ok_or_else(|| {
-                format!(
-                    "unknown source `{n}`; known: {}",
-                    SOURCES
-                        .iter()
-                        .map(|k| k.name)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            })
-        })
-        .collect()
-}
-
 /// `allocbench soak`: prints ops/s, peak bytes and the violations; fails on any violation.
 fn soak(seconds: f64, c: &Common) -> ExitCode {
     if !(seconds.is_finite() && seconds >= 0.0) {
@@ -221,21 +198,7 @@ fn soak(seconds: f64, c: &Common) -> ExitCode {
     let mut ok = r.passed();
     if let Some(out) = json {
         let command = std::env::args().collect::<Vec<_>>().join(" ");
-        let mut info = RunInfo::new(machine, command, false, r.threads, Instant::now());
-        info.mode = "soak";
-        info.elapsed_s = r.seconds;
-        let mut json = info.json("soak", &[], &[]);
-        json["ops"] = serde_json::json!({ "value": r.ops, "unit": "allocator calls" });
-        json["ops_per_second"] =
-            serde_json::json!({ "value": r.ops_per_sec, "unit": "ops/s (all threads)" });
-        json["peak_live_bytes"] =
-            serde_json::json!({ "value": r.peak_live_bytes, "unit": "bytes" });
-        json["peak_reserved_bytes"] =
-            serde_json::json!({ "value": r.peak_reserved_bytes, "unit": "bytes" });
-        json["violations"] = serde_json::json!(r.violations);
-        json["first_violations"] = serde_json::json!(r.first_violations);
-        json["passed"] = serde_json::json!(r.passed());
-        ok &= out.write_json(&json);
+        ok &= out.write_json(&r.to_json(machine, command));
     }
     if !r.passed() {
         eprintln!("allocbench soak: {} violations", r.violations);
@@ -247,43 +210,19 @@ fn soak(seconds: f64, c: &Common) -> ExitCode {
     }
 }
 
-/// The llm sources selected by `--allocators` (all by default; unknown names are ignored
-/// when `ignore_unknown`, as in `all`, whose list may name sources llm does not run).
-fn select_llm_sources(
-    names: Option<&[String]>,
-    ignore_unknown: bool,
-) -> Result<Vec<&'static SourceKind>, String> {
-    use allocbench::llm::{find_source, llm_sources, LLM_SOURCE_NAMES};
-    let Some(names) = names else {
-        return Ok(llm_sources());
-    };
-    let mut out = Vec::new();
-    for n in names {
-        match find_source(n.trim()) {
-            Some(k) => out.push(k),
-            None if ignore_unknown => {}
-            None => {
-                return Err(format!(
-                    "llm runs no source `{n}`; known: {}",
-                    LLM_SOURCE_NAMES.join(", ")
-                ))
-            }
-        }
-    }
-    Ok(out)
-}
-
 /// What every part of a benchmark command runs, from the command line.
 fn settings(what: What, cmd: Option<&Command>, c: &Common) -> Result<Settings, String> {
     let quick = c.quick || cmd.is_none();
-    let sources = if what == What::Llm {
-        Vec::new()
-    } else {
-        select_sources(c.allocators.as_deref())?
+    // `all` runs llm on the named sources llm has, and the rest on the others.
+    let names = c.allocators.as_deref();
+    let all: Vec<&'static SourceKind> = SOURCES.iter().collect();
+    let sources = match what {
+        What::Llm => Vec::new(),
+        _ => source::select(names, &all, false)?,
     };
     let llm_sources = match what {
-        What::Llm => select_llm_sources(c.allocators.as_deref(), false)?,
-        What::All => select_llm_sources(c.allocators.as_deref(), true)?,
+        What::Llm => source::select(names, &allocbench::llm::llm_sources(), false)?,
+        What::All => source::select(names, &allocbench::llm::llm_sources(), true)?,
         _ => Vec::new(),
     };
     let mut opts = Options::new(quick, Machine::detect().cores);

@@ -1,9 +1,12 @@
-//! The files a run writes: the JSON of every figure and the SVG plot next to it. Both are
-//! opened before the run, so a bad path fails in a second, not after minutes of measuring.
+//! What a run shows and writes besides its tables: a progress bar, the JSON of every figure
+//! and the SVG plot next to it. Both files are opened before the run, so a bad path fails in
+//! a second, not after minutes of measuring.
 
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::harness::Measurement;
 use crate::report::RunInfo;
@@ -110,6 +113,17 @@ pub fn open(
         Output::create(&json, "--json")?,
         Output::create(&plot, "--plot")?,
     ))
+}
+
+/// A progress bar on stderr for `n` measurements (hidden when stderr is not a terminal).
+pub fn progress_bar(n: usize) -> ProgressBar {
+    let pb = ProgressBar::new(n as u64);
+    if let Ok(style) =
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+    {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb
 }
 
 #[cfg(test)]

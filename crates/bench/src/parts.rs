@@ -6,22 +6,22 @@
 //! the same state whatever ran before it: glibc's heap, its mmap threshold (which frees of
 //! large blocks raise), mimalloc's and jemalloc's arenas and the pages they keep mapped all
 //! begin fresh. Run in one process, an earlier workload's pages made `exact-cache` on decode
-//! look 20 times faster than when run alone. The child writes a [`PartResult`] as JSON to
-//! the file named by [`PART_OUT_ENV`]; the parent reads it back and reports.
+//! look 20 times faster than when run alone. The child writes a [`Section`] as JSON to
+//! the file named by [`PART_OUT_ENV`] (a [`Section`]); the parent reads it back and reports.
 
 use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
 
-use crate::harness::{Measurement, RunConfig};
+use crate::harness::RunConfig;
 use crate::llm::LlmConfig;
-use crate::report::TargetCheck;
+use crate::report::Section;
 use crate::sdpa::SdpaConfig;
 use crate::source::{SourceConfig, SourceKind};
 use crate::suite::{self, Bench, Options};
 
 /// The environment variable that makes this binary run one part (its index) and exit.
 pub const PART_ENV: &str = "ALLOCBENCH_PART";
-/// The file a child writes its [`PartResult`] to.
+/// The file a child writes its [`Section`] to.
 pub const PART_OUT_ENV: &str = "ALLOCBENCH_PART_OUT";
 
 /// The benchmark commands.
@@ -103,31 +103,6 @@ pub enum Part {
     Llm,
 }
 
-/// What a part measured, as the child hands it to the parent.
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct PartResult {
-    /// Every (workload, source) it measured.
-    pub rows: Vec<Measurement>,
-    /// Its own JSON section (`sdpa`, `llm`), if it has one.
-    pub section: Option<serde_json::Value>,
-    /// Its targets (the harness jobs' are checked over all jobs, by the parent).
-    pub targets: Vec<TargetCheck>,
-    /// Text printed under `--details`.
-    pub details: Vec<String>,
-    /// What could not run, printed whatever the flags (the command then fails).
-    pub errors: Vec<String>,
-}
-
-impl PartResult {
-    /// A part that could not run: its error is its only detail.
-    pub fn failed(error: String) -> Self {
-        PartResult {
-            errors: vec![error],
-            ..PartResult::default()
-        }
-    }
-}
-
 /// The parts of the command, labelled, in run order; an error names an unknown `--workloads`
 /// label and lists the known ones.
 pub fn plan(s: &Settings) -> Result<Vec<(String, Part)>, String> {
@@ -160,23 +135,23 @@ pub fn plan(s: &Settings) -> Result<Vec<(String, Part)>, String> {
 }
 
 /// Runs `part` in this process.
-pub fn run_here(s: &Settings, part: Part) -> PartResult {
+pub fn run_here(s: &Settings, part: Part) -> Section {
     match part {
         Part::Job(i) => {
             let Some(bench) = s.what.bench() else {
-                return PartResult::failed(format!("{} has no harness job {i}", s.what.name()));
+                return Section::failed(format!("{} has no harness job {i}", s.what.name()));
             };
             let jobs = suite::plan(bench, &s.opts);
             let Some(job) = jobs.get(i) else {
-                return PartResult::failed(format!("no harness job {i}"));
+                return Section::failed(format!("no harness job {i}"));
             };
             let job = std::slice::from_ref(job);
-            let pb = suite::progress_bar(suite::ticks(job, &s.sources, &s.run));
+            let pb = crate::output::progress_bar(suite::ticks(job, &s.sources, &s.run));
             let rows = suite::run(job, &s.sources, &s.source_config, &s.run, &pb);
             pb.finish_and_clear();
-            PartResult {
+            Section {
                 rows,
-                ..PartResult::default()
+                ..Section::default()
             }
         }
         Part::Sdpa => crate::sdpa::run_part(&s.sdpa, s.quick, &s.sources, &s.source_config),
@@ -186,7 +161,7 @@ pub fn run_here(s: &Settings, part: Part) -> PartResult {
 
 /// Runs part `index` of the command in a child process (this binary, the same arguments)
 /// and reads back what it measured.
-pub fn run_in_child(index: usize, label: &str) -> Result<PartResult, String> {
+pub fn run_in_child(index: usize, label: &str) -> Result<Section, String> {
     let exe = std::env::current_exe().map_err(|e| format!("finding this program: {e}"))?;
     let out = std::env::temp_dir().join(format!(
         "allocbench-{}-part-{index}.json",

@@ -8,7 +8,8 @@ use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
 
 use crate::harness::Measurement;
-use crate::report::{fmt_ns, labels, RunInfo, CACHING, CACHING_SCOPE, FLOOR};
+use crate::report::{fmt_ns, labels, RunInfo};
+use crate::source::{CACHING, CACHING_SCOPE, FLOOR};
 
 fn color_of(source: &str) -> RGBColor {
     match source {

@@ -13,14 +13,7 @@ use crate::harness::{Measurement, RunConfig};
 use crate::measure::Machine;
 use crate::source::SourceConfig;
 
-/// Source names the ratios and targets refer to.
-pub const FLOOR: &str = "static";
-/// This project's allocator, `allocate`/`reset` path.
-pub const CACHING: &str = "caching";
-/// This project's allocator, `Scope` path.
-pub const CACHING_SCOPE: &str = "caching-scope";
-/// The general-purpose allocators and pools `caching` should beat.
-pub const RIVALS: [&str; 5] = ["system", "mimalloc", "jemalloc", "zeropool", "orthotope"];
+pub use crate::source::{CACHING, CACHING_SCOPE, FLOOR, RIVALS};
 
 /// Every target the benchmarks check (goals, reported met or missed, never asserted).
 pub mod goal {
@@ -304,6 +297,32 @@ pub fn efficiency_check(
             pct(ratio_best)
         ),
         met: Some(ratio_median >= goal),
+    }
+}
+
+/// One section of a report: what one part of a command measured (a child process hands it to
+/// the parent as JSON, see [`crate::parts`]).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Section {
+    /// Every (workload, source) it measured.
+    pub rows: Vec<Measurement>,
+    /// Its own JSON section (`sdpa`, `llm`), if it has one.
+    pub section: Option<serde_json::Value>,
+    /// Its targets (the harness jobs' are checked over all jobs, by the parent).
+    pub targets: Vec<TargetCheck>,
+    /// Text printed under `--details`.
+    pub details: Vec<String>,
+    /// What could not run, printed whatever the flags (the command then fails).
+    pub errors: Vec<String>,
+}
+
+impl Section {
+    /// A part that could not run: its error is its only detail.
+    pub fn failed(error: String) -> Self {
+        Section {
+            errors: vec![error],
+            ..Section::default()
+        }
     }
 }
 

@@ -56,6 +56,29 @@ impl SoakReport {
     pub fn passed(&self) -> bool {
         self.violations == 0
     }
+
+    /// Every figure, with units, as JSON: the header every run has, then the soak's own.
+    pub fn to_json(&self, machine: crate::measure::Machine, command: String) -> serde_json::Value {
+        use serde_json::json;
+        let mut info = crate::report::RunInfo::new(
+            machine,
+            command,
+            false,
+            self.threads,
+            std::time::Instant::now(),
+        );
+        info.mode = "soak";
+        info.elapsed_s = self.seconds;
+        let mut j = info.json("soak", &[], &[]);
+        j["ops"] = json!({ "value": self.ops, "unit": "allocator calls" });
+        j["ops_per_second"] = json!({ "value": self.ops_per_sec, "unit": "ops/s (all threads)" });
+        j["peak_live_bytes"] = json!({ "value": self.peak_live_bytes, "unit": "bytes" });
+        j["peak_reserved_bytes"] = json!({ "value": self.peak_reserved_bytes, "unit": "bytes" });
+        j["violations"] = json!(self.violations);
+        j["first_violations"] = json!(self.first_violations);
+        j["passed"] = json!(self.passed());
+        j
+    }
 }
 
 impl fmt::Display for SoakReport {

@@ -13,8 +13,7 @@ use std::time::Instant;
 
 use crate::harness::Measurement;
 use crate::measure::{self, Spread};
-use crate::report::{CACHING, FLOOR};
-use crate::source::{Counters, SourceKind};
+use crate::source::{Counters, SourceKind, CACHING, FLOOR};
 
 /// The order in which `n` sources run in step `step`: steps come in pairs, the second of a
 /// pair the reverse of the first (forward, backward: a linear drift in machine speed over a

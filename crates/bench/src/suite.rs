@@ -4,12 +4,11 @@
 //! every selected source, one after the other, so all figures of a job come from the same
 //! stretch of time. New subcommands add a [`Bench`] variant and its jobs in [`plan`].
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 
 use crate::harness::{measure_all, Measurement, RunConfig};
 // ExecuTorch's LLM runner gives its temp allocator a 10 MB cap: `all` runs decode under it too.
-use crate::llm::RUNNER_CAP;
-use crate::source::{SourceConfig, SourceKind};
+use crate::source::{SourceConfig, SourceKind, RUNNER_CAP};
 use crate::workload::{Decode, Mix, Scratch, Workload};
 
 /// The benchmark subcommands that run through the harness.
@@ -198,15 +197,4 @@ pub fn ticks(jobs: &[Job], sources: &[&SourceKind], cfg: &RunConfig) -> usize {
             }
         })
         .sum()
-}
-
-/// A progress bar on stderr for `n` measurements (hidden when stderr is not a terminal).
-pub fn progress_bar(n: usize) -> ProgressBar {
-    let pb = ProgressBar::new(n as u64);
-    if let Ok(style) =
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
-    {
-        pb.set_style(style.progress_chars("=> "));
-    }
-    pb
 }

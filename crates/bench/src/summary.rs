@@ -3,17 +3,12 @@
 //! workload, at most 100 columns; every figure and goal is behind `--details`.
 
 use crate::harness::Measurement;
-use crate::report::{fmt_ns, labels, CACHING, FLOOR};
+use crate::report::{fmt_ns, labels};
+use crate::source::{CACHING, CACHING_SCOPE, FLOOR};
 
 /// Sources that are not rivals: this project's own and the floor. `exact-cache` has its
 /// own column.
-const NOT_RIVALS: [&str; 5] = [
-    CACHING,
-    crate::report::CACHING_SCOPE,
-    "caching-unbounded",
-    FLOOR,
-    EXACT,
-];
+const NOT_RIVALS: [&str; 5] = [CACHING, CACHING_SCOPE, "caching-unbounded", FLOOR, EXACT];
 
 /// ExecuTorch's allocator design.
 const EXACT: &str = "exact-cache";

@@ -407,11 +407,11 @@ pub fn run_part(
     quick: bool,
     kinds: &[&SourceKind],
     source_config: &SourceConfig,
-) -> crate::parts::PartResult {
+) -> crate::report::Section {
     let machine = crate::measure::Machine::detect();
     let threads = rayon::current_num_threads();
     let started = std::time::Instant::now();
-    let pb = crate::suite::progress_bar(cfg.progress_units());
+    let pb = crate::output::progress_bar(cfg.progress_units());
     pb.set_message("sdpa");
     let (rows, decode_eff, prefill_eff, eff_errors) = run(cfg, kinds, source_config, &|| pb.inc(1));
     pb.finish_and_clear();
@@ -426,7 +426,7 @@ pub fn run_part(
         prefill_eff,
         eff_errors,
     };
-    crate::parts::PartResult {
+    crate::report::Section {
         details: vec![report.details()],
         section: Some(report.to_json()),
         targets: report.targets(),
