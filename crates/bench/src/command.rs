@@ -26,28 +26,32 @@ pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode 
     let machine = Machine::detect();
     let command: Vec<String> = std::env::args().collect();
     let started = Instant::now();
-    println!("# allocbench {}", command[1..].join(" "));
+    match command.get(1..).filter(|a| !a.is_empty()) {
+        Some(args) => println!("# allocbench {}", args.join(" ")),
+        None => println!("# allocbench: all --quick (the default)"),
+    }
     println!("{machine}");
     println!(
         "{} run; each workload in a fresh process",
         if s.quick { "quick" } else { "full" }
     );
     let mut ok = true;
-    let mut results: Vec<(String, Part, Section)> = Vec::new();
-    for (i, (label, part)) in plan.into_iter().enumerate() {
-        let r = parts::run_in_child(i, &label).unwrap_or_else(|e| {
-            eprintln!("allocbench: {e}");
-            ok = false;
-            Section::failed(e)
-        });
-        results.push((label, part, r));
-    }
+    let results: Vec<(Part, Section)> = plan
+        .into_iter()
+        .enumerate()
+        .map(|(i, (label, part))| {
+            (
+                part,
+                parts::run_in_child(i, &label).unwrap_or_else(Section::failed),
+            )
+        })
+        .collect();
 
     // The harness jobs' figures make one report (its targets compare jobs).
     let harness_rows: Vec<Measurement> = results
         .iter()
-        .filter(|r| matches!(r.1, Part::Job(_)))
-        .flat_map(|r| r.2.rows.iter().cloned())
+        .filter(|r| matches!(r.0, Part::Job(_)))
+        .flat_map(|r| r.1.rows.iter().cloned())
         .collect();
     let threads = s.opts.threads;
     let info = RunInfo::new(machine, command.join(" "), s.quick, threads, started);
@@ -61,13 +65,14 @@ pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode 
             .map(|b| crate::suite::plan(b, &s.opts))
             .unwrap_or_default()
             .iter()
+            .filter(|j| s.only.as_ref().is_none_or(|only| only.contains(&j.label)))
             .map(|j| (j.label.clone(), j.workload.describe()))
             .collect(),
         measurements: harness_rows,
     });
     let rows: Vec<Measurement> = results
         .iter()
-        .flat_map(|r| r.2.rows.iter().cloned())
+        .flat_map(|r| r.1.rows.iter().cloned())
         .collect();
     let mut targets: Vec<TargetCheck> = harness.as_ref().map(Report::targets).unwrap_or_default();
     if details {
@@ -75,13 +80,13 @@ pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode 
             println!("\n{}", h.details(&s.sources));
         }
         for r in &results {
-            targets.extend(r.2.targets.iter().cloned());
-            for d in &r.2.details {
+            targets.extend(r.1.targets.iter().cloned());
+            for d in &r.1.details {
                 println!("\n{d}");
             }
         }
     }
-    for e in results.iter().flat_map(|r| &r.2.errors) {
+    for e in results.iter().flat_map(|r| &r.1.errors) {
         eprintln!("allocbench: {e}");
         ok = false;
     }
@@ -112,8 +117,8 @@ pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode 
     let section = |p: Part| {
         results
             .iter()
-            .find(|r| r.1 == p)
-            .and_then(|r| r.2.section.clone())
+            .find(|r| r.0 == p)
+            .and_then(|r| r.1.section.clone())
     };
     let value = match (&harness, s.what) {
         (Some(h), _) => {

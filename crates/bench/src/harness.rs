@@ -227,19 +227,6 @@ fn total_counters(sh: &Shared<'_>, si: usize) -> Counters {
         .fold(sh.sources[si].counters(), |acc, c| acc.plus(*c))
 }
 
-/// Measures `workload` on a fresh source of `kind` with `threads` threads.
-pub fn measure(
-    workload: &dyn Workload,
-    kind: &SourceKind,
-    source_config: &SourceConfig,
-    threads: usize,
-    cfg: &RunConfig,
-) -> Measurement {
-    measure_all(workload, &[kind], source_config, threads, cfg, &|| {})
-        .pop()
-        .unwrap_or_default()
-}
-
 /// Measures `workload` on fresh sources of every `kinds` with `threads` threads, interleaved:
 /// every source is built and warmed up in turn (its peak RSS growth is measured then), then
 /// the measured rounds alternate between the sources (the first source of each round of

@@ -648,11 +648,6 @@ impl LlmReport {
         out
     }
 
-    /// The targets table.
-    pub fn targets_table(&self) -> Table {
-        crate::report::targets_table(&self.targets())
-    }
-
     /// (label, what one step is).
     pub fn workloads(&self) -> Vec<(String, String)> {
         vec![
@@ -721,25 +716,8 @@ mod tests {
     /// static, zero system allocations per token for the cache in steady state, JSON units.
     #[test]
     fn smoke_run_on_a_tiny_model() {
-        let mut c = llm::shapes::named("smollm2-135m").unwrap();
-        c.hidden_size = 64;
-        c.num_heads = 4;
-        c.num_kv_heads = 2;
-        c.head_dim = 16;
-        c.intermediate_size = 96;
-        c.num_layers = 2;
-        c.vocab_size = 300;
-        let w = Arc::new(Weights::random(c, DType::BF16, 3).unwrap());
-        let cfg = LlmConfig {
-            model: "tiny".into(),
-            model_dir: None,
-            prompt_tokens: 12,
-            decode_tokens: 4,
-            prefill_reps: 2,
-            rounds: 1,
-            eff_reps: 1,
-            seed: 1,
-        };
+        let cfg = LlmConfig::tiny();
+        let w = weights(&cfg).unwrap();
         let kinds: Vec<&SourceKind> = ["caching", "static", "system"]
             .iter()
             .map(|n| find_source(n).unwrap())

@@ -40,6 +40,7 @@ cannot change its figures):
                zeropool, orthotope); `its time`: its time over caching's (above 1.00x the
                cache is faster)
   exact-cache  ExecuTorch's CPUCachingAllocator design: its time over caching's
+  *            a figure from fewer than 5 measured rounds or steps: rough
 
 --details adds, per source: median/min/max time, x static and x caching (time over static's
 and caching's: medians, or for sdpa and llm the median of step-by-step ratios), faults/call
@@ -164,7 +165,7 @@ struct Common {
     tiny: bool,
 }
 
-/// `allocbench soak`: prints ops/s, peak bytes and the violations; fails on any violation.
+/// `allocbench soak`: the arguments checked, then [`allocbench::soak::command`].
 fn soak(seconds: f64, c: &Common) -> ExitCode {
     if !(seconds.is_finite() && seconds >= 0.0) {
         eprintln!("allocbench: --seconds must be a non-negative number, got {seconds}");
@@ -174,39 +175,17 @@ fn soak(seconds: f64, c: &Common) -> ExitCode {
         eprintln!("allocbench: soak runs the caching allocator only and draws no plot");
         return ExitCode::from(2);
     }
-    let json = match c
+    match c
         .json
         .as_deref()
         .map(|p| Output::create(p, "--json"))
         .transpose()
     {
-        Ok(j) => j,
+        Ok(json) => allocbench::soak::command(seconds, c.threads, json),
         Err(e) => {
             eprintln!("allocbench: {e}");
-            return ExitCode::from(2);
+            ExitCode::from(2)
         }
-    };
-    let machine = Machine::detect();
-    let threads = c.threads.unwrap_or(machine.cores).max(1);
-    println!("# allocbench soak: {seconds} s on {threads} threads; {machine}");
-    let r = allocbench::soak::run(seconds, threads);
-    println!("{r}");
-    println!(
-        "ops/s: {:.0}; peak live bytes: {}; peak reserved bytes: {}; violations: {}",
-        r.ops_per_sec, r.peak_live_bytes, r.peak_reserved_bytes, r.violations
-    );
-    let mut ok = r.passed();
-    if let Some(out) = json {
-        let command = std::env::args().collect::<Vec<_>>().join(" ");
-        ok &= out.write_json(&r.to_json(machine, command));
-    }
-    if !r.passed() {
-        eprintln!("allocbench soak: {} violations", r.violations);
-    }
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
     }
 }
 

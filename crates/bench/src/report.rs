@@ -637,11 +637,6 @@ impl Report {
         (one.calls_per_sec > 0.0).then(|| many.calls_per_sec / one.calls_per_sec)
     }
 
-    /// The targets table.
-    pub fn targets_table(&self) -> Table {
-        targets_table(&self.targets())
-    }
-
     /// Settings, workloads, the comparison and scaling tables and the sources' legend, as
     /// printed under `--details`.
     pub fn details(&self, sources: &[&crate::source::SourceKind]) -> String {

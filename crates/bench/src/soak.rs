@@ -51,6 +51,37 @@ pub struct SoakReport {
     pub stats: Stats,
 }
 
+/// `allocbench soak` for `seconds` on `threads` threads (default: all cores): prints ops/s,
+/// peak bytes and the violations, writes `json` if given; fails on any violation.
+pub fn command(
+    seconds: f64,
+    threads: Option<usize>,
+    json: Option<crate::output::Output>,
+) -> std::process::ExitCode {
+    let machine = crate::measure::Machine::detect();
+    let threads = threads.unwrap_or(machine.cores).max(1);
+    println!("# allocbench soak: {seconds} s on {threads} threads; {machine}");
+    let r = run(seconds, threads);
+    println!("{r}");
+    println!(
+        "ops/s: {:.0}; peak live bytes: {}; peak reserved bytes: {}; violations: {}",
+        r.ops_per_sec, r.peak_live_bytes, r.peak_reserved_bytes, r.violations
+    );
+    let mut ok = r.passed();
+    if let Some(out) = json {
+        let command = std::env::args().collect::<Vec<_>>().join(" ");
+        ok &= out.write_json(&r.to_json(machine, command));
+    }
+    if !r.passed() {
+        eprintln!("allocbench soak: {} violations", r.violations);
+    }
+    if ok {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    }
+}
+
 impl SoakReport {
     /// Whether the run saw no violation.
     pub fn passed(&self) -> bool {

@@ -22,7 +22,12 @@ over static  caching's time over static's, buffers allocated once and reused: th
              and a few percent either way is common when it is busy.
 best rival   the fastest other allocator measured (system, mimalloc, jemalloc, fresh-pages,
              bumpalo, zeropool, orthotope) and its time over caching's: above 1.00x the cache
-             is faster; exact-cache: ExecuTorch's CPUCachingAllocator design, the same ratio";
+             is faster; exact-cache: ExecuTorch's CPUCachingAllocator design, the same ratio
+*            from fewer than 5 measured rounds or steps (quick runs time few long prefills):
+             a rough figure, which one busy moment can move by tens of percent";
+
+/// Figures from fewer measured rounds or steps than this are marked `*` (rough figures).
+pub const FEW_SAMPLES: usize = 5;
 
 /// Column widths of the summary.
 const WIDTHS: [usize; 6] = [25, 17, 11, 11, 9, 11];
@@ -64,9 +69,12 @@ pub fn table(rows: &[Measurement]) -> String {
                 format!("{}/{}", fmt_ns(m.ns_per_call.median), m.unit)
             }
         });
-        let over = caching
-            .and_then(|m| m.x_static)
-            .map_or("-".to_string(), |x| format!("{:+.0}%", 100.0 * (x - 1.0)));
+        let over = caching.map_or("-".to_string(), |m| {
+            let few = if m.rounds < FEW_SAMPLES { "*" } else { "" };
+            m.x_static.map_or("-".to_string(), |x| {
+                format!("{:+.0}%{few}", 100.0 * (x - 1.0))
+            })
+        });
         let rival = rows
             .iter()
             .filter(|m| m.workload == w && m.error.is_none() && !NOT_RIVALS.contains(&&*m.source))
@@ -102,6 +110,7 @@ mod tests {
             },
             x_static: Some(x_static),
             x_caching: Some(x_caching),
+            rounds: FEW_SAMPLES,
             ..Measurement::default()
         }
     }
@@ -114,7 +123,10 @@ mod tests {
             m("decode", "exact-cache", 400.0, 40.0, 20.0),
             m("decode", "caching", 20.0, 1.1, 1.0),
             m("decode", "static", 18.0, 1.0, 0.9),
-            m("scratch-small", "caching", 20.0, 0.97, 1.0),
+            Measurement {
+                rounds: 2,
+                ..m("scratch-small", "caching", 20.0, 0.97, 1.0)
+            },
         ];
         let t = table(&rows);
         let lines: Vec<&str> = t.lines().collect();
@@ -124,9 +136,10 @@ mod tests {
             decode,
             ["decode", "20", "ns", "+10%", "mimalloc", "1.25x", "20.00x"]
         );
-        // No rival measured: dashes, not a made-up figure; below the floor is shown as is.
+        // No rival measured: dashes, not a made-up figure; below the floor is shown as is,
+        // and a figure from few rounds is marked.
         let small: Vec<&str> = lines[3].split_whitespace().collect();
-        assert_eq!(small, ["scratch-small", "20", "ns", "-3%", "-", "-", "-"]);
+        assert_eq!(small, ["scratch-small", "20", "ns", "-3%*", "-", "-", "-"]);
         assert!(t
             .lines()
             .chain(FOOTNOTES.lines())

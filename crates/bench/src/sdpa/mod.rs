@@ -153,13 +153,6 @@ impl SdpaConfig {
         crate::measure::prefill_shape(self.heads, self.kv_heads, self.head_dim, len)
     }
 
-    /// Attention calls of the allocator comparison per source, warm-up included.
-    pub fn calls_per_source(&self) -> usize {
-        let decode = self.decode_tokens.len() * (1 + self.layers * self.decode_rounds);
-        let prefill: usize = self.prefill.iter().map(|&(_, c)| 1 + c).sum();
-        (decode + prefill) * self.dtypes.len()
-    }
-
     /// Progress units of [`run`]: one per step of the comparison, one per efficiency figure.
     pub fn progress_units(&self) -> usize {
         (self.decode_tokens.len() * self.decode_rounds
@@ -609,11 +602,6 @@ impl SdpaReport {
             ));
         }
         out
-    }
-
-    /// The targets table.
-    pub fn targets_table(&self) -> Table {
-        crate::report::targets_table(&self.targets())
     }
 
     /// Every figure, with units, as JSON.
