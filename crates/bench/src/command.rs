@@ -1,4 +1,4 @@
-//! A benchmark command from start to end: its parts run one after the other, each in its own
+//! A benchmark command from start to end: its suites run one after the other, each in its own
 //! process ([`crate::parts`]); then the summary, the details and goals on request, the JSON
 //! and the plot (both opened before the run, [`crate::output`]).
 
@@ -10,13 +10,14 @@ use serde_json::Value;
 use crate::harness::Measurement;
 use crate::measure::Machine;
 use crate::output::Output;
-use crate::parts::{self, Part, Settings, What};
-use crate::report::{targets_table, Report, RunInfo, Section, TargetCheck};
+use crate::parts;
+use crate::report::{targets_table, Report, RunInfo, Section};
+use crate::suite::{self, Settings};
 
 /// Runs the command of `s` and writes `json` and `plot`; `details` prints every table and the
-/// developers' goals too. Failure when a part failed or a file could not be written.
+/// developers' goals too. Failure when a suite failed or a file could not be written.
 pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode {
-    let plan = match parts::plan(s) {
+    let suites = match suite::plan(s) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("allocbench: {e}");
@@ -35,58 +36,51 @@ pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode 
         "{} run; each workload in a fresh process",
         if s.quick { "quick" } else { "full" }
     );
-    let mut ok = true;
-    let results: Vec<(Part, Section)> = plan
-        .into_iter()
-        .enumerate()
-        .map(|(i, (label, part))| {
-            (
-                part,
-                parts::run_in_child(i, &label).unwrap_or_else(Section::failed),
-            )
-        })
-        .collect();
-
-    // The harness jobs' figures make one report (its targets compare jobs).
-    let harness_rows: Vec<Measurement> = results
+    let sections: Vec<Section> = suites
         .iter()
-        .filter(|r| matches!(r.0, Part::Job(_)))
-        .flat_map(|r| r.1.rows.iter().cloned())
+        .enumerate()
+        .map(|(i, suite)| parts::run_in_child(i, suite.label()).unwrap_or_else(Section::failed))
         .collect();
-    let threads = s.opts.threads;
-    let info = RunInfo::new(machine, command.join(" "), s.quick, threads, started);
-    let harness = (!matches!(s.what, What::Sdpa | What::Llm)).then(|| Report {
-        info: info.clone(),
+    let rows: Vec<Measurement> = sections.iter().flat_map(|r| r.rows.clone()).collect();
+
+    // The scratch workloads' figures make the command's own report (its goals compare them).
+    let info = |started| {
+        RunInfo::new(
+            machine.clone(),
+            command.join(" "),
+            s.quick,
+            s.opts.threads,
+            started,
+        )
+    };
+    let jobs = suite::scratch_jobs(s.what, &s.opts);
+    let is_job = |label: &str| jobs.iter().any(|j| j.label == label);
+    let scratch = s.what.has_scratch().then(|| Report {
+        info: info(started),
         run: s.run.clone(),
         sources: s.source_config.clone(),
-        workloads: s
-            .what
-            .bench()
-            .map(|b| crate::suite::plan(b, &s.opts))
-            .unwrap_or_default()
+        workloads: suites
             .iter()
-            .filter(|j| s.only.as_ref().is_none_or(|only| only.contains(&j.label)))
-            .map(|j| (j.label.clone(), j.workload.describe()))
+            .filter(|j| is_job(j.label()))
+            .map(|j| (j.label().to_string(), j.describe()))
             .collect(),
-        measurements: harness_rows,
+        measurements: suites
+            .iter()
+            .zip(&sections)
+            .filter(|(j, _)| is_job(j.label()))
+            .flat_map(|(_, r)| r.rows.clone())
+            .collect(),
     });
-    let rows: Vec<Measurement> = results
-        .iter()
-        .flat_map(|r| r.1.rows.iter().cloned())
-        .collect();
-    let mut targets: Vec<TargetCheck> = harness.as_ref().map(Report::targets).unwrap_or_default();
+    let mut ok = true;
     if details {
-        if let Some(h) = &harness {
+        if let Some(h) = &scratch {
             println!("\n{}", h.details(&s.sources));
         }
-        for r in &results {
-            targets.extend(r.1.targets.iter().cloned());
-            for d in &r.1.details {
-                println!("\n{d}");
-            }
+        for d in sections.iter().flat_map(|r| &r.details) {
+            println!("\n{d}");
         }
     }
-    for e in results.iter().flat_map(|r| &r.1.errors) {
+    for e in sections.iter().flat_map(|r| &r.errors) {
         eprintln!("allocbench: {e}");
         ok = false;
     }
@@ -94,6 +88,8 @@ pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode 
     println!("{}", crate::summary::table(&rows));
     println!("\n{}", crate::summary::FOOTNOTES);
     if details {
+        let mut targets = scratch.as_ref().map(Report::targets).unwrap_or_default();
+        targets.extend(sections.iter().flat_map(|r| r.targets.clone()));
         println!(
             "\n## Developers' goals\n\nTargets the project's developers set for the library and \
              kernels, checked against this run: a missed goal is work for them, not an error \
@@ -105,37 +101,23 @@ pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode 
             "--details: every source and figure, the kernels' efficiency, the developers' goals"
         );
     }
-    let info = RunInfo::new(
-        info.machine.clone(),
-        info.command.clone(),
-        s.quick,
-        threads,
-        started,
-    );
+    let info = info(started);
     println!("\n{}", info.finished(s.what.name()));
 
-    let section = |p: Part| {
-        results
-            .iter()
-            .find(|r| r.0 == p)
-            .and_then(|r| r.1.section.clone())
-    };
-    let value = match (&harness, s.what) {
-        (Some(h), _) => {
+    let own = sections.iter().filter_map(|r| r.json.clone());
+    let value = match scratch {
+        Some(h) => {
             let mut j = Report {
                 info: info.clone(),
-                ..h.clone()
+                ..h
             }
             .to_json();
-            for (key, p) in [("sdpa", Part::Sdpa), ("llm", Part::Llm)] {
-                if let Some(v) = section(p) {
-                    j[key] = v;
-                }
+            for (key, v) in own {
+                j[key] = v;
             }
             j
         }
-        (None, What::Sdpa) => section(Part::Sdpa).unwrap_or(Value::Null),
-        (None, _) => section(Part::Llm).unwrap_or(Value::Null),
+        None => own.map(|(_, v)| v).next().unwrap_or(Value::Null),
     };
     ok &= json.write_json(&value);
     ok &= plot.write_plot(&info, &rows);

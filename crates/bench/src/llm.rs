@@ -447,7 +447,7 @@ pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> crate::r
     // On a rayon worker, as `llm generate` runs: the kernels' parallel sections then start
     // inside the pool instead of waking the main thread through a latch after each of the
     // ~240 sections per token. Inline when the main thread is a member
-    // (`parts::init_threads`); this covers a single-thread pool, which keeps its own worker.
+    // ([`crate::parts::init_threads`]); this covers a single-thread pool, which keeps its own worker.
     let (rows, decode_eff, prefill_eff, errors) =
         rayon::scope(|_| run(cfg, &weights, kinds, &llm_source_config(), &|| pb.inc(1)));
     pb.finish_and_clear();
@@ -471,7 +471,7 @@ pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> crate::r
     };
     crate::report::Section {
         details: vec![report.details(ready_s)],
-        section: Some(report.to_json()),
+        json: Some(("llm".into(), report.to_json())),
         targets: report.targets(),
         rows: report.rows,
         errors: Vec::new(),

@@ -10,10 +10,10 @@ use allocbench::harness::RunConfig;
 use allocbench::llm::LlmConfig;
 use allocbench::measure::Machine;
 use allocbench::output::{self, Output};
-use allocbench::parts::{self, Settings, What};
+use allocbench::parts;
 use allocbench::sdpa::SdpaConfig;
 use allocbench::source::{self, SourceConfig, SourceKind, SOURCES};
-use allocbench::suite::Options;
+use allocbench::suite::{self, Options, Settings, What};
 
 /// Side-by-side scratch-memory benchmarks: this project's caching allocator against system
 /// malloc, mimalloc, jemalloc, fresh pages (iOS-like), ExecuTorch's exact-size cache,
@@ -305,7 +305,7 @@ fn main() -> ExitCode {
     if let Some(code) = parts::serve_child(&s) {
         return code;
     }
-    if let Err(e) = parts::plan(&s) {
+    if let Err(e) = suite::plan(&s) {
         eprintln!("allocbench: {e}");
         return ExitCode::from(2);
     }

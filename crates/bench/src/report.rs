@@ -306,8 +306,9 @@ pub fn efficiency_check(
 pub struct Section {
     /// Every (workload, source) it measured.
     pub rows: Vec<Measurement>,
-    /// Its own JSON section (`sdpa`, `llm`), if it has one.
-    pub section: Option<serde_json::Value>,
+    /// Its own JSON section and the key it goes under (`sdpa`, `llm`), if it has one; the
+    /// scratch workloads' rows make one section together, the command's own.
+    pub json: Option<(String, serde_json::Value)>,
     /// Its targets (the harness jobs' are checked over all jobs, by the parent).
     pub targets: Vec<TargetCheck>,
     /// Text printed under `--details`.

@@ -421,7 +421,7 @@ pub fn run_part(
     };
     crate::report::Section {
         details: vec![report.details()],
-        section: Some(report.to_json()),
+        json: Some(("sdpa".into(), report.to_json())),
         targets: report.targets(),
         rows: report.rows,
         errors: Vec::new(),
