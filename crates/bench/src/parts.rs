@@ -49,7 +49,10 @@ pub fn run_in_child(index: usize, label: &str) -> Result<Section, String> {
 /// code; `None` in the parent.
 pub fn serve_child(s: &Settings) -> Option<ExitCode> {
     let index = std::env::var(PART_ENV).ok()?;
-    let out = std::env::var_os(PART_OUT_ENV)?;
+    let Some(out) = std::env::var_os(PART_OUT_ENV) else {
+        eprintln!("allocbench: {PART_ENV} is set without {PART_OUT_ENV}: unset {PART_ENV}");
+        return Some(ExitCode::from(2));
+    };
     let suite = index
         .parse::<usize>()
         .ok()
