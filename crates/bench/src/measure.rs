@@ -375,6 +375,13 @@ pub fn load_avg() -> f64 {
 mod tests {
     use super::*;
 
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn glibc_takes_the_pinned_thresholds() {
+        // glibc refuses values out of its range (an mmap threshold above 32 MiB on 64-bit).
+        assert!(pin_malloc_thresholds());
+    }
+
     #[test]
     fn spread_of_samples() {
         let s = Spread::of(&[3.0, 1.0, 2.0]);
