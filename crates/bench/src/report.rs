@@ -544,8 +544,8 @@ impl Report {
                         mib(m.peak_rss_growth),
                         mib(floor.peak_rss_growth),
                         if floor.peak_rss_growth == 0 {
-                            " (no growth to compare: an earlier job left the pages mapped; run \
-                             this workload alone)"
+                            " (no growth to compare: a source warmed up before it left the \
+                             pages mapped)"
                         } else {
                             ""
                         }
