@@ -33,7 +33,7 @@ pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode 
     }
     println!("{machine}");
     println!(
-        "{} run; each workload in a fresh process",
+        "{} run; each scratch workload, sdpa and llm in a fresh process",
         if s.quick { "quick" } else { "full" }
     );
     let sections: Vec<Section> = suites

@@ -4,13 +4,13 @@
 //! The binary (`cargo run --release`) parses its arguments and hands over to [`command`];
 //! this library holds the pieces, so that tests and examples reuse them:
 //!
-//! - [`parts`]: what a command runs, part by part, each part in a fresh process;
-//! - [`command`]: one command from start to end (parts, summary, details, files);
+//! - [`suite`]: what a command runs, as [`suite::Suite`]s; [`parts`]: each in a fresh process;
+//! - [`command`]: one command from start to end (suites, summary, details, files);
 //! - [`summary`]: the table a user reads first; [`output`]: the JSON and plot files;
 //! - [`source`]: the scratch sources behind one trait ([`source::ScratchSource`] /
 //!   [`source::ScratchWorker`]), each also a [`caching_allocator::TempAllocator`];
 //! - [`workload`]: the scratch patterns (`scratch` mixes, SDPA `decode`);
-//! - [`harness`]: the scratch workloads' rounds on threads; [`suite`]: their jobs;
+//! - [`harness`]: the scratch workloads' rounds on threads;
 //! - [`steps`]: the interleaved-steps run loop of the kernel benchmarks (`sdpa`, `llm`);
 //! - [`measure`]: statistics, timing in turns, the machine's limits (streaming read, sgemm),
 //!   page faults, RSS, malloc settings and the machine;

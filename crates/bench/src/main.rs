@@ -29,8 +29,8 @@ struct Cli {
 
 /// What `--help` says about the output.
 const COLUMNS: &str = "\
-The summary, one line per workload (each workload runs in a fresh process, so what ran before
-cannot change its figures):
+The summary, one line per workload (each scratch workload, sdpa and llm run in a fresh process
+of their own, so what ran before cannot change their figures):
   caching      this project's allocator (allocate + reset): median time per call, token or
                prefill
   over static  caching's time over static's (buffers allocated once and reused, 2 MiB-aligned
