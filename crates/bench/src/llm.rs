@@ -123,9 +123,10 @@ fn tiny_config() -> Option<llm::LlamaConfig> {
     Some(c)
 }
 
-/// Decode against the streaming read.
+/// The model's decode against a streaming read of the weight bytes one step reads (the
+/// kernel-level decode figure, against K/V bytes, is [`crate::sdpa::baseline::DecodeEfficiency`]).
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct DecodeEff {
+pub struct WeightReadEfficiency {
     /// Weight bytes one decode step reads.
     pub weight_bytes: usize,
     /// Best streaming read, GB/s.
@@ -138,9 +139,10 @@ pub struct DecodeEff {
     pub ratio_median: f64,
 }
 
-/// Prefill against sgemm.
+/// The model's whole prefill against sgemm at its largest matmul shape (one attention call's:
+/// [`crate::sdpa::baseline::PrefillEfficiency`]).
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct PrefillEff {
+pub struct ModelPrefillEfficiency {
     /// FLOPs of one prefill.
     pub flops: f64,
     /// sgemm shape (m, k, n).
@@ -173,9 +175,9 @@ pub struct LlmReport {
     /// allocator serves both).
     pub rows: Vec<Measurement>,
     /// Decode efficiency.
-    pub decode_eff: Option<DecodeEff>,
+    pub decode_eff: Option<WeightReadEfficiency>,
     /// Prefill efficiency.
-    pub prefill_eff: Option<PrefillEff>,
+    pub prefill_eff: Option<ModelPrefillEfficiency>,
     /// What could not be measured, with why.
     pub errors: Vec<String>,
 }
@@ -215,8 +217,8 @@ pub fn run(
     tick: &dyn Fn(),
 ) -> (
     Vec<Measurement>,
-    Option<DecodeEff>,
-    Option<PrefillEff>,
+    Option<WeightReadEfficiency>,
+    Option<ModelPrefillEfficiency>,
     Vec<String>,
 ) {
     let c = &weights.config;
@@ -314,7 +316,7 @@ pub fn run(
         }
     };
     let wbytes = weights.decode_weight_bytes();
-    let decode_eff = (|| -> Result<DecodeEff, String> {
+    let decode_eff = (|| -> Result<WeightReadEfficiency, String> {
         model.forward(&prompt).map_err(|e| e.to_string())?;
         let buf = vec![1.0f32; wbytes / 4];
         let mut tok = 1u32;
@@ -338,7 +340,7 @@ pub fn run(
         }
         let gbs = |t: f64| wbytes as f64 / t / 1e9;
         let ratios: Vec<f64> = rounds.iter().map(|r| r[0] / r[1]).collect();
-        Ok(DecodeEff {
+        Ok(WeightReadEfficiency {
             weight_bytes: wbytes,
             stream_gbs: gbs(best(&rounds, 0)),
             decode_gbs: gbs(best(&rounds, 1)),
@@ -347,7 +349,7 @@ pub fn run(
         })
     })();
     tick();
-    let prefill_eff = (|| -> Result<PrefillEff, String> {
+    let prefill_eff = (|| -> Result<ModelPrefillEfficiency, String> {
         let l = prompt.len();
         let (h, ffn) = (c.hidden_size, c.intermediate_size);
         let per_layer = {
@@ -382,7 +384,7 @@ pub fn run(
             .collect();
         let sg = gflops_gemm(best(&rounds, 0));
         let pf = flops / best(&rounds, 1) / 1e9;
-        Ok(PrefillEff {
+        Ok(ModelPrefillEfficiency {
             flops,
             sgemm_shape: (m, k, nn),
             sgemm_gflops: sg,
