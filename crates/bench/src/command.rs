@@ -11,7 +11,8 @@ use crate::harness::Measurement;
 use crate::measure::Machine;
 use crate::output::Output;
 use crate::parts;
-use crate::report::{targets_table, Report, RunInfo, Section};
+use crate::report::{targets_table, RunInfo, Section};
+use crate::scratch_report::ScratchReport;
 use crate::suite::{self, Settings};
 
 /// Runs the command of `s` and writes `json` and `plot`; `details` prints every table and the
@@ -55,7 +56,7 @@ pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode 
     };
     let jobs = suite::scratch_jobs(s.what, &s.opts);
     let is_job = |label: &str| jobs.iter().any(|j| j.label == label);
-    let scratch = s.what.has_scratch().then(|| Report {
+    let scratch = s.what.has_scratch().then(|| ScratchReport {
         info: info(started),
         run: s.run.clone(),
         sources: s.source_config.clone(),
@@ -88,7 +89,10 @@ pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode 
     println!("{}", crate::summary::table(&rows));
     println!("\n{}", crate::summary::FOOTNOTES);
     if details {
-        let mut targets = scratch.as_ref().map(Report::targets).unwrap_or_default();
+        let mut targets = scratch
+            .as_ref()
+            .map(ScratchReport::targets)
+            .unwrap_or_default();
         targets.extend(sections.iter().flat_map(|r| r.targets.clone()));
         println!(
             "\n## Developers' goals\n\nTargets the project's developers set for the library and \
@@ -107,7 +111,7 @@ pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode 
     let own = sections.iter().filter_map(|r| r.json.clone());
     let value = match scratch {
         Some(h) => {
-            let mut j = Report {
+            let mut j = ScratchReport {
                 info: info.clone(),
                 ..h
             }

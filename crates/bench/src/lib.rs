@@ -14,7 +14,8 @@
 //! - [`steps`]: the interleaved-steps run loop of the kernel benchmarks (`sdpa`, `llm`);
 //! - [`measure`]: statistics, timing in turns, the machine's limits (streaming read, sgemm),
 //!   page faults, RSS, malloc settings and the machine;
-//! - [`report`] and [`plot`]: tables, targets, JSON and SVG;
+//! - [`report`] and [`plot`]: tables, targets, JSON and SVG; [`scratch_report`]: the scratch
+//!   workloads' report;
 //! - [`sdpa`]: the attention kernel over a model with every source, and its efficiency;
 //! - [`llm`]: a whole Llama-family model generating with every temp-memory source;
 //! - [`soak`]: random kernel-like traffic on one shared allocator, every block's tag checked.
@@ -27,6 +28,7 @@ pub mod output;
 pub mod parts;
 pub mod plot;
 pub mod report;
+pub mod scratch_report;
 pub mod sdpa;
 pub mod soak;
 pub mod source;
