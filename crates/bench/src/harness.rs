@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::os;
+use crate::measure::{self, Spread};
 use crate::source::{Block, Counters, ScratchSource, ScratchWorker, SourceConfig, SourceKind};
 use crate::workload::{Observation, Workload};
 
@@ -79,41 +79,9 @@ impl RunConfig {
     }
 }
 
-/// Median, min and max of a sample.
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
-pub struct Spread {
-    /// Median.
-    pub median: f64,
-    /// Minimum.
-    pub min: f64,
-    /// Maximum.
-    pub max: f64,
-}
-
-impl Spread {
-    /// The spread of `xs` (all zero when empty).
-    pub fn of(xs: &[f64]) -> Spread {
-        if xs.is_empty() {
-            return Spread::default();
-        }
-        let mut v = xs.to_vec();
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        let median = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
-        Spread {
-            median,
-            min: v[0],
-            max: v[n - 1],
-        }
-    }
-}
-
-/// Everything measured for one (workload, source, threads).
-#[derive(Clone, Debug, Default)]
+/// Everything measured for one (workload, source, threads). It crosses from a workload's
+/// own process to the one that reports (see [`crate::parts`]) as JSON.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Measurement {
     /// Workload name.
     pub workload: String,
@@ -121,7 +89,7 @@ pub struct Measurement {
     pub source: String,
     /// What one "call" of the per-call figures is: `call` (a kernel call), `token`,
     /// `prefill`.
-    pub unit: &'static str,
+    pub unit: String,
     /// Threads running the workload at once.
     pub threads: usize,
     /// Measured rounds.
@@ -259,19 +227,6 @@ fn total_counters(sh: &Shared<'_>, si: usize) -> Counters {
         .fold(sh.sources[si].counters(), |acc, c| acc.plus(*c))
 }
 
-/// Measures `workload` on a fresh source of `kind` with `threads` threads.
-pub fn measure(
-    workload: &dyn Workload,
-    kind: &SourceKind,
-    source_config: &SourceConfig,
-    threads: usize,
-    cfg: &RunConfig,
-) -> Measurement {
-    measure_all(workload, &[kind], source_config, threads, cfg, &|| {})
-        .pop()
-        .unwrap_or_default()
-}
-
 /// Measures `workload` on fresh sources of every `kinds` with `threads` threads, interleaved:
 /// every source is built and warmed up in turn (its peak RSS growth is measured then), then
 /// the measured rounds alternate between the sources (the first source of each round of
@@ -308,7 +263,7 @@ pub fn measure_all(
         .map(|k| Measurement {
             workload: workload.name(),
             source: k.name.to_string(),
-            unit: "call",
+            unit: "call".into(),
             threads,
             rounds: cfg.rounds,
             ..Measurement::default()
@@ -329,8 +284,8 @@ pub fn measure_all(
         let mut before = vec![Counters::default(); n];
         // Build-up and warm-up, one source after the other.
         for si in 0..n {
-            let rss_before = os::rss_bytes();
-            os::reset_peak_rss();
+            let rss_before = measure::rss_bytes();
+            measure::reset_peak_rss();
             calls[si] = match workload.round_calls() {
                 Some(c) => c,
                 None => {
@@ -356,7 +311,7 @@ pub fn measure_all(
                 round(&sh, si, calls[si], w == 0 && observe_first);
                 calls_total[si] += calls[si] * threads as u64;
             }
-            ms[si].peak_rss_growth = os::peak_rss_bytes().saturating_sub(rss_before);
+            ms[si].peak_rss_growth = measure::peak_rss_bytes().saturating_sub(rss_before);
             before[si] = total_counters(&sh, si);
             tick();
         }
@@ -369,9 +324,9 @@ pub fn measure_all(
                 if failed(si) {
                     continue;
                 }
-                let f0 = os::minor_faults();
+                let f0 = measure::minor_faults();
                 times[si].push(round(&sh, si, calls[si], false));
-                faults[si] += os::minor_faults().saturating_sub(f0);
+                faults[si] += measure::minor_faults().saturating_sub(f0);
                 calls_total[si] += calls[si] * threads as u64;
             }
             tick();
@@ -425,23 +380,10 @@ pub fn median_ratios(ms: &mut [Measurement]) {
             .find(|m| m.source == name && m.error.is_none() && m.ns_per_call.median > 0.0)
             .map(|m| m.ns_per_call.median)
     };
-    let floor = median_of(crate::report::FLOOR, ms);
-    let caching = median_of(crate::report::CACHING, ms);
+    let floor = median_of(crate::source::FLOOR, ms);
+    let caching = median_of(crate::source::CACHING, ms);
     for m in ms.iter_mut().filter(|m| m.error.is_none()) {
         m.x_static = floor.map(|b| m.ns_per_call.median / b);
         m.x_caching = caching.map(|b| m.ns_per_call.median / b);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn spread_of_samples() {
-        let s = Spread::of(&[3.0, 1.0, 2.0]);
-        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
-        assert_eq!(Spread::of(&[4.0, 1.0, 2.0, 3.0]).median, 2.5);
-        assert_eq!(Spread::of(&[]), Spread::default());
     }
 }

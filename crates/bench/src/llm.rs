@@ -12,7 +12,7 @@
 //! are per token.
 //!
 //! **Efficiency**, with the `caching` source: decode tokens/s times the bytes of weights a
-//! step reads, against a streaming read of as many bytes (`sdpa::baseline::stream_read`);
+//! step reads, against a streaming read of as many bytes ([`crate::measure::stream_read`]);
 //! prefill FLOP/s against matrixmultiply's sgemm on the model's largest matmul shape. Both
 //! timed in alternating turns.
 
@@ -23,18 +23,17 @@ use comfy_table::Table;
 use serde_json::{json, Value};
 
 use crate::harness::Measurement;
+use crate::measure::{best, interleaved, median, sgemm, stream_read};
 use crate::report::{
     comparison_table, efficiency_check, goal, markdown_table, pct, within_static, Column, RunInfo,
     TargetCheck, CACHING,
 };
 use crate::source::{ScratchSource, ScratchWorker, SourceConfig, SourceKind, LLM_ONLY, SOURCES};
 use crate::steps::Steps;
-use ::sdpa::baseline::{best, interleaved, median, sgemm, stream_read};
 use llm::safetensors::DType;
 use llm::{Llama, ModelOptions, Module, Sampler, TempRef, Weights};
 
-/// ExecuTorch's LLM runner's temp-allocator cap, `1024 * 1024 * 10` (used for both caches).
-pub const RUNNER_CAP: usize = 10 << 20;
+use crate::source::RUNNER_CAP;
 
 /// The temp-memory sources of the llm comparison, in table order: [`SOURCES`] entries and
 /// [`LLM_ONLY`]'s, all built with [`llm_source_config`] (caps at the runner's 10 MiB).
@@ -79,24 +78,56 @@ pub struct LlmConfig {
 }
 
 impl LlmConfig {
-    /// The defaults: quick runs 1 measured round, full runs 3.
+    /// The defaults: quick runs 1 measured round of 32 decode tokens, full runs 3 of 64
+    /// (`allocbench llm` takes its count from `--decode-tokens`).
     pub fn new(quick: bool, shape: &str) -> Self {
         LlmConfig {
             model: shape.into(),
             model_dir: None,
             prompt_tokens: 128,
-            decode_tokens: 64,
+            decode_tokens: if quick { 32 } else { 64 },
             prefill_reps: 3,
             rounds: if quick { 1 } else { 3 },
             eff_reps: if quick { 3 } else { 7 },
             seed: 1,
         }
     }
+
+    /// Tests: the [`TINY`] shape, a 12-token prompt, 4 decode tokens, one round.
+    pub fn tiny() -> Self {
+        LlmConfig {
+            model: TINY.into(),
+            model_dir: None,
+            prompt_tokens: 12,
+            decode_tokens: 4,
+            prefill_reps: 2,
+            rounds: 1,
+            eff_reps: 1,
+            seed: 1,
+        }
+    }
 }
 
-/// Decode against the streaming read.
+/// The shape name of a tiny model for tests (2 layers, hidden 64, vocab 300).
+pub const TINY: &str = "tiny";
+
+/// The tiny model's configuration: smollm2-135m's, shrunk.
+fn tiny_config() -> Option<llm::LlamaConfig> {
+    let mut c = llm::shapes::named("smollm2-135m")?;
+    c.hidden_size = 64;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 16;
+    c.intermediate_size = 96;
+    c.num_layers = 2;
+    c.vocab_size = 300;
+    Some(c)
+}
+
+/// The model's decode against a streaming read of the weight bytes one step reads (the
+/// kernel-level decode figure, against K/V bytes, is [`crate::sdpa::baseline::DecodeEfficiency`]).
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct DecodeEff {
+pub struct WeightReadEfficiency {
     /// Weight bytes one decode step reads.
     pub weight_bytes: usize,
     /// Best streaming read, GB/s.
@@ -109,9 +140,10 @@ pub struct DecodeEff {
     pub ratio_median: f64,
 }
 
-/// Prefill against sgemm.
+/// The model's whole prefill against sgemm at its largest matmul shape (one attention call's:
+/// [`crate::sdpa::baseline::PrefillEfficiency`]).
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct PrefillEff {
+pub struct ModelPrefillEfficiency {
     /// FLOPs of one prefill.
     pub flops: f64,
     /// sgemm shape (m, k, n).
@@ -144,9 +176,9 @@ pub struct LlmReport {
     /// allocator serves both).
     pub rows: Vec<Measurement>,
     /// Decode efficiency.
-    pub decode_eff: Option<DecodeEff>,
+    pub decode_eff: Option<WeightReadEfficiency>,
     /// Prefill efficiency.
-    pub prefill_eff: Option<PrefillEff>,
+    pub prefill_eff: Option<ModelPrefillEfficiency>,
     /// What could not be measured, with why.
     pub errors: Vec<String>,
 }
@@ -159,7 +191,12 @@ pub fn weights(cfg: &LlmConfig) -> Result<Arc<Weights>, String> {
     let w = match &cfg.model_dir {
         Some(dir) => Weights::load(dir).map_err(|e| e.to_string())?,
         None => {
-            let c = llm::shapes::named(&cfg.model).ok_or_else(|| {
+            let shape = if cfg.model == TINY {
+                tiny_config()
+            } else {
+                llm::shapes::named(&cfg.model)
+            };
+            let c = shape.ok_or_else(|| {
                 format!(
                     "unknown shape `{}`; known: {}",
                     cfg.model,
@@ -181,8 +218,8 @@ pub fn run(
     tick: &dyn Fn(),
 ) -> (
     Vec<Measurement>,
-    Option<DecodeEff>,
-    Option<PrefillEff>,
+    Option<WeightReadEfficiency>,
+    Option<ModelPrefillEfficiency>,
     Vec<String>,
 ) {
     let c = &weights.config;
@@ -280,7 +317,7 @@ pub fn run(
         }
     };
     let wbytes = weights.decode_weight_bytes();
-    let decode_eff = (|| -> Result<DecodeEff, String> {
+    let decode_eff = (|| -> Result<WeightReadEfficiency, String> {
         model.forward(&prompt).map_err(|e| e.to_string())?;
         let buf = vec![1.0f32; wbytes / 4];
         let mut tok = 1u32;
@@ -304,16 +341,16 @@ pub fn run(
         }
         let gbs = |t: f64| wbytes as f64 / t / 1e9;
         let ratios: Vec<f64> = rounds.iter().map(|r| r[0] / r[1]).collect();
-        Ok(DecodeEff {
+        Ok(WeightReadEfficiency {
             weight_bytes: wbytes,
             stream_gbs: gbs(best(&rounds, 0)),
             decode_gbs: gbs(best(&rounds, 1)),
             ratio_best: best(&rounds, 0) / best(&rounds, 1),
-            ratio_median: median(ratios),
+            ratio_median: median(&ratios),
         })
     })();
     tick();
-    let prefill_eff = (|| -> Result<PrefillEff, String> {
+    let prefill_eff = (|| -> Result<ModelPrefillEfficiency, String> {
         let l = prompt.len();
         let (h, ffn) = (c.hidden_size, c.intermediate_size);
         let per_layer = {
@@ -326,8 +363,8 @@ pub fn run(
             + 2.0 * (c.vocab_size * h) as f64
             + c.num_layers as f64 * 4.0 * (c.head_dim * c.num_heads) as f64 * pairs;
         let (m, k, nn) = (l, h, ffn);
-        let a = ::sdpa::baseline::fill(m * k, 3);
-        let b = ::sdpa::baseline::fill(k * nn, 4);
+        let a = crate::measure::fill(m * k, 3);
+        let b = crate::measure::fill(k * nn, 4);
         let mut cbuf = vec![0f32; m * nn];
         let mut err = None;
         let mut gemm = || sgemm(m, k, nn, &a, &b, &mut cbuf);
@@ -348,13 +385,13 @@ pub fn run(
             .collect();
         let sg = gflops_gemm(best(&rounds, 0));
         let pf = flops / best(&rounds, 1) / 1e9;
-        Ok(PrefillEff {
+        Ok(ModelPrefillEfficiency {
             flops,
             sgemm_shape: (m, k, nn),
             sgemm_gflops: sg,
             prefill_gflops: pf,
             ratio_best: pf / sg,
-            ratio_median: median(ratios),
+            ratio_median: median(&ratios),
         })
     })();
     tick();
@@ -370,6 +407,78 @@ pub fn run(
 /// Progress units of a run: the measured steps, plus two efficiency figures.
 pub fn progress_units(cfg: &LlmConfig) -> usize {
     cfg.rounds * (cfg.decode_tokens + cfg.prefill_reps.max(1)) + 2
+}
+
+/// Runs `allocbench llm` on `kinds` in this process: the report's rows, JSON section, targets
+/// and the text of its detail tables; only an error when the weights could not be had.
+pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> crate::report::Section {
+    let machine = crate::measure::Machine::detect();
+    let started = std::time::Instant::now();
+    let weights = match weights(cfg) {
+        Ok(w) => w,
+        Err(e) => return crate::report::Section::failed(format!("llm: {e}")),
+    };
+    let c = &weights.config;
+    let arch = format!(
+        "{}: hidden {}, {} layers, {} heads, {} kv heads, head_dim {}, FFN {}, vocab {}, {}, \
+         rope_theta {}{}; {:?} weights, {:.1} MiB read per decode token",
+        cfg.model,
+        c.hidden_size,
+        c.num_layers,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.intermediate_size,
+        c.vocab_size,
+        if c.tie_word_embeddings {
+            "tied"
+        } else {
+            "separate head"
+        },
+        c.rope_theta,
+        if c.rope_scaling.is_some() {
+            " (llama3 scaling)"
+        } else {
+            ""
+        },
+        weights.embed.dtype(),
+        weights.decode_weight_bytes() as f64 / (1 << 20) as f64
+    );
+    let ready_s = started.elapsed().as_secs_f64();
+    let pb = crate::output::progress_bar(progress_units(cfg));
+    pb.set_message("llm");
+    // On a rayon worker, as `llm generate` runs: the kernels' parallel sections then start
+    // inside the pool instead of waking the main thread through a latch after each of the
+    // ~240 sections per token. Inline when the main thread is a member
+    // ([`crate::parts::init_threads`]); this covers a single-thread pool, which keeps its own worker.
+    let (rows, decode_eff, prefill_eff, errors) =
+        rayon::scope(|_| run(cfg, &weights, kinds, &llm_source_config(), &|| pb.inc(1)));
+    pb.finish_and_clear();
+    let command: Vec<String> = std::env::args().collect();
+    let report = LlmReport {
+        info: RunInfo::new(
+            machine,
+            command.join(" "),
+            quick,
+            rayon::current_num_threads(),
+            started,
+        ),
+        config: cfg.clone(),
+        arch,
+        sgemm_threads: crate::measure::sgemm_threads(),
+        isa: format!("{:?}", ::llm::kernels::isa()),
+        rows,
+        decode_eff,
+        prefill_eff,
+        errors,
+    };
+    crate::report::Section {
+        details: vec![report.details(ready_s)],
+        json: Some(("llm".into(), report.to_json())),
+        targets: report.targets(),
+        rows: report.rows,
+        errors: Vec::new(),
+    }
 }
 
 impl LlmReport {
@@ -388,6 +497,37 @@ impl LlmReport {
             1.0
         };
         tokens * m.calls_per_sec
+    }
+
+    /// What ran and every table but the targets, as printed under `--details`; the weights
+    /// took `ready_s` seconds to load or generate.
+    pub fn details(&self, ready_s: f64) -> String {
+        let mut out = format!(
+            "## llm: a whole model generating\n\n{} measured rounds after 1 warm-up; {} rayon \
+             threads, kernels {}; weights ready in {ready_s:.1} s\nmodel: {}\nround: prefill \
+             of {} tokens, then {} decode tokens, interleaved across sources\n\nAllocator \
+             comparison (median step; x static / x caching: median of step-by-step ratios over \
+             the same interleaved steps; temp bytes, faults and system allocations per \
+             token):\n\n{}\n\n",
+            self.config.rounds,
+            self.info.threads,
+            self.isa,
+            self.arch,
+            self.config.prompt_tokens,
+            self.config.decode_tokens,
+            self.table()
+        );
+        for h in self.headline() {
+            out += &format!("{h}\n");
+        }
+        out += &format!(
+            "\nEfficiency (caching source, alternating turns with the baseline):\n\n{}\n",
+            self.efficiency_table()
+        );
+        for e in &self.errors {
+            out += &format!("not measured: {e}\n");
+        }
+        out
     }
 
     /// The comparison table, as Markdown.
@@ -442,15 +582,16 @@ impl LlmReport {
         t
     }
 
-    /// The headline: what `caching` buys against `system` and `fresh-pages`, per phase
-    /// (their total time over `caching`'s over the same steps).
+    /// The headline: what `caching` buys against `system`, `fresh-pages` and `exact-cache`, per
+    /// phase (their time over `caching`'s, median over the same steps).
     pub fn headline(&self) -> Vec<String> {
         let mut out = Vec::new();
         for phase in ["llm-decode", "llm-prefill"] {
             for rival in ["system", "fresh-pages", "exact-cache"] {
                 if let Some(x) = self.get(phase, rival).and_then(|r| r.x_caching) {
                     out.push(format!(
-                        "{phase}: caching is {x:.3}x as fast as {rival} (median of step-by-step ratios)"
+                        "{phase}: {rival} takes {x:.3}x caching's time (median of step-by-step \
+                         ratios)"
                     ));
                 }
             }
@@ -508,11 +649,6 @@ impl LlmReport {
             ));
         }
         out
-    }
-
-    /// The targets table.
-    pub fn targets_table(&self) -> Table {
-        crate::report::targets_table(&self.targets())
     }
 
     /// (label, what one step is).
@@ -583,25 +719,8 @@ mod tests {
     /// static, zero system allocations per token for the cache in steady state, JSON units.
     #[test]
     fn smoke_run_on_a_tiny_model() {
-        let mut c = llm::shapes::named("smollm2-135m").unwrap();
-        c.hidden_size = 64;
-        c.num_heads = 4;
-        c.num_kv_heads = 2;
-        c.head_dim = 16;
-        c.intermediate_size = 96;
-        c.num_layers = 2;
-        c.vocab_size = 300;
-        let w = Arc::new(Weights::random(c, DType::BF16, 3).unwrap());
-        let cfg = LlmConfig {
-            model: "tiny".into(),
-            model_dir: None,
-            prompt_tokens: 12,
-            decode_tokens: 4,
-            prefill_reps: 2,
-            rounds: 1,
-            eff_reps: 1,
-            seed: 1,
-        };
+        let cfg = LlmConfig::tiny();
+        let w = weights(&cfg).unwrap();
         let kinds: Vec<&SourceKind> = ["caching", "static", "system"]
             .iter()
             .map(|n| find_source(n).unwrap())
@@ -652,9 +771,6 @@ mod tests {
         assert!(t
             .iter()
             .any(|c| c.target.contains("within 1.01x of static on llm-decode")));
-        assert!(report
-            .headline()
-            .iter()
-            .any(|h| h.contains("as fast as system")));
+        assert!(report.headline().iter().any(|h| h.contains("system takes")));
     }
 }

@@ -8,7 +8,8 @@ use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
 
 use crate::harness::Measurement;
-use crate::report::{fmt_ns, labels, RunInfo, CACHING, CACHING_SCOPE, FLOOR};
+use crate::report::{fmt_ns, labels, RunInfo};
+use crate::source::{CACHING, CACHING_SCOPE, FLOOR};
 
 fn color_of(source: &str) -> RGBColor {
     match source {
@@ -27,12 +28,29 @@ pub fn write_svg(
     measurements: &[Measurement],
     path: &Path,
 ) -> Result<(), Box<dyn Error>> {
+    std::fs::write(path, render_svg(info, measurements)?)?;
+    Ok(())
+}
+
+/// The plot of `measurements` (of the run `info`) as SVG text.
+pub fn render_svg(info: &RunInfo, measurements: &[Measurement]) -> Result<String, Box<dyn Error>> {
+    let mut svg = String::new();
+    draw(info, measurements, &mut svg)?;
+    Ok(svg)
+}
+
+fn draw(
+    info: &RunInfo,
+    measurements: &[Measurement],
+    svg: &mut String,
+) -> Result<(), Box<dyn Error>> {
     let labels = labels(measurements);
     let cols = 2usize;
     let rows = labels.len().div_ceil(cols).max(1);
     let width = 1200u32;
     let panel_h = 360u32;
-    let root = SVGBackend::new(path, (width, 60 + panel_h * rows as u32)).into_drawing_area();
+    let root =
+        SVGBackend::with_string(svg, (width, 60 + panel_h * rows as u32)).into_drawing_area();
     root.fill(&WHITE)?;
     let (title, body) = root.split_vertically(60);
     title.draw(&Text::new(

@@ -51,10 +51,64 @@ pub struct SoakReport {
     pub stats: Stats,
 }
 
+/// `allocbench soak` for `seconds` on `threads` threads (default: all cores): prints ops/s,
+/// peak bytes and the violations, writes `json` if given; fails on any violation.
+pub fn command(
+    seconds: f64,
+    threads: Option<usize>,
+    json: Option<crate::output::Output>,
+) -> std::process::ExitCode {
+    let machine = crate::measure::Machine::detect();
+    let threads = threads.unwrap_or(machine.cores).max(1);
+    println!("# allocbench soak: {seconds} s on {threads} threads; {machine}");
+    let r = run(seconds, threads);
+    println!("{r}");
+    println!(
+        "ops/s: {:.0}; peak live bytes: {}; peak reserved bytes: {}; violations: {}",
+        r.ops_per_sec, r.peak_live_bytes, r.peak_reserved_bytes, r.violations
+    );
+    let mut ok = r.passed();
+    if let Some(out) = json {
+        let command = std::env::args().collect::<Vec<_>>().join(" ");
+        ok &= out.write_json(&r.to_json(machine, command));
+    }
+    if !r.passed() {
+        eprintln!("allocbench soak: {} violations", r.violations);
+    }
+    if ok {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    }
+}
+
 impl SoakReport {
     /// Whether the run saw no violation.
     pub fn passed(&self) -> bool {
         self.violations == 0
+    }
+
+    /// Every figure, with units, as JSON: the header every run has, then the soak's own.
+    pub fn to_json(&self, machine: crate::measure::Machine, command: String) -> serde_json::Value {
+        use serde_json::json;
+        let mut info = crate::report::RunInfo::new(
+            machine,
+            command,
+            false,
+            self.threads,
+            std::time::Instant::now(),
+        );
+        info.mode = "soak";
+        info.elapsed_s = self.seconds;
+        let mut j = info.json("soak", &[], &[]);
+        j["ops"] = json!({ "value": self.ops, "unit": "allocator calls" });
+        j["ops_per_second"] = json!({ "value": self.ops_per_sec, "unit": "ops/s (all threads)" });
+        j["peak_live_bytes"] = json!({ "value": self.peak_live_bytes, "unit": "bytes" });
+        j["peak_reserved_bytes"] = json!({ "value": self.peak_reserved_bytes, "unit": "bytes" });
+        j["violations"] = json!(self.violations);
+        j["first_violations"] = json!(self.first_violations);
+        j["passed"] = json!(self.passed());
+        j
     }
 }
 

@@ -11,10 +11,9 @@
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use crate::harness::{Measurement, Spread};
-use crate::os;
-use crate::report::{CACHING, FLOOR};
-use crate::source::{Counters, SourceKind};
+use crate::harness::Measurement;
+use crate::measure::{self, Spread};
+use crate::source::{Counters, SourceKind, CACHING, FLOOR};
 
 /// The order in which `n` sources run in step `step`: steps come in pairs, the second of a
 /// pair the reverse of the first (forward, backward: a linear drift in machine speed over a
@@ -95,13 +94,13 @@ impl<'a> Steps<'a> {
         if self.failed(i) {
             return;
         }
-        let rss = os::rss_bytes();
-        os::reset_peak_rss();
+        let rss = measure::rss_bytes();
+        measure::reset_peak_rss();
         let r = run();
         let a = &mut self.accs[i];
         a.peak_rss_growth = a
             .peak_rss_growth
-            .max(os::peak_rss_bytes().saturating_sub(rss));
+            .max(measure::peak_rss_bytes().saturating_sub(rss));
         if let Err(e) = r {
             a.error = Some(e);
         }
@@ -116,11 +115,11 @@ impl<'a> Steps<'a> {
                 continue;
             }
             let c0 = (self.counters)(i);
-            let f0 = os::minor_faults();
+            let f0 = measure::minor_faults();
             let t0 = (self.clock)();
             let r = run(i);
             let dt = (self.clock)() - t0;
-            let faults = os::minor_faults().saturating_sub(f0);
+            let faults = measure::minor_faults().saturating_sub(f0);
             let allocs = (self.counters)(i).since(c0).system_allocs;
             let a = &mut self.accs[i];
             match r {
@@ -178,7 +177,7 @@ impl<'a> Steps<'a> {
                 Measurement {
                     workload: label.to_string(),
                     source: self.kinds[i].name.to_string(),
-                    unit,
+                    unit: unit.into(),
                     threads: rayon::current_num_threads(),
                     rounds: a.steps.len(),
                     calls_per_round: 0,

@@ -1,31 +1,56 @@
-//! Which measurements a benchmark subcommand makes, and running them.
+//! What a benchmark command runs: a list of [`Suite`]s, each a workload (or the kernel
+//! benchmark, or the model) that knows how to run and time itself and reports a [`Section`].
 //!
-//! A subcommand is a list of [`Job`]s (a workload on a number of threads); every job runs on
-//! every selected source, one after the other, so all figures of a job come from the same
-//! stretch of time. New subcommands add a [`Bench`] variant and its jobs in [`plan`].
+//! The scratch suites ([`ScratchJob`]: a workload on a number of threads) run every selected
+//! source through [`measure_all`], interleaved round by round; the kernel suites (`sdpa`,
+//! `llm`) run steps through [`crate::steps`]. Each suite of a command runs in a fresh process
+//! ([`crate::parts`]). A new workload is a [`ScratchJob`] in [`plan`]; a new kind of benchmark
+//! implements [`Suite`].
 
-use indicatif::{ProgressBar, ProgressStyle};
-
-use crate::harness::{measure_all, Measurement, RunConfig};
-// ExecuTorch's LLM runner gives its temp allocator a 10 MB cap: `all` runs decode under it too.
-use crate::llm::RUNNER_CAP;
-use crate::source::{SourceConfig, SourceKind};
+use crate::harness::{measure_all, RunConfig};
+use crate::llm::LlmConfig;
+use crate::report::Section;
+use crate::sdpa::SdpaConfig;
+use crate::source::{SourceConfig, SourceKind, RUNNER_CAP};
 use crate::workload::{Decode, Mix, Scratch, Workload};
 
-/// The benchmark subcommands that run through the harness.
+/// The benchmark commands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Bench {
+pub enum What {
     /// The three scratch mixes.
     Scratch,
     /// SDPA decode scratch.
     Decode,
     /// Medium scratch on 1 and N threads.
     Threads,
-    /// All of the above.
+    /// The attention kernel over a model.
+    Sdpa,
+    /// A whole model generating.
+    Llm,
+    /// Everything above.
     All,
 }
 
-/// What a run is asked to do.
+impl What {
+    /// The command's name (also the stem of its default output files).
+    pub fn name(self) -> &'static str {
+        match self {
+            What::Scratch => "scratch",
+            What::Decode => "decode",
+            What::Threads => "threads",
+            What::Sdpa => "sdpa",
+            What::Llm => "llm",
+            What::All => "all",
+        }
+    }
+
+    /// Whether the command runs scratch workloads (and so reports their table and goals).
+    pub fn has_scratch(self) -> bool {
+        !matches!(self, What::Sdpa | What::Llm)
+    }
+}
+
+/// Options of the scratch workloads.
 #[derive(Clone, Debug)]
 pub struct Options {
     /// Short rounds (`--quick`).
@@ -62,8 +87,46 @@ impl Options {
     }
 }
 
-/// One workload on a number of threads, with the label it has in the table.
-pub struct Job {
+/// Everything a command's suites need, the same in the parent and in every child (both build
+/// it from the same command line).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The command.
+    pub what: What,
+    /// Short rounds.
+    pub quick: bool,
+    /// The sources of the scratch workloads and of `sdpa`.
+    pub sources: Vec<&'static SourceKind>,
+    /// The sources of `llm`.
+    pub llm_sources: Vec<&'static SourceKind>,
+    /// Source settings of the scratch workloads and of `sdpa`.
+    pub source_config: SourceConfig,
+    /// The scratch workloads' options.
+    pub opts: Options,
+    /// Rounds and durations of the scratch workloads.
+    pub run: RunConfig,
+    /// What `sdpa` runs.
+    pub sdpa: SdpaConfig,
+    /// What `llm` runs.
+    pub llm: LlmConfig,
+    /// Only the suites of these labels (`--workloads`), or all.
+    pub only: Option<Vec<String>>,
+}
+
+/// One benchmark of a command: what it runs, how it times it, what it reports.
+pub trait Suite {
+    /// Its label in the tables (and for `--workloads`).
+    fn label(&self) -> &str;
+
+    /// One line saying what it runs.
+    fn describe(&self) -> String;
+
+    /// Runs it in this process on the sources of `s`.
+    fn run(&self, s: &Settings) -> Section;
+}
+
+/// A scratch workload on a number of threads: every selected source, rounds interleaved.
+pub struct ScratchJob {
     /// Table label (`scratch-medium`, `threads x2`).
     pub label: String,
     /// The workload.
@@ -76,6 +139,94 @@ pub struct Job {
     pub only: Option<&'static [&'static str]>,
 }
 
+impl ScratchJob {
+    /// The sources of `sources` this job runs on.
+    fn sources(&self, sources: &[&'static SourceKind]) -> Vec<&'static SourceKind> {
+        sources
+            .iter()
+            .copied()
+            .filter(|k| self.only.is_none_or(|only| only.contains(&k.name)))
+            .collect()
+    }
+}
+
+impl Suite for ScratchJob {
+    fn label(&self) -> &str {
+        &self.label
+    }
+
+    fn describe(&self) -> String {
+        self.workload.describe()
+    }
+
+    fn run(&self, s: &Settings) -> Section {
+        let mine = self.sources(&s.sources);
+        if mine.is_empty() {
+            return Section::default();
+        }
+        // A progress unit per source warm-up and per measured round.
+        let pb = crate::output::progress_bar(mine.len() + s.run.rounds);
+        pb.set_message(self.label.clone());
+        let config = SourceConfig {
+            caching_cap: self.caching_cap.unwrap_or(s.source_config.caching_cap),
+            ..s.source_config.clone()
+        };
+        let ms = measure_all(
+            self.workload.as_ref(),
+            &mine,
+            &config,
+            self.threads,
+            &s.run,
+            &|| pb.inc(1),
+        );
+        pb.finish_and_clear();
+        Section {
+            rows: ms
+                .into_iter()
+                .map(|mut m| {
+                    m.workload = self.label.clone();
+                    m
+                })
+                .collect(),
+            ..Section::default()
+        }
+    }
+}
+
+/// The attention kernel over a model (`allocbench sdpa`).
+struct SdpaSuite;
+
+impl Suite for SdpaSuite {
+    fn label(&self) -> &str {
+        "sdpa"
+    }
+
+    fn describe(&self) -> String {
+        "the attention kernel over a model, decode and prefill, every dtype".into()
+    }
+
+    fn run(&self, s: &Settings) -> Section {
+        crate::sdpa::run_part(&s.sdpa, s.quick, &s.sources, &s.source_config)
+    }
+}
+
+/// A whole model generating (`allocbench llm`).
+struct LlmSuite;
+
+impl Suite for LlmSuite {
+    fn label(&self) -> &str {
+        "llm"
+    }
+
+    fn describe(&self) -> String {
+        "a whole Llama-family model, prefill and decode".into()
+    }
+
+    fn run(&self, s: &Settings) -> Section {
+        crate::llm::run_part(&s.llm, s.quick, &s.llm_sources)
+    }
+}
+
 /// The sources of the capped decode job: the caches under the runner's cap, and the baselines.
 const CAPPED_DECODE_SOURCES: &[&str] = &[
     "caching",
@@ -85,19 +236,15 @@ const CAPPED_DECODE_SOURCES: &[&str] = &[
     "system",
 ];
 
-/// The jobs of `bench`.
-pub fn plan(bench: Bench, opts: &Options) -> Vec<Job> {
-    let mut jobs = Vec::new();
-    let scratch = |mix| Job {
-        label: format!("scratch-{}", Mix::label(mix)),
-        workload: Box::new(Scratch::new(mix)),
-        threads: 1,
+/// The scratch jobs of `what` (none for `sdpa` and `llm`).
+pub fn scratch_jobs(what: What, opts: &Options) -> Vec<ScratchJob> {
+    let job = |label: String, workload: Box<dyn Workload>, threads| ScratchJob {
+        label,
+        workload,
+        threads,
         caching_cap: None,
         only: None,
     };
-    if matches!(bench, Bench::Scratch | Bench::All) {
-        jobs.extend(Mix::ALL.into_iter().map(scratch));
-    }
     let decode = || {
         Box::new(Decode::new(
             opts.decode_tokens,
@@ -105,108 +252,133 @@ pub fn plan(bench: Bench, opts: &Options) -> Vec<Job> {
             opts.decode_kernel_threads,
         ))
     };
-    if matches!(bench, Bench::Decode | Bench::All) {
-        jobs.push(Job {
-            label: "decode".into(),
-            workload: decode(),
-            threads: 1,
-            caching_cap: None,
-            only: None,
-        });
+    let mut jobs = Vec::new();
+    if matches!(what, What::Scratch | What::All) {
+        for mix in Mix::ALL {
+            let label = format!("scratch-{}", Mix::label(mix));
+            jobs.push(job(label, Box::new(Scratch::new(mix)), 1));
+        }
     }
-    if bench == Bench::All {
-        jobs.push(Job {
-            label: "decode cap 10MiB".into(),
-            workload: decode(),
-            threads: 1,
+    if matches!(what, What::Decode | What::All) {
+        jobs.push(job("decode".into(), decode(), 1));
+    }
+    if what == What::All {
+        // ExecuTorch's LLM runner gives its temp allocator a 10 MB cap: decode under it too.
+        jobs.push(ScratchJob {
             caching_cap: Some(RUNNER_CAP),
             only: Some(CAPPED_DECODE_SOURCES),
+            ..job("decode cap 10MiB".into(), decode(), 1)
         });
     }
-    if matches!(bench, Bench::Threads | Bench::All) {
+    if matches!(what, What::Threads | What::All) {
         let mut counts = vec![1];
         if opts.threads > 1 {
             counts.push(opts.threads);
         }
         for n in counts {
-            jobs.push(Job {
-                label: format!("threads x{n}"),
-                workload: Box::new(Scratch::new(Mix::Medium)),
-                threads: n,
-                caching_cap: None,
-                only: None,
-            });
+            let medium = Box::new(Scratch::new(Mix::Medium));
+            jobs.push(job(format!("threads x{n}"), medium, n));
         }
     }
     jobs
 }
 
-/// Runs every job on every source (interleaved within a job, see
-/// [`measure_all`]), advancing `progress`.
-pub fn run(
-    jobs: &[Job],
-    sources: &[&SourceKind],
-    source_config: &SourceConfig,
-    cfg: &RunConfig,
-    progress: &ProgressBar,
-) -> Vec<Measurement> {
-    let mut out = Vec::with_capacity(jobs.len() * sources.len());
-    for job in jobs {
-        progress.set_message(job.label.clone());
-        let tick = || progress.inc(1);
-        let config = SourceConfig {
-            caching_cap: job.caching_cap.unwrap_or(source_config.caching_cap),
-            ..source_config.clone()
-        };
-        let mine: Vec<&SourceKind> = sources
-            .iter()
-            .copied()
-            .filter(|k| job.only.is_none_or(|only| only.contains(&k.name)))
-            .collect();
-        if mine.is_empty() {
-            continue;
+/// The suites of the command, in run order; an error names an unknown `--workloads` label
+/// and lists the known ones.
+pub fn plan(s: &Settings) -> Result<Vec<Box<dyn Suite>>, String> {
+    let mut suites: Vec<Box<dyn Suite>> = scratch_jobs(s.what, &s.opts)
+        .into_iter()
+        .map(|j| Box::new(j) as Box<dyn Suite>)
+        .collect();
+    if matches!(s.what, What::Sdpa | What::All) {
+        suites.push(Box::new(SdpaSuite));
+    }
+    if s.what == What::Llm || (s.what == What::All && !s.llm_sources.is_empty()) {
+        suites.push(Box::new(LlmSuite));
+    }
+    if let Some(only) = &s.only {
+        let known: Vec<&str> = suites.iter().map(|p| p.label()).collect();
+        if let Some(bad) = only.iter().find(|w| !known.contains(&w.as_str())) {
+            return Err(format!(
+                "`{}` runs no workload `{bad}`; known: {}",
+                s.what.name(),
+                known.join(", ")
+            ));
         }
-        let ms = measure_all(
-            job.workload.as_ref(),
-            &mine,
-            &config,
-            job.threads,
-            cfg,
-            &tick,
+        suites.retain(|p| only.iter().any(|w| w == p.label()));
+    }
+    Ok(suites)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(what: What, only: Option<&[&str]>) -> Settings {
+        let quick = true;
+        Settings {
+            what,
+            quick,
+            sources: crate::source::SOURCES.iter().collect(),
+            llm_sources: crate::llm::llm_sources(),
+            source_config: SourceConfig::default(),
+            opts: Options::new(quick, 2),
+            run: RunConfig::smoke(),
+            sdpa: SdpaConfig::smoke(),
+            llm: LlmConfig::tiny(),
+            only: only.map(|o| o.iter().map(|w| w.to_string()).collect()),
+        }
+    }
+
+    fn labels(s: &Settings) -> Vec<String> {
+        plan(s)
+            .unwrap()
+            .iter()
+            .map(|p| p.label().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn all_runs_every_workload_in_order_and_workloads_picks_some() {
+        assert_eq!(
+            labels(&settings(What::All, None)),
+            [
+                "scratch-small",
+                "scratch-medium",
+                "scratch-large",
+                "decode",
+                "decode cap 10MiB",
+                "threads x1",
+                "threads x2",
+                "sdpa",
+                "llm"
+            ]
         );
-        out.extend(ms.into_iter().map(|mut m| {
-            m.workload = job.label.clone();
-            m
-        }));
+        let picked = settings(What::All, Some(&["llm", "scratch-large"]));
+        assert_eq!(labels(&picked), ["scratch-large", "llm"]);
+        assert_eq!(labels(&settings(What::Sdpa, None)), ["sdpa"]);
+        let bad = plan(&settings(What::Decode, Some(&["sdpa"])))
+            .err()
+            .unwrap();
+        assert!(
+            bad.contains("`sdpa`") && bad.contains("known: decode"),
+            "{bad}"
+        );
     }
-    out
-}
 
-/// Progress units of `jobs` on `sources`: per job, one per source warm-up and one per
-/// measured round.
-pub fn ticks(jobs: &[Job], sources: &[&SourceKind], cfg: &RunConfig) -> usize {
-    jobs.iter()
-        .map(|j| {
-            let n = sources
-                .iter()
-                .filter(|k| j.only.is_none_or(|only| only.contains(&k.name)))
-                .count();
-            if n == 0 {
-                0
-            } else {
-                n + cfg.rounds
-            }
-        })
-        .sum()
-}
-
-/// A progress bar on stderr for `n` measurements (hidden when stderr is not a terminal).
-pub fn progress_bar(n: usize) -> ProgressBar {
-    let pb = ProgressBar::new(n as u64);
-    if let Ok(style) =
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
-    {
-        pb.set_style(style.progress_chars("=> "));
+    #[test]
+    fn the_capped_decode_runs_on_its_sources_only() {
+        let jobs = scratch_jobs(What::All, &Options::new(true, 2));
+        let capped = jobs.iter().find(|j| j.label == "decode cap 10MiB").unwrap();
+        let mut names: Vec<&str> = capped
+            .sources(&crate::source::SOURCES.iter().collect::<Vec<_>>())
+            .iter()
+            .map(|k| k.name)
+            .collect();
+        let mut want = CAPPED_DECODE_SOURCES.to_vec();
+        names.sort();
+        want.sort();
+        assert_eq!(names, want);
+        assert_eq!(capped.caching_cap, Some(RUNNER_CAP));
     }
-    pb
 }

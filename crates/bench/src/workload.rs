@@ -15,7 +15,7 @@ use crate::source::{AllocError, Block, Call, Counters, ScratchWorker, SCRATCH_AL
 pub const PAGE: usize = 4096;
 
 /// What a workload saw while observed (the first warm-up round).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Observation {
     /// Decode: tokens with kvSize below 512 (sizes change every token).
     pub tokens_below_512: u64,

@@ -1,5 +1,6 @@
-//! The binary's subcommands that need no long measurement: `soak` runs briefly, passes, writes
-//! its JSON, and rejects bad arguments.
+//! The binary as a user meets it, without long measurements: `soak` runs briefly, passes and
+//! writes its JSON; bad arguments and output paths fail before any measuring; the main
+//! output is a short summary with the plot beside the JSON; `--help` explains the columns.
 
 use std::process::Command;
 
@@ -45,4 +46,106 @@ fn soak_rejects_a_negative_duration() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn a_bad_output_path_fails_before_the_run() {
+    let started = std::time::Instant::now();
+    let out = allocbench()
+        .args(["all", "--json", "/nonexistent-dir/allocbench.json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--json") && stderr.contains("nonexistent-dir"),
+        "{stderr}"
+    );
+    // A full `all` takes minutes: this one measured nothing.
+    assert!(started.elapsed().as_secs() < 20, "{:?}", started.elapsed());
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn an_unknown_workload_is_named_with_the_known_ones() {
+    let out = allocbench()
+        .args(["all", "--tiny", "--workloads", "decode,nope"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("`nope`") && stderr.contains("scratch-large"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_main_output_is_a_short_summary_and_the_plot_is_written() {
+    let dir = std::env::temp_dir().join(format!("allocbench-cli-{}", std::process::id()));
+    let out = allocbench()
+        .args(["all", "--tiny", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines.len() <= 60, "{} lines:\n{stdout}", lines.len());
+    let wide: Vec<&&str> = lines.iter().filter(|l| l.chars().count() > 100).collect();
+    assert!(wide.is_empty(), "{wide:#?}");
+    assert!(
+        !stdout.contains("MISSED") && !stdout.contains("faster)"),
+        "{stdout}"
+    );
+    for w in ["scratch-large", "decode", "sdpa-decode", "llm-decode"] {
+        assert!(lines.iter().any(|l| l.starts_with(w)), "{w}:\n{stdout}");
+    }
+    // The plot is written by default, next to the JSON.
+    assert!(std::fs::metadata(dir.join("all.svg")).unwrap().len() > 0);
+    assert!(std::fs::metadata(dir.join("all.json")).unwrap().len() > 0);
+    let _ = std::fs::remove_dir_all(&dir);
+    // The details hold the goals, in their own section.
+    let out = allocbench()
+        .args(["decode", "--tiny", "--details", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("## Developers' goals"), "{stdout}");
+    assert!(stdout.contains("faults/call"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn help_explains_every_summary_column() {
+    let out = allocbench().arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for column in [
+        "caching",
+        "over static",
+        "best rival",
+        "its time",
+        "exact-cache",
+        "faults/call",
+        "sys allocs/call",
+        "peak RSS +MiB",
+        "peak held/live MiB",
+        "x static",
+        "x caching",
+        "--details",
+    ] {
+        assert!(
+            help.contains(column),
+            "--help says nothing of `{column}`:\n{help}"
+        );
+    }
 }

@@ -7,7 +7,7 @@ use std::ptr::NonNull;
 use std::time::Instant;
 
 use allocbench::harness::{measure_all, RunConfig};
-use allocbench::os::Machine;
+use allocbench::measure::Machine;
 use allocbench::report::RunInfo;
 use allocbench::source::{
     AllocError, Block, Call, ScratchSource, SourceConfig, SourceKind, TempAllocator, SOURCES,

@@ -36,8 +36,6 @@ pub use caching_allocator::{AllocError, TempAllocator};
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
-#[cfg(feature = "baseline")]
-pub mod baseline;
 mod convert;
 mod dynamic;
 mod elem;

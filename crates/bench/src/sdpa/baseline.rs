@@ -2,15 +2,13 @@
 //! (decode's bound) and `matrixmultiply`'s sgemm (prefill's), and the kernel's efficiency
 //! against each.
 //!
-//! The baselines and the method are `sdpa::baseline`'s, shared with
-//! `crates/sdpa/examples/speed.rs`: baseline and kernel are timed in turns for a few rounds,
-//! so both see the same machine load; "best" compares best times, "median" is the median over
-//! rounds of the ratio within a round.
+//! The baselines and the method are [`crate::measure`]'s, shared with the `sdpa_speed`
+//! example.
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use ::sdpa::baseline::{
+use crate::measure::{
     best, decode_shape, fill, gbs, interleaved, median, prefill_flops, prefill_shape, sgemm,
     stream_read,
 };
@@ -147,10 +145,10 @@ pub fn decode_efficiency(
     let (sb, kb) = (stream.len() * 4, per_layer * layers);
     // Closures 0 and 1 are the streaming reads (the faster is a round's baseline), 2 the decode.
     let ratio_median = median(
-        rounds
+        &rounds
             .iter()
             .map(|r| gbs(kb, r[2]) / gbs(sb, r[0].min(r[1])))
-            .collect(),
+            .collect::<Vec<_>>(),
     );
     let stream_gbs = gbs(sb, best(&rounds, 0).min(best(&rounds, 1)));
     let kernel_gbs = gbs(kb, best(&rounds, 2));
@@ -232,10 +230,10 @@ pub fn prefill_efficiency(
     };
     let kernel_at = |r: &[f64]| flops * calls as f64 / r[shape_count] / 1e9;
     let ratio_median = median(
-        times
+        &times
             .iter()
             .map(|r| kernel_at(r) / sgemm_gflops(r))
-            .collect(),
+            .collect::<Vec<_>>(),
     );
     let sgemm_best = times.iter().map(|r| sgemm_gflops(r)).fold(0.0, f64::max);
     let kernel_best = times.iter().map(|r| kernel_at(r)).fold(0.0, f64::max);

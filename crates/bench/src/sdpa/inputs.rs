@@ -1,7 +1,7 @@
 //! The tensors of one benchmarked call in each measured dtype (f32, bf16, int8 KV cache), so
 //! the comparison and the efficiency figures run the same code for every dtype column.
 
-use ::sdpa::baseline::fill;
+use crate::measure::fill;
 use ::sdpa::{
     attention_quantized, attention_typed, quantize_kv, Bf16, Params, QuantizedKv, QuantizedKvMut,
     SdpaError, Shape,

@@ -87,9 +87,10 @@ pub fn sample_tokens(n: usize, count: usize) -> Vec<usize> {
 
 impl SdpaConfig {
     /// The issue's model: 32 layers, 32 heads (= kv heads), head_dim 128, decode tokens
-    /// `1..=tokens` (quick: 16 evenly spaced positions, 3 sweeps; full: every position, one
+    /// `1..=tokens` (quick: 16 evenly spaced positions, 2 sweeps; full: every position, one
     /// sweep), prefill at 128, 512 and 2048 tokens (full: all 32 layers measured; quick: 32,
-    /// 8 and 2 layer calls).
+    /// 8 and 1 layer calls, so that the main command stays within 4 minutes on a busy 2-core
+    /// machine: one 2048-token call takes 0.25-0.8 s there).
     pub fn new(quick: bool, tokens: usize, layers: usize) -> Self {
         let layers = layers.max(1);
         let tokens = tokens.max(1);
@@ -100,9 +101,9 @@ impl SdpaConfig {
             head_dim: 128,
             kv_capacity: tokens,
             decode_tokens: sample_tokens(tokens, if quick { 16 } else { 0 }),
-            decode_rounds: if quick { 3 } else { 1 },
+            decode_rounds: if quick { 2 } else { 1 },
             prefill: if quick {
-                vec![(128, layers), (512, layers.min(8)), (2048, layers.min(2))]
+                vec![(128, layers), (512, layers.min(8)), (2048, 1)]
             } else {
                 vec![(128, layers), (512, layers), (2048, layers)]
             },
@@ -150,14 +151,7 @@ impl SdpaConfig {
     }
 
     fn prefill_shape(&self, len: usize) -> Shape {
-        ::sdpa::baseline::prefill_shape(self.heads, self.kv_heads, self.head_dim, len)
-    }
-
-    /// Attention calls of the allocator comparison per source, warm-up included.
-    pub fn calls_per_source(&self) -> usize {
-        let decode = self.decode_tokens.len() * (1 + self.layers * self.decode_rounds);
-        let prefill: usize = self.prefill.iter().map(|&(_, c)| 1 + c).sum();
-        (decode + prefill) * self.dtypes.len()
+        crate::measure::prefill_shape(self.heads, self.kv_heads, self.head_dim, len)
     }
 
     /// Progress units of [`run`]: one per step of the comparison, one per efficiency figure.
@@ -400,10 +394,88 @@ pub fn run(
     (rows, dec, pre, errors)
 }
 
+/// Runs `allocbench sdpa` on `kinds` in this process: the report's rows, JSON section, targets
+/// and the text of its detail tables.
+pub fn run_part(
+    cfg: &SdpaConfig,
+    quick: bool,
+    kinds: &[&SourceKind],
+    source_config: &SourceConfig,
+) -> crate::report::Section {
+    let machine = crate::measure::Machine::detect();
+    let threads = rayon::current_num_threads();
+    let started = std::time::Instant::now();
+    let pb = crate::output::progress_bar(cfg.progress_units());
+    pb.set_message("sdpa");
+    let (rows, decode_eff, prefill_eff, eff_errors) = run(cfg, kinds, source_config, &|| pb.inc(1));
+    pb.finish_and_clear();
+    let command: Vec<String> = std::env::args().collect();
+    let report = SdpaReport {
+        info: RunInfo::new(machine, command.join(" "), quick, threads, started),
+        config: cfg.clone(),
+        sgemm_threads: crate::measure::sgemm_threads(),
+        simd: ::sdpa::simd_level().name().to_string(),
+        rows,
+        decode_eff,
+        prefill_eff,
+        eff_errors,
+    };
+    crate::report::Section {
+        details: vec![report.details()],
+        json: Some(("sdpa".into(), report.to_json())),
+        targets: report.targets(),
+        rows: report.rows,
+        errors: Vec::new(),
+    }
+}
+
 impl SdpaReport {
     /// The comparison table, as Markdown.
     pub fn table(&self) -> Table {
         comparison_table(&self.rows, &[], &[])
+    }
+
+    /// What ran and every table but the targets, as printed under `--details`.
+    pub fn details(&self) -> String {
+        let c = &self.config;
+        let mut out = format!(
+            "## sdpa: the attention kernel over a model\n\nkernel on {} rayon threads (SIMD: \
+             {}), sgemm on {} threads; {} layers, {} heads, {} kv heads, head_dim {}; one \
+             layer's KV cache ({} positions, {} MiB for K and V) is shared by every layer\n",
+            self.info.threads,
+            self.simd,
+            self.sgemm_threads
+                .map(|t| t.to_string())
+                .unwrap_or_else(|| "?".into()),
+            c.layers,
+            c.heads,
+            c.kv_heads,
+            c.head_dim,
+            c.kv_capacity,
+            (2 * c.kv_capacity * c.kv_heads * c.head_dim * 4) >> 20
+        );
+        for (label, what) in c.workloads() {
+            out += &format!("workload {label}: {what}\n");
+        }
+        let (dt, pt) = self.efficiency_tables();
+        out += &format!(
+            "\nAllocator comparison (median: per token over {} layers for decode, per prefill of \
+             {} layer calls; x static / x caching: median of step-by-step ratios over the same \
+             interleaved steps; faults and system allocations per attention call):\n\n{}\n\n\
+             Decode efficiency (q_len 1, layer caches cycled so K/V come from DRAM; GB/s of K and \
+             V read) vs a streaming read on {} threads:\n\n{dt}\n\nPrefill efficiency (causal, \
+             start_pos 0; FLOPs = 4 * head_dim per visible pair) vs matrixmultiply sgemm (best of \
+             the shapes {:?}):\n\n{pt}\n",
+            c.layers,
+            c.layers,
+            self.table(),
+            self.info.threads,
+            c.eff_sgemm_shapes
+        );
+        for e in &self.eff_errors {
+            out += &format!("efficiency not measured: {e}\n");
+        }
+        out
     }
 
     /// The efficiency tables (decode, prefill), as Markdown.
@@ -533,11 +605,6 @@ impl SdpaReport {
         out
     }
 
-    /// The targets table.
-    pub fn targets_table(&self) -> Table {
-        crate::report::targets_table(&self.targets())
-    }
-
     /// Every figure, with units, as JSON.
     pub fn to_json(&self) -> Value {
         let mut j = self.info.json("sdpa", &self.rows, &self.targets());
@@ -563,7 +630,7 @@ impl SdpaReport {
 mod tests {
     use super::*;
 
-    use crate::harness::Spread;
+    use crate::measure::Spread;
 
     fn row(w: &str, s: &str, ns: f64, x: Option<f64>) -> Measurement {
         Measurement {
@@ -573,7 +640,8 @@ mod tests {
                 "token"
             } else {
                 "prefill"
-            },
+            }
+            .into(),
             ns_per_call: Spread {
                 median: ns,
                 min: ns,

@@ -3,6 +3,11 @@
 //! Each worker keeps one buffer per block position of a call (the i-th block of every call
 //! reuses the i-th buffer). A buffer grows only when a call asks for more than it has, which
 //! in a benchmark happens during warm-up; after that a call allocates nothing.
+//!
+//! Buffers of [`HUGE_MIN`] bytes or more get what the caching allocator gives its blocks of
+//! that size by default: 2 MiB alignment and `MADV_HUGEPAGE`. With plain malloc'd buffers
+//! (4 KiB pages) the floor lost to the cache on scratch-large (0.86x): the kernel's sweeps
+//! over 4-64 MiB took more TLB misses, a cost of the pages, not of allocating.
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::cell::{Cell, RefCell};
@@ -37,6 +42,22 @@ impl StaticWorker {
     }
 }
 
+/// The buffer size from which `static` asks for huge pages: the caching allocator's default
+/// `huge_page_min_bytes`, and the size of one huge page (the buffer's alignment then).
+pub(crate) const HUGE_MIN: usize = 2 << 20;
+
+/// Advises the kernel to back the whole huge pages of the buffer at `ptr` (`len` bytes,
+/// [`HUGE_MIN`]-aligned) with huge pages; a refusal costs nothing but the call.
+fn advise_huge_pages(ptr: NonNull<u8>, len: usize) {
+    let whole = len & !(HUGE_MIN - 1);
+    if whole > 0 {
+        // SAFETY: `[ptr, ptr + whole)` lies inside a buffer just allocated and owned by this
+        // worker alone; MADV_HUGEPAGE changes how the kernel backs the pages, never their
+        // contents or who may access them.
+        unsafe { libc::madvise(ptr.as_ptr().cast(), whole, libc::MADV_HUGEPAGE) };
+    }
+}
+
 /// Makes sure `slots[i]` exists with at least `size` bytes at `align`; returns its pointer.
 fn ensure(
     slots: &mut Vec<Slot>,
@@ -50,11 +71,16 @@ fn ensure(
             return Ok(s.ptr);
         }
     }
-    let layout = Layout::from_size_align(size.max(1), align)
-        .map_err(|_| AllocError::SizeOverflow { size, align })?;
+    let huge = size >= HUGE_MIN;
+    let layout =
+        Layout::from_size_align(size.max(1), if huge { align.max(HUGE_MIN) } else { align })
+            .map_err(|_| AllocError::SizeOverflow { size, align })?;
     // SAFETY: the layout has a non-zero size.
     let raw = unsafe { System.alloc(layout) };
     let ptr = NonNull::new(raw).ok_or(AllocError::OutOfMemory { size, align })?;
+    if huge {
+        advise_huge_pages(ptr, layout.size());
+    }
     allocs.set(allocs.get() + 1);
     let new = Slot { ptr, layout };
     if i < slots.len() {
@@ -118,5 +144,25 @@ impl Drop for StaticWorker {
             // drained (so freed) once; dropping the worker ends the validity of its blocks.
             unsafe { System.dealloc(s.ptr.as_ptr(), s.layout) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn big_buffers_are_huge_page_aligned_as_the_cache_gives_them() {
+        let w = StaticWorker::new();
+        let small = w.allocate(100_000, 64).unwrap();
+        let big = w.allocate(3 << 20, 64).unwrap();
+        assert_eq!(big.as_ptr() as usize % HUGE_MIN, 0);
+        assert_ne!(small, big);
+        // SAFETY: nothing allocated above is used after this.
+        unsafe { w.reset() };
+        // The same slot, reused: the floor allocates once.
+        assert_eq!(w.allocate(100_000, 64).unwrap(), small);
+        assert_eq!(w.allocate(3 << 20, 64).unwrap(), big);
+        assert_eq!(w.counters().system_allocs, Some(2));
     }
 }

@@ -227,6 +227,42 @@ impl Default for SourceConfig {
     }
 }
 
+/// ExecuTorch's LLM runner's temp-allocator cap, `1024 * 1024 * 10` (used for both caches).
+pub const RUNNER_CAP: usize = 10 << 20;
+
+/// Source names the ratios and targets refer to: the floor.
+pub const FLOOR: &str = "static";
+/// This project's allocator, `allocate`/`reset` path.
+pub const CACHING: &str = "caching";
+/// This project's allocator, `Scope` path.
+pub const CACHING_SCOPE: &str = "caching-scope";
+/// The general-purpose allocators and pools `caching` should beat.
+pub const RIVALS: [&str; 5] = ["system", "mimalloc", "jemalloc", "zeropool", "orthotope"];
+
+/// The sources of `from` named in `names` (all of `from` when `None`); a name `from` lacks is
+/// an error listing the known ones, or skipped when `skip_unknown`.
+pub fn select(
+    names: Option<&[String]>,
+    from: &[&'static SourceKind],
+    skip_unknown: bool,
+) -> Result<Vec<&'static SourceKind>, String> {
+    let Some(names) = names else {
+        return Ok(from.to_vec());
+    };
+    let mut out = Vec::new();
+    for n in names.iter().map(|n| n.trim()) {
+        match from.iter().find(|k| k.name == n) {
+            Some(k) => out.push(*k),
+            None if skip_unknown => {}
+            None => {
+                let known: Vec<&str> = from.iter().map(|k| k.name).collect();
+                return Err(format!("unknown source `{n}`; known: {}", known.join(", ")));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Every source, in table order.
 pub const SOURCES: &[SourceKind] = &[
     SourceKind {

@@ -2,18 +2,18 @@
 //! decode as GB/s of K/V read vs a plain streaming read, prefill as GFLOP/s vs
 //! `matrixmultiply`'s sgemm on the same thread count.
 //!
-//! `cargo run --release -p sdpa --example speed [-- --quick]`
+//! `cargo run --release -p allocbench --example sdpa_speed [-- --quick]`
 //!
 //! Threads: rayon's global pool (`RAYON_NUM_THREADS`, default one per CPU) for the kernel and
 //! the streaming read; matrixmultiply's pool is set to the same count (`MATMUL_NUM_THREADS`).
 
 use std::hint::black_box;
 
-use caching_allocator::{CachingAllocator, TempAllocator};
-use sdpa::baseline::{
+use allocbench::measure::{
     best, decode_shape, fill, gbs, interleaved, median, prefill_flops, prefill_shape,
     set_sgemm_threads, sgemm, stream_read,
 };
+use caching_allocator::{CachingAllocator, TempAllocator};
 use sdpa::{attention, scratch_bytes, Params};
 
 const HEADS: usize = 32;
@@ -66,10 +66,10 @@ fn decode(
     // closure 2 is the decode.
     let base = |r: &[f64; 3]| r[0].min(r[1]);
     let ratio = median(
-        rounds
+        &rounds
             .iter()
             .map(|r| gbs(kb, r[2]) / gbs(sb, base(r)))
-            .collect(),
+            .collect::<Vec<_>>(),
     );
     (
         gbs(sb, best(&rounds, 0).min(best(&rounds, 1))),
@@ -120,10 +120,10 @@ fn prefill(
     };
     let flops = prefill_flops(&sh, causal);
     let ratio = median(
-        rounds
+        &rounds
             .iter()
             .map(|r| flops / r[2] / 1e9 / sgemm_gflops(r))
-            .collect(),
+            .collect::<Vec<_>>(),
     );
     let sgemm_best = rounds.iter().map(sgemm_gflops).fold(0.0, f64::max);
     (

@@ -2,14 +2,14 @@
 //! turns in one run: a quicker loop than `allocbench sdpa` while working on the decode
 //! kernels.
 //!
-//! `cargo run --release -p sdpa --example decode_dtypes [-- KV... DTYPE...]` (default KV
+//! `cargo run --release -p allocbench --example sdpa_decode_dtypes [-- KV... DTYPE...]` (default KV
 //! lengths 1024 and 4096, dtypes `f32 bf16 int8-kv`; 32 heads MHA, head_dim 128, 256 MiB of
 //! K/V per measurement so it comes from DRAM).
 
 use std::hint::black_box;
 
+use allocbench::measure::{best, decode_shape, fill, gbs, interleaved, median, stream_read};
 use caching_allocator::{CachingAllocator, TempAllocator};
-use sdpa::baseline::{best, decode_shape, fill, gbs, interleaved, median, stream_read};
 use sdpa::{
     attention, attention_quantized, attention_typed, quantize_kv, Bf16, Params, QuantizedKv,
     QuantizedKvMut, Shape,
@@ -145,10 +145,10 @@ fn main() {
             );
             let (sb, kb) = (stream.len() * 4, per_layer * layers.len());
             let ratio = median(
-                rounds
+                &rounds
                     .iter()
                     .map(|r| gbs(kb, r[2]) / gbs(sb, r[0].min(r[1])))
-                    .collect(),
+                    .collect::<Vec<_>>(),
             );
             println!(
                 "{name:<8} {kv:>6} {:>8.3} {:>12.1} {:>9.1} {:>13.0}%",

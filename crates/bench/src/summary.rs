@@ -1,0 +1,148 @@
+//! The summary a user reads first: per workload, what the cache buys, against the fastest
+//! other allocator and against ExecuTorch's design (`exact-cache`). Plain text, one line per
+//! workload, at most 100 columns; every figure and goal is behind `--details`.
+
+use crate::harness::Measurement;
+use crate::report::{fmt_ns, labels};
+use crate::source::{CACHING, CACHING_SCOPE, FLOOR};
+
+/// Sources that are not rivals: this project's own and the floor. `exact-cache` has its
+/// own column.
+const NOT_RIVALS: [&str; 5] = [CACHING, CACHING_SCOPE, "caching-unbounded", FLOOR, EXACT];
+
+/// ExecuTorch's allocator design.
+const EXACT: &str = "exact-cache";
+
+/// The explanation printed under the table (each line at most 100 columns); `--help` says
+/// the same.
+pub const FOOTNOTES: &str = "\
+caching      this project's allocator (allocate + reset): median time per call, token or prefill
+over static  caching's time over static's, buffers allocated once and reused: the floor of what
+             scratch memory costs. Below 0% is noise: both ran in turns on a shared machine,
+             and a few percent either way is common when it is busy.
+best rival   the fastest other allocator measured (system, mimalloc, jemalloc, fresh-pages,
+             bumpalo, zeropool, orthotope) and its time over caching's: above 1.00x the cache
+             is faster; exact-cache: ExecuTorch's CPUCachingAllocator design, the same ratio
+*            from fewer than 5 measured rounds or steps (quick runs time few long prefills):
+             a rough figure, which one busy moment can move by tens of percent";
+
+/// Figures from fewer measured rounds or steps than this are marked `*` (rough figures).
+pub const FEW_SAMPLES: usize = 5;
+
+/// Column widths of the summary.
+const WIDTHS: [usize; 6] = [25, 17, 11, 11, 9, 11];
+
+/// One line of the summary: workload, caching's time, over static, best rival and its ratio,
+/// exact-cache's ratio.
+fn line(cells: [&str; 6]) -> String {
+    let mut out = format!("{:<w$}", cells[0], w = WIDTHS[0]);
+    for (c, w) in cells[1..].iter().zip(&WIDTHS[1..]) {
+        out += &format!("  {c:>w$}");
+    }
+    out.trim_end().to_string()
+}
+
+/// The summary table of `rows` (every part's measurements), workloads in run order.
+pub fn table(rows: &[Measurement]) -> String {
+    let mut out = vec![
+        line([
+            "workload",
+            "caching",
+            "over static",
+            "best rival",
+            "its time",
+            "exact-cache",
+        ]),
+        "-".repeat(WIDTHS.iter().sum::<usize>() + 2 * (WIDTHS.len() - 1)),
+    ];
+    let x = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}x"));
+    for w in labels(rows) {
+        let get = |s: &str| {
+            rows.iter()
+                .find(|m| m.workload == w && m.source == s && m.error.is_none())
+        };
+        let caching = get(CACHING);
+        let time = caching.map_or("-".to_string(), |m| {
+            if m.unit == "call" {
+                fmt_ns(m.ns_per_call.median)
+            } else {
+                format!("{}/{}", fmt_ns(m.ns_per_call.median), m.unit)
+            }
+        });
+        let over = caching.map_or("-".to_string(), |m| {
+            let few = if m.rounds < FEW_SAMPLES { "*" } else { "" };
+            m.x_static.map_or("-".to_string(), |x| {
+                format!("{:+.0}%{few}", 100.0 * (x - 1.0))
+            })
+        });
+        let rival = rows
+            .iter()
+            .filter(|m| m.workload == w && m.error.is_none() && !NOT_RIVALS.contains(&&*m.source))
+            .filter_map(|m| m.x_caching.map(|x| (m.source.as_str(), x)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        let exact = get(EXACT).and_then(|m| m.x_caching);
+        out.push(line([
+            &w,
+            &time,
+            &over,
+            rival.map_or("-", |r| r.0),
+            &x(rival.map(|r| r.1)),
+            &x(exact),
+        ]));
+    }
+    out.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::Spread;
+
+    fn m(w: &str, s: &str, ns: f64, x_static: f64, x_caching: f64) -> Measurement {
+        Measurement {
+            workload: w.into(),
+            source: s.into(),
+            unit: "call".into(),
+            ns_per_call: Spread {
+                median: ns,
+                min: ns,
+                max: ns,
+            },
+            x_static: Some(x_static),
+            x_caching: Some(x_caching),
+            rounds: FEW_SAMPLES,
+            ..Measurement::default()
+        }
+    }
+
+    #[test]
+    fn each_workload_shows_the_fastest_rival_and_exact_cache() {
+        let rows = vec![
+            m("decode", "system", 30.0, 3.0, 1.5),
+            m("decode", "mimalloc", 25.0, 2.5, 1.25),
+            m("decode", "exact-cache", 400.0, 40.0, 20.0),
+            m("decode", "caching", 20.0, 1.1, 1.0),
+            m("decode", "static", 18.0, 1.0, 0.9),
+            Measurement {
+                rounds: 2,
+                ..m("scratch-small", "caching", 20.0, 0.97, 1.0)
+            },
+        ];
+        let t = table(&rows);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 4, "{t}");
+        let decode: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(
+            decode,
+            ["decode", "20", "ns", "+10%", "mimalloc", "1.25x", "20.00x"]
+        );
+        // No rival measured: dashes, not a made-up figure; below the floor is shown as is,
+        // and a figure from few rounds is marked.
+        let small: Vec<&str> = lines[3].split_whitespace().collect();
+        assert_eq!(small, ["scratch-small", "20", "ns", "-3%*", "-", "-", "-"]);
+        assert!(t
+            .lines()
+            .chain(FOOTNOTES.lines())
+            .all(|l| l.chars().count() <= 100));
+    }
+}
