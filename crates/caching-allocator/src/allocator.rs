@@ -452,13 +452,17 @@ impl CachingAllocator {
         self.release_elsewhere(&here, addr)
     }
 
-    /// Gives every idle cached block back to the system, in every thread's cache.
+    /// Gives every idle cached block back to the system, in every thread's cache, and the
+    /// arenas' chunks that hold nothing live: the calling thread's, and those of threads that
+    /// have not called since the last reset. (A chunk another thread is using in the current
+    /// reset interval stays: only its owner may take it.)
     pub fn free_cached(&self) {
         self.trim(0);
     }
 
     /// Evicts least recently used idle blocks until at most `keep_bytes` stay cached, counted
-    /// over every thread's cache. The blocks that stay move to the shared pool.
+    /// over every thread's cache. The blocks that stay move to the shared pool. Arena chunks
+    /// are reclaimed as by [`free_cached`](Self::free_cached).
     pub fn trim(&self, keep_bytes: usize) {
         self.park_own_chunk();
         self.revoke_stale_chunks();

@@ -8,8 +8,12 @@
 //!   little every call, like attention decode's, still hits the cache ([`SizeClass`]);
 //! - a **true cap** on idle bytes with least-recently-used eviction, and an optional hard
 //!   limit on everything held ([`Config`]);
-//! - a **per-thread fast path**: a thread reusing its classes takes no lock another thread
-//!   takes, yet blocks flow between threads and [`reset`](CachingAllocator::reset) reaches all;
+//! - a **temp arena** per thread for small blocks: bump-allocator speed on the temp pattern
+//!   (allocate a few blocks, reset after the kernel), a reset that takes every thread's
+//!   blocks back in one atomic step ([`Config::arena_max_bytes`]);
+//! - a **per-thread fast path** for larger blocks: a thread reusing its classes takes no lock
+//!   another thread takes, yet blocks flow between threads and
+//!   [`reset`](CachingAllocator::reset) reaches all;
 //! - **stats** ([`Stats`]), **debug poisoning and canaries**, and **clear errors**
 //!   ([`AllocError`]);
 //! - a **safe API** ([`Scope`]) where the borrow checker forbids use after reset, the
