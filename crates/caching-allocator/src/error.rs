@@ -32,7 +32,7 @@ pub enum AllocError {
         class_size: usize,
         /// The configured limit on live + cached bytes.
         limit: usize,
-        /// The bytes taken from the system when the request was refused (all of them live).
+        /// The bytes taken from the system when the request was refused (live and cached).
         reserved: usize,
     },
     /// The system allocator refused the memory, even after the idle cache was given back and
@@ -82,8 +82,8 @@ impl fmt::Display for AllocError {
             } => write!(
                 f,
                 "allocating {size} bytes (class {class_size}) would exceed limit_bytes {limit} \
-                 ({reserved} bytes already live): release or reset blocks first, or raise \
-                 Config::limit_bytes"
+                 ({reserved} bytes held, live or cached, and the idle ones could not make \
+                 room): release or reset blocks first, or raise Config::limit_bytes"
             ),
             AllocError::OutOfMemory { size, align } => write!(
                 f,

@@ -71,6 +71,12 @@ mod sync;
 mod temp;
 mod thread_cache;
 
+/// The `allocator-api2` crate this one implements `Allocator` for (0.2): use its collections
+/// through this path (`caching_allocator::allocator_api2::vec::Vec`) and no second copy of the
+/// crate can disagree with the trait. hashbrown 0.15 and later with its `allocator-api2`
+/// feature takes the same trait.
+pub use allocator_api2;
+
 pub use allocator::CachingAllocator;
 pub use config::{
     Config, DEFAULT_ARENA_MAX_BYTES, DEFAULT_SCOPE_CHUNK_BYTES, DEFAULT_WORKING_SET_SLACK,
