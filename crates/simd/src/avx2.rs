@@ -61,9 +61,21 @@ unsafe impl Simd for Avx2 {
     }
     #[inline(always)]
     unsafe fn load_f16(self, p: *const u16) -> __m256 {
-        // SAFETY: the features (token) and 8 readable u16 (16 bytes) at `p` (caller).
-        let h = unsafe { _mm_loadu_si128(p.cast()) };
-        feat!(_mm256_cvtph_ps(h))
+        #[cfg(not(miri))]
+        {
+            // SAFETY: the features (token) and 8 readable u16 at `p` (caller).
+            let h = unsafe { _mm_loadu_si128(p.cast()) };
+            feat!(_mm256_cvtph_ps(h))
+        }
+        // Miri lacks `vcvtph2ps`: the same values, converted lane by lane.
+        #[cfg(miri)]
+        {
+            // SAFETY: 8 readable u16 at `p` (caller).
+            let h = unsafe { p.cast::<[u16; 8]>().read_unaligned() };
+            let f = h.map(crate::f16_to_f32);
+            // SAFETY: the features (token); `f` holds 8 floats.
+            unsafe { self.load(f.as_ptr()) }
+        }
     }
     #[inline(always)]
     fn add(self, a: __m256, b: __m256) -> __m256 {

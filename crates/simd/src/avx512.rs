@@ -106,9 +106,21 @@ unsafe impl Simd for Avx512 {
     }
     #[inline(always)]
     unsafe fn load_f16(self, p: *const u16) -> __m512 {
-        // SAFETY: the features (token) and 16 readable u16 (32 bytes) at `p` (caller).
-        let h = unsafe { _mm256_loadu_si256(p.cast()) };
-        feat!(_mm512_cvtph_ps(h))
+        #[cfg(not(miri))]
+        {
+            // SAFETY: the features (token) and 16 readable u16 at `p` (caller).
+            let h = unsafe { _mm256_loadu_si256(p.cast()) };
+            feat!(_mm512_cvtph_ps(h))
+        }
+        // Miri lacks `vcvtph2ps`: the same values, converted lane by lane.
+        #[cfg(miri)]
+        {
+            // SAFETY: 16 readable u16 at `p` (caller).
+            let h = unsafe { p.cast::<[u16; 16]>().read_unaligned() };
+            let f = h.map(crate::f16_to_f32);
+            // SAFETY: the features (token); `f` holds 16 floats.
+            unsafe { self.load(f.as_ptr()) }
+        }
     }
     #[inline(always)]
     fn add(self, a: __m512, b: __m512) -> __m512 {

@@ -48,6 +48,25 @@ impl Level {
         }
     }
 
+    /// Lanes of an f32 vector at this level (`Simd::LANES` of its token), for layouts chosen
+    /// before a kernel is dispatched (a block of `2 * lanes` elements, say).
+    pub fn lanes(self) -> usize {
+        match self {
+            Level::Portable | Level::Neon => 4,
+            Level::Avx2 => 8,
+            Level::Avx512 => 16,
+        }
+    }
+
+    /// The lower of two levels by [`Level::rank`] (`self` on a tie).
+    pub fn min(self, other: Level) -> Level {
+        if other.rank() < self.rank() {
+            other
+        } else {
+            self
+        }
+    }
+
     /// Whether this CPU runs this level (a kernel instantiated for it may be called).
     pub fn is_available(self) -> bool {
         match self {

@@ -203,7 +203,15 @@ fn dot_body<S: Simd>(s: S, a: &[f32], b: &[f32]) -> f32 {
     dot(s, a, b)
 }
 
+#[inline(always)]
+fn check_lanes_body<S: Simd>(_: S, level: Level) {
+    assert_eq!(S::LEVEL, level, "run dispatched to another level");
+    assert_eq!(level.lanes(), S::LANES, "Level::lanes");
+}
+
 crate::instantiate! {
+    /// `Level::lanes` and the dispatch of `run`.
+    fn check_lanes(level: Level) = check_lanes_body;
     /// Float primitives.
     fn check_float() = check_float_body;
     /// bf16 / f16 / byte loads.
@@ -225,6 +233,7 @@ fn every_level_matches_scalar() {
         "no NEON: only the portable level would be tested"
     );
     for level in levels {
+        check_lanes::run(level, level);
         check_float::run(level);
         check_convert::run(level);
         check_int::run(level);
