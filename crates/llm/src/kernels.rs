@@ -5,9 +5,9 @@
 //! Matrices are HF `Linear` weights, `[out, in]` row-major, in f32, bf16 or f16; bf16/f16 are
 //! widened to f32 on the fly (decode: in registers; prefill: a block of rows at a time into
 //! scratch). Work is split over output rows with rayon. The inner loops are the generic
-//! bodies of [`simd`] over `kernel_simd`, instantiated for the portable, AVX2, AVX-512 and
-//! NEON levels; each task runs on the level [`isa`] picks (detected at run time, capped by
-//! `KERNEL_SIMD_MAX` and [`set_max_level`]).
+//! bodies of `kernels/simd.rs` over `kernel_simd`, instantiated for the portable, AVX2,
+//! AVX-512 and NEON levels; each task runs on the level [`isa`] picks (detected at run time,
+//! capped by `KERNEL_SIMD_MAX` and [`set_max_level`]).
 
 use core::sync::atomic::{AtomicU8, Ordering};
 
