@@ -4,13 +4,14 @@
 #
 #   scripts/test-packaged-crates.sh
 #
-# 1. `cargo package` of caching-allocator, sdpa and caching-allocator-capi (`--no-verify`: step
-#    3 is the verification, with tests instead of a bare build); any warning fails the step
-#    (missing metadata, files outside the package, ...). Set CA_PACKAGE_ALLOW_DIRTY=1 to
-#    package uncommitted changes.
+# 1. `cargo package` of caching-allocator, kernel-simd, sdpa and caching-allocator-capi
+#    (`--no-verify`: step 3 is the verification, with tests instead of a bare build); any
+#    warning fails the step (missing metadata, files outside the package, ...). Set
+#    CA_PACKAGE_ALLOW_DIRTY=1 to package uncommitted changes.
 # 2. Each .crate is unpacked into a scratch directory outside the workspace. The crates are not
-#    on crates.io, so a `.cargo/config.toml` there patches `caching-allocator` to the unpacked,
-#    packaged core: sdpa and the C ABI are tested against what would be published with them.
+#    on crates.io, so a `.cargo/config.toml` there patches `caching-allocator` and
+#    `kernel-simd` to the unpacked, packaged crates: sdpa and the C ABI are tested against
+#    what would be published with them.
 # 3. `cargo test` in each unpacked crate, with the workspace's target directory so the
 #    dependencies the workspace's tests built are reused (only the crates themselves rebuild).
 #
@@ -19,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-crates=(caching-allocator sdpa caching-allocator-capi)
+crates=(caching-allocator kernel-simd sdpa caching-allocator-capi)
 target_dir=$(cargo metadata --format-version 1 --no-deps \
     | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 work=$(mktemp -d "${TMPDIR:-/tmp}/ca-packaged.XXXXXX")
@@ -47,6 +48,7 @@ cat >"$work/.cargo/config.toml" <<EOF
 # The packaged crates depend on each other by version; test them against each other.
 [patch.crates-io]
 caching-allocator = { path = "$work/caching-allocator-$(version_of caching-allocator)" }
+kernel-simd = { path = "$work/kernel-simd-$(version_of kernel-simd)" }
 EOF
 
 for c in "${crates[@]}"; do

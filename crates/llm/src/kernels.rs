@@ -4,15 +4,23 @@
 //!
 //! Matrices are HF `Linear` weights, `[out, in]` row-major, in f32, bf16 or f16; bf16/f16 are
 //! widened to f32 on the fly (decode: in registers; prefill: a block of rows at a time into
-//! scratch). Work is split over output rows with rayon. On x86-64 with AVX2+FMA(+F16C),
-//! detected at run time, the inner loops use intrinsics; elsewhere a portable version.
+//! scratch). Work is split over output rows with rayon. The inner loops are the generic
+//! bodies of `kernels/simd.rs` over `kernel_simd`, instantiated for the portable, AVX2,
+//! AVX-512 and NEON levels; each task runs on the level [`isa`] picks (detected at run time,
+//! capped by `KERNEL_SIMD_MAX` and [`set_max_level`]).
+
+use core::sync::atomic::{AtomicU8, Ordering};
 
 use rayon::prelude::*;
 
 use crate::error::{LlmError, Result};
 use crate::runtime::Scratch;
-use crate::safetensors::{bf16_to_f32, f16_to_f32, TensorData};
+use crate::safetensors::TensorData;
 use caching_allocator::TempAllocator;
+pub use kernel_simd::{available_levels, Level};
+use simd::{deinterleave, pair_block, Rows};
+
+mod simd;
 
 /// Rows of the weight matrix widened at a time per task by the prefill matmul.
 const NB: usize = 16;
@@ -26,38 +34,29 @@ unsafe impl Send for SharedOut {}
 // SAFETY: as above.
 unsafe impl Sync for SharedOut {}
 
-/// Which SIMD path the kernels take on this CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Isa {
-    /// AVX2 + FMA + F16C intrinsics.
-    Avx2,
-    /// Portable Rust (auto-vectorised where the compiler can).
-    Portable,
+/// The process-wide cap of [`set_max_level`], as a rank (`u8::MAX`: none).
+static MAX_RANK: AtomicU8 = AtomicU8::new(u8::MAX);
+
+/// Caps the SIMD level of every later kernel call in the process (`None` removes the cap;
+/// the `KERNEL_SIMD_MAX` environment variable still applies): for tests of the lower levels
+/// on a machine that has a higher one.
+pub fn set_max_level(cap: Option<Level>) {
+    MAX_RANK.store(cap.map_or(u8::MAX, Level::rank), Ordering::Relaxed);
 }
 
-static FORCE_PORTABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Makes every kernel take the portable path (`true`) or the detected one (`false`), process
-/// wide: for tests of the fallback on machines that have AVX2.
-pub fn force_portable(on: bool) {
-    FORCE_PORTABLE.store(on, std::sync::atomic::Ordering::Relaxed);
+/// The SIMD level the kernels use now: the best this CPU runs within the caps (`std` caches
+/// the feature detection).
+pub fn isa() -> Level {
+    kernel_simd::best_within(kernel_simd::env_cap().min(MAX_RANK.load(Ordering::Relaxed)))
 }
 
-/// The SIMD path the kernels use here (detected once per call; `std` caches the CPUID).
-pub fn isa() -> Isa {
-    if FORCE_PORTABLE.load(std::sync::atomic::Ordering::Relaxed) {
-        return Isa::Portable;
+/// `w` as the row kernels read it.
+fn rows(w: TensorData<'_>) -> Rows<'_> {
+    match w {
+        TensorData::F32(d) => Rows::F32(d),
+        TensorData::BF16(d) => Rows::Bf16(d),
+        TensorData::F16(d) => Rows::F16(d),
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::is_x86_feature_detected!("f16c")
-        {
-            return Isa::Avx2;
-        }
-    }
-    Isa::Portable
 }
 
 /// `out[i, r] (+)= sum_j x[i, j] * w[r, j] + bias[r]` for `i < m`, `r < n`, `j < k`: a
@@ -96,31 +95,16 @@ pub fn linear<A: TempAllocator + ?Sized>(
     }
     let isa = isa();
     if m == 1 {
-        // Decode: chunks of output rows in parallel; 4 rows share each load of x.
-        let threads = rayon::current_num_threads().max(1);
-        let chunk = (n / (threads * 8)).clamp(4, 256).next_multiple_of(4);
+        // Decode: chunks of output rows in parallel, one row at a time per task.
+        let chunk = decode_chunk(n);
         let x = &x[..k];
-        // bf16 on AVX2: x de-interleaved per 16-element block (8 even, then 8 odd elements)
-        // in scratch, so a row's 16 bf16 widen with one shift and one mask, no shuffles.
-        let xd: &[f32] = if isa == Isa::Avx2 && matches!(w, TensorData::BF16(_)) {
-            let kb = k / 16 * 16;
-            let xd = s.f32s(kb)?;
-            for (d, src) in xd.chunks_exact_mut(16).zip(x.chunks_exact(16)) {
-                for j in 0..8 {
-                    d[j] = src[2 * j];
-                    d[8 + j] = src[2 * j + 1];
-                }
-            }
-            xd
-        } else {
-            &[]
-        };
+        let xd = deinterleave_into(s, isa, matches!(w, TensorData::BF16(_)), x)?;
         out[..n]
             .par_chunks_mut(chunk)
             .enumerate()
             .for_each(|(ci, o)| {
                 let r0 = ci * chunk;
-                matvec_rows(isa, w, k, r0, x, xd, o, accumulate);
+                simd::matvec::run(isa, rows(w), r0, x, xd, o, accumulate);
                 if let Some(b) = bias {
                     for (oi, bi) in o.iter_mut().zip(&b[r0..]) {
                         *oi += bi;
@@ -153,11 +137,16 @@ pub fn linear<A: TempAllocator + ?Sized>(
                 let rows: &[f32] = match w {
                     TensorData::F32(d) => &d[rb * k..(rb + nb) * k],
                     TensorData::BF16(d) => {
-                        widen_bf16(&d[rb * k..(rb + nb) * k], &mut wbuf[..nb * k]);
+                        simd::widen::run(isa, &d[rb * k..(rb + nb) * k], true, &mut wbuf[..nb * k]);
                         &wbuf[..nb * k]
                     }
                     TensorData::F16(d) => {
-                        widen_f16(isa, &d[rb * k..(rb + nb) * k], &mut wbuf[..nb * k]);
+                        simd::widen::run(
+                            isa,
+                            &d[rb * k..(rb + nb) * k],
+                            false,
+                            &mut wbuf[..nb * k],
+                        );
                         &wbuf[..nb * k]
                     }
                 };
@@ -191,25 +180,20 @@ fn decode_chunk(n: usize) -> usize {
     (n / (threads * 8)).clamp(4, 256).next_multiple_of(4)
 }
 
-/// `x` de-interleaved per 16-element block into scratch (8 even elements, then 8 odd), for the
-/// AVX2 bf16 decode path; empty when that path is not taken.
-fn deinterleave<'t, A: TempAllocator + ?Sized>(
+/// `x` de-interleaved into pair blocks ([`simd::deinterleave`]) in scratch, for the bf16
+/// row kernels; empty (and no scratch taken) when no weights are bf16.
+fn deinterleave_into<'t, A: TempAllocator + ?Sized>(
     s: &Scratch<'t, A>,
-    isa: Isa,
+    isa: Level,
     bf16: bool,
     x: &[f32],
 ) -> Result<&'t [f32]> {
-    if isa != Isa::Avx2 || !bf16 {
+    if !bf16 {
         return Ok(&[]);
     }
-    let kb = x.len() / 16 * 16;
-    let xd = s.f32s(kb)?;
-    for (d, src) in xd.chunks_exact_mut(16).zip(x.chunks_exact(16)) {
-        for j in 0..8 {
-            d[j] = src[2 * j];
-            d[8 + j] = src[2 * j + 1];
-        }
-    }
+    let b = pair_block(isa);
+    let xd = s.f32s(x.len() / b * b)?;
+    deinterleave(isa, x, xd);
     Ok(xd)
 }
 
@@ -224,13 +208,13 @@ pub fn linear_many<A: TempAllocator + ?Sized, const J: usize>(
     let x = x.get(..k).ok_or_else(|| LlmError::InvalidArgument {
         message: format!("linear_many: x has {} floats, want {k}", x.len()),
     })?;
-    let mut bf16 = true;
+    let mut bf16 = false;
     for j in &jobs {
         let wlen = match j.w {
             TensorData::F32(d) => d.len(),
             TensorData::BF16(d) | TensorData::F16(d) => d.len(),
         };
-        bf16 &= matches!(j.w, TensorData::BF16(_));
+        bf16 |= matches!(j.w, TensorData::BF16(_));
         if wlen != j.n * k || j.out.len() < j.n || j.bias.is_some_and(|b| b.len() != j.n) {
             return Err(LlmError::InvalidArgument {
                 message: format!(
@@ -242,7 +226,7 @@ pub fn linear_many<A: TempAllocator + ?Sized, const J: usize>(
         }
     }
     let isa = isa();
-    let xd = deinterleave(s, isa, bf16, x)?;
+    let xd = deinterleave_into(s, isa, bf16, x)?;
     let chunk: [usize; J] = core::array::from_fn(|i| decode_chunk(jobs[i].n));
     let counts: [usize; J] = core::array::from_fn(|i| jobs[i].n.div_ceil(chunk[i]));
     let total: usize = counts.iter().sum();
@@ -262,7 +246,7 @@ pub fn linear_many<A: TempAllocator + ?Sized, const J: usize>(
         // parallel section; task (j, ci) writes only rows r0 .. r0 + len < n, and the row
         // ranges of the tasks of one job are disjoint.
         let o = unsafe { core::slice::from_raw_parts_mut(outs[j].0.add(r0), len) };
-        matvec_rows(isa, job.w, k, r0, x, xd, o, job.accumulate);
+        simd::matvec::run(isa, rows(job.w), r0, x, xd, o, job.accumulate);
         if let Some(b) = job.bias {
             for (oi, bi) in o.iter_mut().zip(&b[r0..]) {
                 *oi += bi;
@@ -294,123 +278,16 @@ pub fn linear_swiglu<A: TempAllocator + ?Sized>(
     }
     let isa = isa();
     let x = &x[..k];
-    let bf16 = matches!(gate, TensorData::BF16(_)) && matches!(up, TensorData::BF16(_));
-    let xd = deinterleave(s, isa, bf16, x)?;
+    let bf16 = matches!(gate, TensorData::BF16(_)) || matches!(up, TensorData::BF16(_));
+    let xd = deinterleave_into(s, isa, bf16, x)?;
     let chunk = decode_chunk(n);
     out[..n]
         .par_chunks_mut(chunk)
         .enumerate()
         .for_each(|(ci, o)| {
-            let r0 = ci * chunk;
-            for (i, oi) in o.iter_mut().enumerate() {
-                let (mut g, mut u) = ([0f32], [0f32]);
-                matvec_rows(isa, gate, k, r0 + i, x, xd, &mut g, false);
-                matvec_rows(isa, up, k, r0 + i, x, xd, &mut u, false);
-                let g = g[0];
-                *oi = g / (1.0 + (-g).exp()) * u[0];
-            }
+            simd::swiglu_rows::run(isa, rows(gate), rows(up), ci * chunk, x, xd, o);
         });
     Ok(())
-}
-
-/// Rows `r0 .. r0 + o.len()` of `w` (`[n, k]`) times `x`, into `o`. `xd` is `x`
-/// de-interleaved (see `linear`) when the AVX2 bf16 path is taken, else empty.
-#[allow(clippy::too_many_arguments)]
-fn matvec_rows(
-    isa: Isa,
-    w: TensorData<'_>,
-    k: usize,
-    r0: usize,
-    x: &[f32],
-    xd: &[f32],
-    o: &mut [f32],
-    accumulate: bool,
-) {
-    let mut r = 0;
-    while r < o.len() {
-        // One row at a time: a single sequential stream per thread reads faster than 4 rows
-        // interleaved (measured: ~30% more decode tokens/s on this project's machines).
-        let nr = 1;
-        let base = (r0 + r) * k;
-        let mut res = [0f32; 4];
-        match (isa, w) {
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, TensorData::BF16(d)) if xd.len() == k / 16 * 16 => {
-                // SAFETY: the CPU has AVX2 and FMA (`isa`); rows base .. base + nr * k are
-                // inside `d` (r0 + r + nr <= n); `x` holds k floats and `xd` k / 16 * 16.
-                unsafe { avx2::dot_rows_bf16d(d, base, k, nr, x, xd, &mut res) };
-            }
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, w) => {
-                // SAFETY: `isa()` returned Avx2, so the CPU has AVX2, FMA and F16C; the rows
-                // base .. base + nr * k are inside `w` (r0 + r + nr <= n) and `x` holds k floats.
-                unsafe { avx2::dot_rows(w, base, k, nr, x.as_ptr(), &mut res) };
-            }
-            (_, TensorData::F32(d)) => {
-                for (i, ri) in res.iter_mut().enumerate().take(nr) {
-                    *ri = dot_portable(&d[base + i * k..][..k], x, |v| v);
-                }
-            }
-            (_, TensorData::BF16(d)) => {
-                for (i, ri) in res.iter_mut().enumerate().take(nr) {
-                    *ri = dot_portable(&d[base + i * k..][..k], x, bf16_to_f32);
-                }
-            }
-            (_, TensorData::F16(d)) => {
-                for (i, ri) in res.iter_mut().enumerate().take(nr) {
-                    *ri = dot_portable(&d[base + i * k..][..k], x, f16_to_f32);
-                }
-            }
-        }
-        for i in 0..nr {
-            if accumulate {
-                o[r + i] += res[i];
-            } else {
-                o[r + i] = res[i];
-            }
-        }
-        r += nr;
-    }
-}
-
-/// A dot product with 8 partial sums (vectorisable without FMA).
-#[inline]
-fn dot_portable<T: Copy>(w: &[T], x: &[f32], conv: impl Fn(T) -> f32) -> f32 {
-    let mut acc = [0f32; 8];
-    let wc = w.chunks_exact(8);
-    let xc = x.chunks_exact(8);
-    let (wr, xr) = (wc.remainder(), xc.remainder());
-    for (wv, xv) in wc.zip(xc) {
-        for l in 0..8 {
-            acc[l] += conv(wv[l]) * xv[l];
-        }
-    }
-    let mut s = acc.iter().sum::<f32>();
-    for (a, b) in wr.iter().zip(xr) {
-        s += conv(*a) * b;
-    }
-    s
-}
-
-/// bf16 bits to f32, element-wise (the compiler vectorises the shift).
-fn widen_bf16(src: &[u16], dst: &mut [f32]) {
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = bf16_to_f32(*s);
-    }
-}
-
-/// f16 bits to f32, element-wise (F16C when available).
-fn widen_f16(isa: Isa, src: &[u16], dst: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
-        // SAFETY: `isa` says the CPU has F16C/AVX2; both slices are valid for their lengths.
-        unsafe { avx2::widen_f16(src, dst) };
-        return;
-    }
-    let _ = isa;
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = f16_to_f32(*s);
-    }
 }
 
 /// Columns `c0 .. c0 + nb` of `out` (`[m, ldo]`) from `x` (`[m, k]`) and `rows` (`[nb, k]`).
@@ -420,7 +297,7 @@ fn widen_f16(isa: Isa, src: &[u16], dst: &mut [f32]) {
 /// columns during the call.
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm_block(
-    isa: Isa,
+    isa: Level,
     x: &[f32],
     m: usize,
     k: usize,
@@ -439,37 +316,19 @@ unsafe fn gemm_block(
         while i < m {
             let mr = (m - i).min(3);
             let mut res = [[0f32; 4]; 3];
-            #[cfg(target_arch = "x86_64")]
-            let done = if isa == Isa::Avx2 {
-                // SAFETY: the CPU has AVX2+FMA (`isa`); rows i..i + mr of x and j..j + nr of
-                // `rows` hold k floats each.
-                unsafe {
-                    avx2::micro(
-                        x[i * k..].as_ptr(),
-                        mr,
-                        rows[j * k..].as_ptr(),
-                        nr,
-                        k,
-                        &mut res,
-                    )
-                };
-                true
-            } else {
-                false
+            // SAFETY: rows i..i + mr of `x` and j..j + nr of `rows` hold k floats each
+            // (`x` is `[m, k]`, `rows` `[nb, k]`).
+            unsafe {
+                simd::micro::run(
+                    isa,
+                    x[i * k..].as_ptr(),
+                    mr,
+                    rows[j * k..].as_ptr(),
+                    nr,
+                    k,
+                    &mut res,
+                )
             };
-            #[cfg(not(target_arch = "x86_64"))]
-            let done = {
-                let _ = isa;
-                false
-            };
-            if !done {
-                for (a, ra) in res.iter_mut().enumerate().take(mr) {
-                    for (b, rab) in ra.iter_mut().enumerate().take(nr) {
-                        *rab =
-                            dot_portable(&rows[(j + b) * k..][..k], &x[(i + a) * k..][..k], |v| v);
-                    }
-                }
-            }
             for (a, ra) in res.iter().enumerate().take(mr) {
                 for (b, &v) in ra.iter().enumerate().take(nr) {
                     let c = c0 + j + b;
@@ -485,337 +344,6 @@ unsafe fn gemm_block(
             i += mr;
         }
         j += nr;
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::TensorData;
-    use crate::safetensors::{bf16_to_f32, f16_to_f32};
-    use core::arch::x86_64::*;
-
-    #[target_feature(enable = "avx2,fma")]
-    fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-        _mm_cvtss_f32(s)
-    }
-
-    /// 8 weights at `p` as f32.
-    ///
-    /// # Safety
-    /// 8 elements readable at `p`.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn ld_f32(p: *const f32) -> __m256 {
-        // SAFETY: the caller's contract.
-        unsafe { _mm256_loadu_ps(p) }
-    }
-
-    /// 8 bf16 at `p` widened.
-    ///
-    /// # Safety
-    /// 8 elements readable at `p`.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn ld_bf16(p: *const u16) -> __m256 {
-        // SAFETY: the caller's contract: 16 bytes readable.
-        let h = unsafe { _mm_loadu_si128(p.cast()) };
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
-    }
-
-    /// 8 f16 at `p` widened.
-    ///
-    /// # Safety
-    /// 8 elements readable at `p`.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn ld_f16(p: *const u16) -> __m256 {
-        // SAFETY: the caller's contract: 16 bytes readable.
-        let h = unsafe { _mm_loadu_si128(p.cast()) };
-        _mm256_cvtph_ps(h)
-    }
-
-    macro_rules! dot_impl {
-        ($name:ident, $t:ty, $ld:ident, $conv:expr, $feat:literal) => {
-            /// `nr` (1..=4) consecutive rows of `k` elements from `w` dotted with `x`.
-            ///
-            /// # Safety
-            /// CPU features enabled below; `nr * k` elements at `w`, `k` floats at `x`.
-            #[target_feature(enable = $feat)]
-            unsafe fn $name<const NR: usize>(
-                w: *const $t,
-                k: usize,
-                x: *const f32,
-                res: &mut [f32; 4],
-            ) {
-                let mut a0 = [_mm256_setzero_ps(); NR];
-                let mut a1 = [_mm256_setzero_ps(); NR];
-                let mut i = 0;
-                while i + 16 <= k {
-                    // SAFETY: i + 16 <= k: inside `x` and inside every row (caller).
-                    unsafe {
-                        let x0 = _mm256_loadu_ps(x.add(i));
-                        let x1 = _mm256_loadu_ps(x.add(i + 8));
-                        for r in 0..NR {
-                            let wr = w.add(r * k + i);
-                            a0[r] = _mm256_fmadd_ps($ld(wr), x0, a0[r]);
-                            a1[r] = _mm256_fmadd_ps($ld(wr.add(8)), x1, a1[r]);
-                        }
-                    }
-                    i += 16;
-                }
-                if i + 8 <= k {
-                    // SAFETY: i + 8 <= k, as above.
-                    unsafe {
-                        let x0 = _mm256_loadu_ps(x.add(i));
-                        for r in 0..NR {
-                            a0[r] = _mm256_fmadd_ps($ld(w.add(r * k + i)), x0, a0[r]);
-                        }
-                    }
-                    i += 8;
-                }
-                for r in 0..NR {
-                    let mut s = hsum(_mm256_add_ps(a0[r], a1[r]));
-                    for j in i..k {
-                        // SAFETY: j < k, inside row r and `x`.
-                        s += unsafe { $conv(*w.add(r * k + j)) * *x.add(j) };
-                    }
-                    res[r] = s;
-                }
-            }
-        };
-    }
-    dot_impl!(dot_f32, f32, ld_f32, |v: f32| v, "avx2,fma");
-    dot_impl!(dot_bf16, u16, ld_bf16, bf16_to_f32, "avx2,fma");
-    dot_impl!(dot_f16, u16, ld_f16, f16_to_f32, "avx2,fma,f16c");
-
-    /// `nr` (1 or 4) rows of `w` starting at element `base`, each of `k`, dotted with `x`.
-    ///
-    /// # Safety
-    /// AVX2, FMA and F16C available; `base + nr * k <= w.len()`; `k` floats at `x`.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot_rows(
-        w: TensorData<'_>,
-        base: usize,
-        k: usize,
-        nr: usize,
-        x: *const f32,
-        res: &mut [f32; 4],
-    ) {
-        macro_rules! go {
-            ($f:ident, $d:expr) => {{
-                let p = $d[base..].as_ptr();
-                // SAFETY: the caller's contract (rows inside `w`, k floats at `x`).
-                unsafe {
-                    if nr == 4 {
-                        $f::<4>(p, k, x, res)
-                    } else {
-                        $f::<1>(p, k, x, res)
-                    }
-                }
-            }};
-        }
-        match w {
-            TensorData::F32(d) => go!(dot_f32, d),
-            TensorData::BF16(d) => go!(dot_bf16, d),
-            TensorData::F16(d) => go!(dot_f16, d),
-        }
-    }
-
-    /// `nr` (1 or 4) bf16 rows at `w[base..]` dotted with `x`, whose 16-element blocks are
-    /// also given de-interleaved in `xd` (8 even elements, then 8 odd).
-    ///
-    /// # Safety
-    /// AVX2 and FMA available; `base + nr * k <= w.len()`; `x.len() >= k`;
-    /// `xd.len() >= k / 16 * 16`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot_rows_bf16d(
-        w: &[u16],
-        base: usize,
-        k: usize,
-        nr: usize,
-        x: &[f32],
-        xd: &[f32],
-        res: &mut [f32; 4],
-    ) {
-        let p = w[base..].as_ptr();
-        // SAFETY: the caller's contract.
-        unsafe {
-            if nr == 4 {
-                dot_bf16d::<4>(p, k, x.as_ptr(), xd.as_ptr(), res)
-            } else {
-                dot_bf16d::<1>(p, k, x.as_ptr(), xd.as_ptr(), res)
-            }
-        }
-    }
-
-    /// [`dot_rows_bf16d`] for `NR` rows: a 32-bit lane `j` of 16 loaded bf16 holds elements
-    /// `2j` (low half) and `2j + 1` (high half); `lane << 16` is element `2j` as f32 and
-    /// `lane & 0xFFFF0000` is element `2j + 1`, matched with the even and odd halves of `xd`.
-    ///
-    /// # Safety
-    /// As [`dot_rows_bf16d`], with `NR * k` elements at `w`.
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn dot_bf16d<const NR: usize>(
-        w: *const u16,
-        k: usize,
-        x: *const f32,
-        xd: *const f32,
-        res: &mut [f32; 4],
-    ) {
-        let mask = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
-        let mut ae = [_mm256_setzero_ps(); NR];
-        let mut ao = [_mm256_setzero_ps(); NR];
-        let mut be = [_mm256_setzero_ps(); NR];
-        let mut bo = [_mm256_setzero_ps(); NR];
-        let kb = k / 16 * 16;
-        let mut i = 0;
-        // 32 elements a step, into two accumulator pairs (four independent FMA chains).
-        while i + 32 <= kb {
-            // SAFETY: i + 32 <= kb <= k: inside `xd` and inside every row (caller).
-            unsafe {
-                let xe = _mm256_loadu_ps(xd.add(i));
-                let xo = _mm256_loadu_ps(xd.add(i + 8));
-                let ye = _mm256_loadu_ps(xd.add(i + 16));
-                let yo = _mm256_loadu_ps(xd.add(i + 24));
-                for r in 0..NR {
-                    let v = _mm256_loadu_si256(w.add(r * k + i).cast());
-                    let u = _mm256_loadu_si256(w.add(r * k + i + 16).cast());
-                    let we = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v));
-                    let wo = _mm256_castsi256_ps(_mm256_and_si256(v, mask));
-                    let ue = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(u));
-                    let uo = _mm256_castsi256_ps(_mm256_and_si256(u, mask));
-                    ae[r] = _mm256_fmadd_ps(we, xe, ae[r]);
-                    ao[r] = _mm256_fmadd_ps(wo, xo, ao[r]);
-                    be[r] = _mm256_fmadd_ps(ue, ye, be[r]);
-                    bo[r] = _mm256_fmadd_ps(uo, yo, bo[r]);
-                }
-            }
-            i += 32;
-        }
-        while i < kb {
-            // SAFETY: i + 16 <= kb <= k: inside `xd` and inside every row (caller).
-            unsafe {
-                let xe = _mm256_loadu_ps(xd.add(i));
-                let xo = _mm256_loadu_ps(xd.add(i + 8));
-                for r in 0..NR {
-                    let v = _mm256_loadu_si256(w.add(r * k + i).cast());
-                    let we = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v));
-                    let wo = _mm256_castsi256_ps(_mm256_and_si256(v, mask));
-                    ae[r] = _mm256_fmadd_ps(we, xe, ae[r]);
-                    ao[r] = _mm256_fmadd_ps(wo, xo, ao[r]);
-                }
-            }
-            i += 16;
-        }
-        for r in 0..NR {
-            let mut s = hsum(_mm256_add_ps(
-                _mm256_add_ps(ae[r], ao[r]),
-                _mm256_add_ps(be[r], bo[r]),
-            ));
-            for j in kb..k {
-                // SAFETY: j < k: inside row r and `x`.
-                s += unsafe { bf16_to_f32(*w.add(r * k + j)) * *x.add(j) };
-            }
-            res[r] = s;
-        }
-    }
-
-    /// `src` f16 bits to f32 into `dst` (the shorter length).
-    ///
-    /// # Safety
-    /// F16C and AVX2 available.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn widen_f16(src: &[u16], dst: &mut [f32]) {
-        let n = src.len().min(dst.len());
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: i + 8 <= n: 8 elements readable in `src`, writable in `dst`.
-            unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add(i), ld_f16(src.as_ptr().add(i))) };
-            i += 8;
-        }
-        for j in i..n {
-            dst[j] = f16_to_f32(src[j]);
-        }
-    }
-
-    /// Register-blocked dot products: rows `0..mr` (<= 3) of `x` against rows `0..nr` (<= 4)
-    /// of `w`, each of `k` floats; `res[a][b] = x[a] . w[b]`.
-    ///
-    /// # Safety
-    /// AVX2 and FMA available; `mr * k` floats at `x`, `nr * k` at `w` (rows `k` apart).
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn micro(
-        x: *const f32,
-        mr: usize,
-        w: *const f32,
-        nr: usize,
-        k: usize,
-        res: &mut [[f32; 4]; 3],
-    ) {
-        macro_rules! arm {
-            ($mr:literal, $nr:literal) => {
-                // SAFETY: the caller's contract with mr = $mr, nr = $nr.
-                unsafe { micro_n::<$mr, $nr>(x, w, k, res) }
-            };
-        }
-        match (mr, nr) {
-            (3, 4) => arm!(3, 4),
-            (3, 3) => arm!(3, 3),
-            (3, 2) => arm!(3, 2),
-            (3, _) => arm!(3, 1),
-            (2, 4) => arm!(2, 4),
-            (2, 3) => arm!(2, 3),
-            (2, 2) => arm!(2, 2),
-            (2, _) => arm!(2, 1),
-            (_, 4) => arm!(1, 4),
-            (_, 3) => arm!(1, 3),
-            (_, 2) => arm!(1, 2),
-            (_, _) => arm!(1, 1),
-        }
-    }
-
-    /// [`micro`] for fixed sizes (kept in registers: at most 12 accumulators).
-    ///
-    /// # Safety
-    /// As [`micro`] with `mr = MR`, `nr = NR`.
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn micro_n<const MR: usize, const NR: usize>(
-        x: *const f32,
-        w: *const f32,
-        k: usize,
-        res: &mut [[f32; 4]; 3],
-    ) {
-        let mut acc = [[_mm256_setzero_ps(); NR]; MR];
-        let mut i = 0;
-        while i + 8 <= k {
-            // SAFETY: i + 8 <= k: inside every row of x and w (caller).
-            unsafe {
-                let mut wv = [_mm256_setzero_ps(); NR];
-                for (b, v) in wv.iter_mut().enumerate() {
-                    *v = _mm256_loadu_ps(w.add(b * k + i));
-                }
-                for (a, acc_a) in acc.iter_mut().enumerate() {
-                    let xv = _mm256_loadu_ps(x.add(a * k + i));
-                    for b in 0..NR {
-                        acc_a[b] = _mm256_fmadd_ps(xv, wv[b], acc_a[b]);
-                    }
-                }
-            }
-            i += 8;
-        }
-        for a in 0..MR {
-            for b in 0..NR {
-                let mut s = hsum(acc[a][b]);
-                for j in i..k {
-                    // SAFETY: j < k: inside row a of x and row b of w.
-                    s += unsafe { *x.add(a * k + j) * *w.add(b * k + j) };
-                }
-                res[a][b] = s;
-            }
-        }
     }
 }
 
@@ -835,10 +363,10 @@ pub fn rmsnorm<A: TempAllocator + ?Sized>(
             message: "rmsnorm: length mismatch".into(),
         });
     }
+    let isa = isa();
     let inv = s.f32s(m)?;
     let body = |(i, inv): (usize, &mut f32)| {
-        let row = &x[i * dim..][..dim];
-        let ss = dot_portable(row, row, |v| v);
+        let ss = simd::sum_squares::run(isa, &x[i * dim..][..dim]);
         *inv = 1.0 / (ss / dim as f32 + eps).sqrt();
     };
     if m >= 4 {
@@ -847,10 +375,7 @@ pub fn rmsnorm<A: TempAllocator + ?Sized>(
         inv.iter_mut().enumerate().for_each(body);
     }
     for (i, o) in out[..m * dim].chunks_exact_mut(dim).enumerate() {
-        let r = inv[i];
-        for ((o, &xv), &w) in o.iter_mut().zip(&x[i * dim..][..dim]).zip(weight) {
-            *o = xv * r * w;
-        }
+        simd::scale_rows::run(isa, &x[i * dim..][..dim], inv[i], weight, o);
     }
     Ok(())
 }
@@ -946,8 +471,8 @@ pub fn embed(table: TensorData<'_>, dim: usize, tokens: &[u32], out: &mut [f32])
         let o = &mut out[i * dim..][..dim];
         match table {
             TensorData::F32(d) => o.copy_from_slice(&d[t * dim..][..dim]),
-            TensorData::BF16(d) => widen_bf16(&d[t * dim..][..dim], o),
-            TensorData::F16(d) => widen_f16(isa(), &d[t * dim..][..dim], o),
+            TensorData::BF16(d) => simd::widen::run(isa(), &d[t * dim..][..dim], true, o),
+            TensorData::F16(d) => simd::widen::run(isa(), &d[t * dim..][..dim], false, o),
         }
     }
     Ok(())

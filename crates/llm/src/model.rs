@@ -11,6 +11,9 @@ use crate::runtime::{Runtime, TempUsage};
 use crate::sample::Sampler;
 use crate::weights::Weights;
 use crate::LlamaConfig;
+use blocks::{Attention, AttentionBuffers, Cache, Linear, Mlp, MlpBuffers, Output, RmsNorm, Step};
+
+mod blocks;
 
 /// The default temp-allocator cap: ExecuTorch's LLM runner uses `1024 * 1024 * 10`.
 pub const DEFAULT_TEMP_CAP: usize = 10 << 20;
@@ -187,6 +190,10 @@ impl<A: TempAllocator> Llama<A> {
         self.rt.run("sample", |s| sampler.sample(s, logits))
     }
 
+    /// One forward pass over `tokens` appended at the current position: the embedding, each
+    /// layer's attention and MLP blocks (pre-norm, residual adds fused into their output
+    /// projections), the final norm and the head over the last row (every row with
+    /// `all_logits`).
     fn run(&mut self, tokens: &[u32], all_logits: bool) -> Result<()> {
         let m = tokens.len();
         if m == 0 {
@@ -209,217 +216,51 @@ impl<A: TempAllocator> Llama<A> {
         self.ensure(m, logit_rows);
         let w = self.w.clone();
         let c = &w.config;
-        let (h, hd, nh, nkv, ffn) = (
-            c.hidden_size,
-            c.head_dim,
-            c.num_heads,
-            c.num_kv_heads,
-            c.intermediate_size,
-        );
-        let (qd, kvd) = (nh * hd, nkv * hd);
-        let start = self.pos;
+        let h = c.hidden_size;
+        let step = Step {
+            start: self.pos,
+            rows: m,
+        };
         let b = &mut self.bufs;
         let rt = &mut self.rt;
         rt.run("embed", |_| {
             kernels::embed(w.embed.data(), h, tokens, &mut b.x[..m * h])
         })?;
         for (li, lw) in w.layers.iter().enumerate() {
-            let kc = &mut self.k_cache[li];
-            let vc = &mut self.v_cache[li];
-            rt.run("rmsnorm", |s| {
-                kernels::rmsnorm(s, &b.x, m, h, &lw.input_norm, c.rms_norm_eps, &mut b.xn)
-            })?;
-            let kv_rows = start * kvd..(start + m) * kvd;
-            if m == 1 {
-                // Decode: q, k and v in one parallel section.
-                rt.run("linear_qkv", |s| {
-                    kernels::linear_many(
-                        s,
-                        &b.xn,
-                        h,
-                        [
-                            kernels::LinearJob {
-                                w: lw.q.data(),
-                                n: qd,
-                                bias: lw.q_bias.as_deref(),
-                                out: &mut b.q[..qd],
-                                accumulate: false,
-                            },
-                            kernels::LinearJob {
-                                w: lw.k.data(),
-                                n: kvd,
-                                bias: lw.k_bias.as_deref(),
-                                out: &mut kc[kv_rows.clone()],
-                                accumulate: false,
-                            },
-                            kernels::LinearJob {
-                                w: lw.v.data(),
-                                n: kvd,
-                                bias: lw.v_bias.as_deref(),
-                                out: &mut vc[kv_rows.clone()],
-                                accumulate: false,
-                            },
-                        ],
-                    )
-                })?;
-            } else {
-                rt.run("linear", |s| {
-                    kernels::linear(
-                        s,
-                        &b.xn,
-                        m,
-                        lw.q.data(),
-                        qd,
-                        h,
-                        lw.q_bias.as_deref(),
-                        &mut b.q,
-                        false,
-                    )
-                })?;
-                rt.run("linear", |s| {
-                    let out = &mut kc[kv_rows.clone()];
-                    kernels::linear(
-                        s,
-                        &b.xn,
-                        m,
-                        lw.k.data(),
-                        kvd,
-                        h,
-                        lw.k_bias.as_deref(),
-                        out,
-                        false,
-                    )
-                })?;
-                rt.run("linear", |s| {
-                    let out = &mut vc[kv_rows.clone()];
-                    kernels::linear(
-                        s,
-                        &b.xn,
-                        m,
-                        lw.v.data(),
-                        kvd,
-                        h,
-                        lw.v_bias.as_deref(),
-                        out,
-                        false,
-                    )
-                })?;
-            }
-            rt.run("rope", |s| {
-                kernels::rope(
-                    s,
-                    &mut b.q,
-                    nh,
-                    &mut kc[kv_rows.clone()],
-                    nkv,
-                    hd,
-                    m,
-                    start,
-                    &self.inv_freq,
-                )
-            })?;
-            rt.run("attention", |s| {
-                let shape = sdpa::Shape {
-                    batch: 1,
-                    q_len: m,
-                    heads: nh,
-                    kv_heads: nkv,
-                    head_dim: hd,
-                    kv_capacity: self.capacity,
-                    start_pos: start,
-                };
-                sdpa::attention(
-                    &b.q[..m * qd],
-                    kc,
-                    vc,
-                    &mut b.attn[..m * qd],
-                    &shape,
-                    &sdpa::Params::default(),
-                    &s.allocator(),
-                )
-                .map_err(LlmError::from)
-            })?;
-            // Output projection, added to the residual stream.
-            rt.run("linear", |s| {
-                kernels::linear(
-                    s,
-                    &b.attn,
-                    m,
-                    lw.o.data(),
-                    h,
-                    qd,
-                    lw.o_bias.as_deref(),
-                    &mut b.x,
-                    true,
-                )
-            })?;
-            rt.run("rmsnorm", |s| {
-                kernels::rmsnorm(s, &b.x, m, h, &lw.post_norm, c.rms_norm_eps, &mut b.xn)
-            })?;
-            if m == 1 {
-                // Decode: gate, up and SwiGLU in one parallel section.
-                rt.run("linear_swiglu", |s| {
-                    kernels::linear_swiglu(
-                        s,
-                        &b.xn,
-                        h,
-                        lw.gate.data(),
-                        lw.up.data(),
-                        ffn,
-                        &mut b.gate[..ffn],
-                    )
-                })?;
-            } else {
-                rt.run("linear", |s| {
-                    kernels::linear(
-                        s,
-                        &b.xn,
-                        m,
-                        lw.gate.data(),
-                        ffn,
-                        h,
-                        None,
-                        &mut b.gate,
-                        false,
-                    )
-                })?;
-                rt.run("linear", |s| {
-                    kernels::linear(s, &b.xn, m, lw.up.data(), ffn, h, None, &mut b.up, false)
-                })?;
-                rt.run("swiglu", |_| {
-                    kernels::swiglu(&mut b.gate[..m * ffn], &b.up[..m * ffn]);
-                    Ok(())
-                })?;
-            }
-            rt.run("linear", |s| {
-                kernels::linear(s, &b.gate, m, lw.down.data(), h, ffn, None, &mut b.x, true)
-            })?;
+            RmsNorm::new(&lw.input_norm, c.rms_norm_eps).forward(rt, &b.x, m, &mut b.xn)?;
+            let cache = Cache {
+                k: &mut self.k_cache[li],
+                v: &mut self.v_cache[li],
+                capacity: self.capacity,
+                inv_freq: &self.inv_freq,
+            };
+            let bufs = AttentionBuffers {
+                xn: &b.xn,
+                q: &mut b.q,
+                attn: &mut b.attn,
+                residual: &mut b.x,
+            };
+            Attention::new(c, lw).forward(rt, step, bufs, cache)?;
+            RmsNorm::new(&lw.post_norm, c.rms_norm_eps).forward(rt, &b.x, m, &mut b.xn)?;
+            let bufs = MlpBuffers {
+                xn: &b.xn,
+                gate: &mut b.gate,
+                up: &mut b.up,
+                residual: &mut b.x,
+            };
+            Mlp::new(c, lw).forward(rt, step, bufs)?;
         }
         // Final norm and head over the rows whose logits are wanted.
         let first = m - logit_rows;
-        rt.run("rmsnorm", |s| {
-            kernels::rmsnorm(
-                s,
-                &b.x[first * h..m * h],
-                logit_rows,
-                h,
-                &w.norm,
-                c.rms_norm_eps,
-                &mut b.xn,
-            )
-        })?;
+        RmsNorm::new(&w.norm, c.rms_norm_eps).forward(
+            rt,
+            &b.x[first * h..m * h],
+            logit_rows,
+            &mut b.xn,
+        )?;
+        let head = Linear::dense(&w.head, None, vocab, h);
         rt.run("logits", |s| {
-            kernels::linear(
-                s,
-                &b.xn,
-                logit_rows,
-                w.head.data(),
-                vocab,
-                h,
-                None,
-                &mut b.logits,
-                false,
-            )
+            head.forward(s, &b.xn, logit_rows, &mut b.logits, Output::Overwrite)
         })?;
         self.pos += m;
         self.last_logit_rows = logit_rows;

@@ -1,28 +1,37 @@
-//! The portable kernels (what CPUs without AVX2/FMA/F16C run), forced on this machine. A test
-//! binary of its own: `force_portable` is process-wide, so a test running beside it in the
-//! same process could compute one forward pass on each path (and compare them bitwise).
+//! Every lower SIMD level of the kernels (down to the portable one, what CPUs without AVX2
+//! run), forced on this machine, against the f64 reference. A test binary of its own:
+//! `set_max_level` is process-wide, so a test running beside it in the same process could
+//! compute one forward pass on each level (and compare them bitwise).
 
 mod common;
 
 use common::{check_against_reference, Spec};
+use llm::kernels::{available_levels, isa, set_max_level};
 use llm::safetensors::DType;
 
-/// The portable kernels (what CPUs without AVX2/FMA/F16C run), forced on this machine.
+/// Each level this CPU runs below its best (the best is the other tests' level), forced.
 #[test]
-fn portable_kernels_match_reference() {
-    llm::kernels::force_portable(true);
-    for dtype in [DType::F32, DType::BF16, DType::F16] {
-        let spec = Spec {
-            dtype,
-            hidden: 40,
-            heads: 5,
-            kv_heads: 1,
-            ffn: 72,
-            seed: 13,
-            ..Spec::default()
-        };
-        check_against_reference(&spec, 1e-4);
+fn lower_levels_match_reference() {
+    let levels = available_levels();
+    println!("kernel levels on this CPU: {levels:?}");
+    for &level in levels.iter().skip(1) {
+        set_max_level(Some(level));
+        assert_eq!(isa(), level, "the cap picks the level");
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let spec = Spec {
+                dtype,
+                hidden: 40,
+                heads: 5,
+                kv_heads: 1,
+                ffn: 72,
+                seed: 13,
+                ..Spec::default()
+            };
+            check_against_reference(&spec, 1e-4);
+        }
     }
-    assert_eq!(llm::kernels::isa(), llm::kernels::Isa::Portable);
-    llm::kernels::force_portable(false);
+    set_max_level(None);
+    if std::env::var_os("KERNEL_SIMD_MAX").is_none() {
+        assert_eq!(isa(), levels[0], "removing the cap restores the best level");
+    }
 }

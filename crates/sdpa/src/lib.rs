@@ -34,22 +34,16 @@ use core::fmt;
 
 pub use caching_allocator::{AllocError, TempAllocator};
 
-#[cfg(target_arch = "x86_64")]
-mod avx512;
-mod convert;
+mod decode;
 mod dynamic;
 mod elem;
-mod fused;
+mod inputs;
 mod kernels;
-#[cfg(target_arch = "aarch64")]
-mod neon;
 mod plan;
+mod prefill;
 mod quant;
-mod rows;
 mod simd;
-mod source;
 mod sync;
-mod tiled;
 
 pub use dynamic::{attention_dyn, KvRef, TensorMut, TensorRef};
 pub use elem::{Bf16, Dtype, Element, F16};
@@ -58,7 +52,7 @@ pub use plan::{Path, Plan};
 pub use quant::{quantize_kv, QuantizedKv, QuantizedKvMut};
 pub use simd::{available_simd_levels, set_max_simd, simd_level, with_max_simd, SimdLevel};
 
-use source::Kv;
+use inputs::Kv;
 
 /// How K and V are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -562,8 +556,8 @@ fn run<T: Element, A: TempAllocator + ?Sized>(
     // `&A` for the whole call).
     let scratch = unsafe { sync::Scratch::new(scratch, &plan) };
     match plan.path {
-        Path::Rows { .. } => rows::run(&args, &plan, &scratch, out),
-        Path::Tiled { .. } => tiled::run(&args, &plan, &scratch, out),
+        Path::Rows { .. } => decode::run(&args, &plan, &scratch, out),
+        Path::Tiled { .. } => prefill::run(&args, &plan, &scratch, out),
     }
     Ok(())
 }

@@ -239,7 +239,7 @@ impl RowsLayout {
         let pv32 = q16_sum.saturating_add(round_up(q16_heads, LINE_FLOATS));
         // The integer P . V (int8 cache): the same regions on every kernel set, so the
         // scratch size does not depend on the SIMD level (NEON leaves them unused).
-        let pv_ldw = round_up(tile, crate::fused::PV_ROWS);
+        let pv_ldw = round_up(tile, crate::kernels::row::PV_ROWS);
         let (pv_acc_floats, pv_w_floats) = if conv.q16 {
             (nq.saturating_mul(d), nq.saturating_mul(pv_ldw).div_ceil(2))
         } else {
@@ -249,7 +249,9 @@ impl RowsLayout {
         let pv_step = pv_w16.saturating_add(round_up(pv_w_floats, LINE_FLOATS));
         let pv_zterm = pv_step.saturating_add(round_up(q16_heads, LINE_FLOATS));
         let tab = if conv.q16 {
-            shape.kv_heads.saturating_mul(crate::fused::PV_MAX_TILE)
+            shape
+                .kv_heads
+                .saturating_mul(crate::kernels::row::PV_MAX_TILE)
         } else {
             0
         };

@@ -18,11 +18,11 @@ use std::sync::OnceLock;
 pub enum SimdLevel {
     /// Portable scalar kernels (any CPU).
     Portable,
-    /// x86-64 AVX2 + FMA (F16C, where present, for f16 conversion).
+    /// x86-64 AVX2 + FMA + F16C.
     Avx2,
-    /// x86-64 AVX-512F + AVX-512BW (with AVX2 + FMA): 16-lane micro-kernels, softmax and
-    /// decode row kernels, and the int8 cache's integer scores and `P . V`; the other kernels
-    /// are the AVX2 ones.
+    /// x86-64 AVX-512F + AVX-512BW (with AVX2 + FMA + F16C): 16-lane micro-kernels, softmax,
+    /// conversions and decode row kernels, and the int8 cache's integer scores and `P . V`;
+    /// the other kernels are the AVX2 ones.
     Avx512,
     /// aarch64 NEON.
     Neon,
@@ -35,6 +35,16 @@ impl SimdLevel {
             SimdLevel::Portable => 0,
             SimdLevel::Avx2 | SimdLevel::Neon => 1,
             SimdLevel::Avx512 => 2,
+        }
+    }
+
+    /// The `kernel_simd` level whose kernels this set instantiates.
+    fn layer_level(self) -> kernel_simd::Level {
+        match self {
+            SimdLevel::Portable => kernel_simd::Level::Portable,
+            SimdLevel::Avx2 => kernel_simd::Level::Avx2,
+            SimdLevel::Avx512 => kernel_simd::Level::Avx512,
+            SimdLevel::Neon => kernel_simd::Level::Neon,
         }
     }
 
@@ -84,38 +94,14 @@ fn env_cap() -> u8 {
     })
 }
 
-/// The best level this CPU runs whose rank is at most `cap`. Allocation-free (called on
+/// The best level this CPU runs whose rank is at most `cap` (detection is
+/// `kernel_simd::Level::is_available`, the one place it is done). Allocation-free (called on
 /// every attention call; the feature-detection macros cache their answer).
 fn best_within(cap: u8) -> SimdLevel {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if SimdLevel::Avx512.rank() <= cap && avx512_detected() {
-            return SimdLevel::Avx512;
-        }
-        if SimdLevel::Avx2.rank() <= cap
-            && std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-        {
-            return SimdLevel::Avx2;
-        }
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        if SimdLevel::Neon.rank() <= cap && std::arch::is_aarch64_feature_detected!("neon") {
-            return SimdLevel::Neon;
-        }
-    }
-    let _ = cap;
-    SimdLevel::Portable
-}
-
-/// Whether this CPU runs the AVX-512 set: AVX-512F and BW, and the AVX2 set it reuses.
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn avx512_detected() -> bool {
-    std::is_x86_feature_detected!("avx512f")
-        && std::is_x86_feature_detected!("avx512bw")
-        && std::is_x86_feature_detected!("avx2")
-        && std::is_x86_feature_detected!("fma")
+    [SimdLevel::Avx512, SimdLevel::Avx2, SimdLevel::Neon]
+        .into_iter()
+        .find(|l| l.rank() <= cap && l.layer_level().is_available())
+        .unwrap_or(SimdLevel::Portable)
 }
 
 /// The SIMD levels this CPU can run, best first (always ends with `Portable`).

@@ -2,7 +2,7 @@
 //! f16) or dequantized (int8 cache) into a scratch buffer of the caller's worker slice.
 
 use crate::elem::{Element, Elems};
-use crate::fused::{KvRow, Q16};
+use crate::kernels::row::{KvRow, Q16};
 use crate::kernels::Kernels;
 use crate::quant::QuantizedKv;
 
@@ -79,9 +79,9 @@ impl<T: Element> Kv<'_, T> {
     }
 
     /// Whether decode reads this storage with the row kernels ([`Kv::scores_row`],
-    /// [`Kv::axpy_row`]): f32, bf16 and int8. f16 (no SIMD row kernel: the AVX2 set does not
-    /// assume F16C) goes through [`Kv::load`] and the f32 kernels instead.
-    pub(crate) fn fused(&self) -> bool {
+    /// [`Kv::axpy_row`]): f32, bf16 and int8. f16 has no row kernels in the table and goes
+    /// through [`Kv::load`] and the f32 kernels instead.
+    pub(crate) fn reads_rows(&self) -> bool {
         matches!(self, Kv::Int8(_)) || T::DTYPE != crate::Dtype::F16
     }
 
@@ -113,7 +113,7 @@ impl<T: Element> Kv<'_, T> {
     /// Scores of the query heads `q` (`heads * d` floats, `kv_heads = heads / group`)
     /// against position row `t`: `s[h * lds] = q_h . k_{t, h / group}`. The int8 cache takes
     /// the same query rows quantized to i16 (`q16`, required then; see
-    /// [`crate::fused::scores_row_q16`]).
+    /// [`crate::kernels::row::scores_row_q16`]).
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub(crate) fn scores_row(
@@ -148,7 +148,7 @@ impl<T: Element> Kv<'_, T> {
                     },
                     // SAFETY: the portable kernel is safe to call.
                     Elems::F16(k) => unsafe {
-                        crate::fused::scores_row(q, d, group, KvRow::dense(k), s, lds)
+                        crate::kernels::row::scores_row(q, d, group, KvRow::dense(k), s, lds)
                     },
                 }
             }
@@ -193,7 +193,7 @@ impl<T: Element> Kv<'_, T> {
                     [Elems::F16(a), Elems::F16(b), Elems::F16(c), Elems::F16(e)] => {
                         let v = [a, b, c, e].map(KvRow::dense);
                         // SAFETY: the portable kernel is safe to call.
-                        unsafe { crate::fused::axpy_row(acc, d, group, p, ldp, w, v) }
+                        unsafe { crate::kernels::row::axpy_row(acc, d, group, p, ldp, w, v) }
                     }
                     _ => unreachable!("one element type per call"),
                 }

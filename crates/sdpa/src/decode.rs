@@ -7,9 +7,9 @@
 use rayon::prelude::*;
 
 use crate::elem::Element;
-use crate::fused::{KvRow, PvTable, PV_MAX_TILE, PV_ROWS, Q16};
+use crate::inputs::as_f32;
+use crate::kernels::row::{KvRow, PvTable, PV_MAX_TILE, PV_ROWS, Q16};
 use crate::plan::{regions, Path, Plan, RowsLayout, ROW_TILE, V_GROUP};
-use crate::source::as_f32;
 use crate::sync::{Scratch, SharedOut};
 use crate::Args;
 
@@ -34,7 +34,7 @@ pub(crate) fn run<T: Element>(a: &Args<'_, T>, plan: &Plan, scratch: &Scratch, o
         tile,
     } = plan.path
     else {
-        unreachable!("rows::run called with a tiled plan")
+        unreachable!("decode::run called with a tiled plan")
     };
     let sh = a.shape;
     let lay = RowsLayout::new(&sh, tile, plan.conv);
@@ -181,7 +181,7 @@ fn chunk<T: Element>(
         as_f32(kern, q_src, qbuf);
         let qb = &mut qbuf[..nq * d];
         #[cfg(target_arch = "x86_64")]
-        crate::fused::split16(qb, d);
+        crate::kernels::row::split16(qb, d);
         qb
     } else {
         as_f32(kern, q_src, qbuf)
@@ -190,7 +190,7 @@ fn chunk<T: Element>(
 
     // f32, bf16 and int8 K/V are read by the row kernels (one call per query row and
     // position row, all heads); f16 through the conversion buffers, head by head.
-    let fused = a.k.fused();
+    let reads_rows = a.k.reads_rows();
     // Floats of one query row's heads.
     let hd = heads * d;
     // The int8 cache: Q rows quantized to i16 once per chunk (empty regions otherwise).
@@ -213,11 +213,11 @@ fn chunk<T: Element>(
         // Scores: one K position row (all kv heads, contiguous) at a time.
         for u in 0..nb {
             let t = t0 + u;
-            if !fused && t + PREFETCH_AHEAD < c1 {
+            if !reads_rows && t + PREFETCH_AHEAD < c1 {
                 a.k.prefetch(kern, kv_off(t + PREFETCH_AHEAD), row_len, 1, row_len);
                 a.v.prefetch(kern, kv_off(t + PREFETCH_AHEAD), row_len, 1, row_len);
             }
-            if fused {
+            if reads_rows {
                 for i in 0..sh.q_len {
                     let qi = &qb[i * hd..(i + 1) * hd];
                     let q16 = (lay.q16_scale > lay.q16).then(|| Q16 {
@@ -260,7 +260,7 @@ fn chunk<T: Element>(
             let first = b * sh.kv_capacity + t0;
             // Rows past the tile repeat its last row (weight 0, so they add exact zeros).
             let rows: [KvRow<'_, i8>; ROW_TILE] = core::array::from_fn(|u| {
-                crate::source::Kv::<T>::int8_row(vc, first + u.min(nb - 1), sh.kv_heads, d)
+                crate::inputs::Kv::<T>::int8_row(vc, first + u.min(nb - 1), sh.kv_heads, d)
             });
             // SAFETY: slice-based kernel (checks its lengths); set from `detect`.
             unsafe { (kern.pv_table)(&rows[..nb], sh.kv_heads, pv_vs, pv_zp) };
@@ -313,7 +313,7 @@ fn chunk<T: Element>(
         let mut u = 0;
         while u < nb {
             let w = V_GROUP.min(nb - u);
-            if fused {
+            if reads_rows {
                 let rows = core::array::from_fn(|j| b * sh.kv_capacity + t0 + u + j.min(w - 1));
                 for i in 0..sh.q_len {
                     let acc_i = &mut acc[i * hd..(i + 1) * hd];

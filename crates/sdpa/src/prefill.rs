@@ -4,8 +4,8 @@
 use rayon::prelude::*;
 
 use crate::elem::Element;
+use crate::inputs::{as_f32, Kv};
 use crate::plan::{regions, round_up, Path, Plan, TiledLayout, MR, NR};
-use crate::source::{as_f32, Kv};
 use crate::sync::{Scratch, SharedOut};
 use crate::Args;
 
@@ -14,7 +14,7 @@ pub(crate) fn run<T: Element>(a: &Args<'_, T>, plan: &Plan, scratch: &Scratch, o
         q_block, q_blocks, ..
     } = plan.path
     else {
-        unreachable!("tiled::run called with a row plan")
+        unreachable!("prefill::run called with a row plan")
     };
     let sh = a.shape;
     let lay = TiledLayout::new(&sh, plan.conv);

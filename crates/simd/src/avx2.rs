@@ -1,0 +1,203 @@
+//! The AVX2 level: 8 lanes in `__m256` / `__m256i`, with FMA and F16C.
+
+use crate::portable::EXP2_POLY;
+use crate::{Level, Simd};
+use core::arch::x86_64::*;
+
+/// The AVX2 + FMA + F16C token (x86-64); a value exists only if the CPU has them.
+#[derive(Clone, Copy, Debug)]
+pub struct Avx2(());
+
+/// Evaluates intrinsics that need the features a token proves.
+macro_rules! feat {
+    ($e:expr) => {
+        // SAFETY: a token (`self`) exists only if the CPU has AVX2, FMA and F16C (the type's
+        // invariant, checked by `try_new` or promised to `new_unchecked`).
+        unsafe { $e }
+    };
+}
+
+// SAFETY: a value of `Avx2` exists only when `Level::Avx2.is_available()` (or its caller
+// promised so); every primitive uses only AVX2, FMA, F16C and their predecessors.
+unsafe impl Simd for Avx2 {
+    const LANES: usize = 8;
+    const LEVEL: Level = Level::Avx2;
+    type F32 = __m256;
+    type I32 = __m256i;
+
+    #[inline(always)]
+    fn try_new() -> Option<Self> {
+        Level::Avx2.is_available().then_some(Avx2(()))
+    }
+    #[inline(always)]
+    unsafe fn new_unchecked() -> Self {
+        Avx2(())
+    }
+    #[inline(always)]
+    fn splat(self, x: f32) -> __m256 {
+        feat!(_mm256_set1_ps(x))
+    }
+    #[inline(always)]
+    fn zero(self) -> __m256 {
+        feat!(_mm256_setzero_ps())
+    }
+    #[inline(always)]
+    unsafe fn load(self, p: *const f32) -> __m256 {
+        // SAFETY: the features (token) and 8 readable floats at `p` (caller).
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32, v: __m256) {
+        // SAFETY: the features (token) and 8 writable floats at `p` (caller).
+        unsafe { _mm256_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(self, p: *const u16) -> __m256 {
+        // SAFETY: the features (token) and 8 readable u16 (16 bytes) at `p` (caller).
+        let h = unsafe { _mm_loadu_si128(p.cast()) };
+        feat!(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(
+            _mm256_cvtepu16_epi32(h)
+        )))
+    }
+    #[inline(always)]
+    unsafe fn load_f16(self, p: *const u16) -> __m256 {
+        #[cfg(not(miri))]
+        {
+            // SAFETY: the features (token) and 8 readable u16 at `p` (caller).
+            let h = unsafe { _mm_loadu_si128(p.cast()) };
+            feat!(_mm256_cvtph_ps(h))
+        }
+        // Miri lacks `vcvtph2ps`: the same values, converted lane by lane.
+        #[cfg(miri)]
+        {
+            // SAFETY: 8 readable u16 at `p` (caller).
+            let h = unsafe { p.cast::<[u16; 8]>().read_unaligned() };
+            let f = h.map(crate::f16_to_f32);
+            // SAFETY: the features (token); `f` holds 8 floats.
+            unsafe { self.load(f.as_ptr()) }
+        }
+    }
+    #[inline(always)]
+    fn add(self, a: __m256, b: __m256) -> __m256 {
+        feat!(_mm256_add_ps(a, b))
+    }
+    #[inline(always)]
+    fn sub(self, a: __m256, b: __m256) -> __m256 {
+        feat!(_mm256_sub_ps(a, b))
+    }
+    #[inline(always)]
+    fn mul(self, a: __m256, b: __m256) -> __m256 {
+        feat!(_mm256_mul_ps(a, b))
+    }
+    #[inline(always)]
+    fn fma(self, a: __m256, b: __m256, c: __m256) -> __m256 {
+        feat!(_mm256_fmadd_ps(a, b, c))
+    }
+    #[inline(always)]
+    fn max(self, a: __m256, b: __m256) -> __m256 {
+        feat!(_mm256_max_ps(a, b))
+    }
+    #[inline(always)]
+    fn min(self, a: __m256, b: __m256) -> __m256 {
+        feat!(_mm256_min_ps(a, b))
+    }
+    #[inline(always)]
+    fn reduce_sum(self, v: __m256) -> f32 {
+        feat!({
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+            _mm_cvtss_f32(s)
+        })
+    }
+    #[inline(always)]
+    fn reduce_max(self, v: __m256) -> f32 {
+        feat!({
+            let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
+            _mm_cvtss_f32(m)
+        })
+    }
+    #[inline(always)]
+    fn exp2_neg(self, x: __m256) -> __m256 {
+        feat!({
+            let x = _mm256_max_ps(x, _mm256_set1_ps(-127.0));
+            let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+            let f = _mm256_sub_ps(x, n);
+            let mut p = _mm256_set1_ps(EXP2_POLY[0]);
+            for &c in &EXP2_POLY[1..] {
+                p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
+            }
+            // 2^n from its exponent bits; n = -127 gives the bit pattern 0, i.e. 0.0.
+            let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+                _mm256_cvtps_epi32(n),
+                _mm256_set1_epi32(127),
+            ));
+            _mm256_mul_ps(p, _mm256_castsi256_ps(e))
+        })
+    }
+    #[inline(always)]
+    fn splat_i32(self, x: i32) -> __m256i {
+        feat!(_mm256_set1_epi32(x))
+    }
+    #[inline(always)]
+    unsafe fn load_i8(self, p: *const i8) -> __m256i {
+        // SAFETY: the features (token) and 8 readable bytes at `p` (caller).
+        unsafe { _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn load_u8(self, p: *const u8) -> __m256i {
+        // SAFETY: the features (token) and 8 readable bytes at `p` (caller).
+        unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast())) }
+    }
+    #[inline(always)]
+    fn add_i32(self, a: __m256i, b: __m256i) -> __m256i {
+        feat!(_mm256_add_epi32(a, b))
+    }
+    #[inline(always)]
+    fn sub_i32(self, a: __m256i, b: __m256i) -> __m256i {
+        feat!(_mm256_sub_epi32(a, b))
+    }
+    #[inline(always)]
+    fn mul_i32(self, a: __m256i, b: __m256i) -> __m256i {
+        feat!(_mm256_mullo_epi32(a, b))
+    }
+    #[inline(always)]
+    fn and_i32(self, a: __m256i, b: __m256i) -> __m256i {
+        feat!(_mm256_and_si256(a, b))
+    }
+    #[inline(always)]
+    fn shl_i32<const N: i32>(self, a: __m256i) -> __m256i {
+        feat!(_mm256_slli_epi32::<N>(a))
+    }
+    #[inline(always)]
+    fn shr_i32<const N: i32>(self, a: __m256i) -> __m256i {
+        feat!(_mm256_srli_epi32::<N>(a))
+    }
+    #[inline(always)]
+    fn reduce_sum_i32(self, v: __m256i) -> i32 {
+        feat!({
+            let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+            _mm_cvtsi128_si32(s)
+        })
+    }
+    #[inline(always)]
+    fn i32_to_f32(self, a: __m256i) -> __m256 {
+        feat!(_mm256_cvtepi32_ps(a))
+    }
+    #[inline(always)]
+    fn f32_to_i32(self, a: __m256) -> __m256i {
+        feat!(_mm256_cvtps_epi32(a))
+    }
+    #[inline(always)]
+    fn f32_to_bits(self, a: __m256) -> __m256i {
+        feat!(_mm256_castps_si256(a))
+    }
+    #[inline(always)]
+    fn bits_to_f32(self, a: __m256i) -> __m256 {
+        feat!(_mm256_castsi256_ps(a))
+    }
+}

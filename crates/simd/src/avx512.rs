@@ -1,0 +1,240 @@
+//! The AVX-512 level: 16 lanes in `__m512` / `__m512i` (AVX-512F and BW, with AVX2, FMA and
+//! F16C).
+//!
+//! Miri runs this level's kernels when the target features are enabled at build time: the
+//! primitives avoid the few 512-bit instructions it does not implement (`vmaxps`, `vminps`
+//! and `vrndscaleps` are written another way under Miri or everywhere).
+
+use crate::portable::EXP2_POLY;
+use crate::{Level, Simd};
+use core::arch::x86_64::*;
+
+/// The AVX-512F + AVX-512BW token (with AVX2, FMA, F16C; x86-64); a value exists only if
+/// the CPU has them.
+#[derive(Clone, Copy, Debug)]
+pub struct Avx512(());
+
+/// Evaluates intrinsics that need the features a token proves.
+macro_rules! feat {
+    ($e:expr) => {
+        // SAFETY: a token (`self`) exists only if the CPU has AVX-512F, AVX-512BW, AVX2, FMA
+        // and F16C (the type's invariant, checked by `try_new` or promised to
+        // `new_unchecked`).
+        unsafe { $e }
+    };
+}
+
+/// Per lane `if a > b { a } else { b }` (`b` when either is NaN), as `vmaxps` defines it.
+#[inline(always)]
+fn max_ps(a: __m512, b: __m512) -> __m512 {
+    #[cfg(not(miri))]
+    {
+        feat!(_mm512_max_ps(a, b))
+    }
+    #[cfg(miri)]
+    {
+        // SAFETY: `__m512` and `[f32; 16]` have the same size and every bit pattern is valid
+        // in both.
+        let (a, b): ([f32; 16], [f32; 16]) =
+            unsafe { (core::mem::transmute(a), core::mem::transmute(b)) };
+        let m: [f32; 16] = core::array::from_fn(|i| if a[i] > b[i] { a[i] } else { b[i] });
+        // SAFETY: as above.
+        unsafe { core::mem::transmute(m) }
+    }
+}
+
+/// Per lane `if a < b { a } else { b }`, as `vminps` defines it.
+#[inline(always)]
+fn min_ps(a: __m512, b: __m512) -> __m512 {
+    #[cfg(not(miri))]
+    {
+        feat!(_mm512_min_ps(a, b))
+    }
+    #[cfg(miri)]
+    {
+        // SAFETY: as in `max_ps`.
+        let (a, b): ([f32; 16], [f32; 16]) =
+            unsafe { (core::mem::transmute(a), core::mem::transmute(b)) };
+        let m: [f32; 16] = core::array::from_fn(|i| if a[i] < b[i] { a[i] } else { b[i] });
+        // SAFETY: as above.
+        unsafe { core::mem::transmute(m) }
+    }
+}
+
+// SAFETY: a value of `Avx512` exists only when `Level::Avx512.is_available()` (or its caller
+// promised so); every primitive uses only AVX-512F/BW, AVX2, FMA, F16C and their
+// predecessors.
+unsafe impl Simd for Avx512 {
+    const LANES: usize = 16;
+    const LEVEL: Level = Level::Avx512;
+    type F32 = __m512;
+    type I32 = __m512i;
+
+    #[inline(always)]
+    fn try_new() -> Option<Self> {
+        Level::Avx512.is_available().then_some(Avx512(()))
+    }
+    #[inline(always)]
+    unsafe fn new_unchecked() -> Self {
+        Avx512(())
+    }
+    #[inline(always)]
+    fn splat(self, x: f32) -> __m512 {
+        feat!(_mm512_set1_ps(x))
+    }
+    #[inline(always)]
+    fn zero(self) -> __m512 {
+        feat!(_mm512_setzero_ps())
+    }
+    #[inline(always)]
+    unsafe fn load(self, p: *const f32) -> __m512 {
+        // SAFETY: the features (token) and 16 readable floats at `p` (caller).
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32, v: __m512) {
+        // SAFETY: the features (token) and 16 writable floats at `p` (caller).
+        unsafe { _mm512_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(self, p: *const u16) -> __m512 {
+        // SAFETY: the features (token) and 16 readable u16 (32 bytes) at `p` (caller).
+        let h = unsafe { _mm256_loadu_si256(p.cast()) };
+        feat!(_mm512_castsi512_ps(_mm512_slli_epi32::<16>(
+            _mm512_cvtepu16_epi32(h)
+        )))
+    }
+    #[inline(always)]
+    unsafe fn load_f16(self, p: *const u16) -> __m512 {
+        #[cfg(not(miri))]
+        {
+            // SAFETY: the features (token) and 16 readable u16 at `p` (caller).
+            let h = unsafe { _mm256_loadu_si256(p.cast()) };
+            feat!(_mm512_cvtph_ps(h))
+        }
+        // Miri lacks `vcvtph2ps`: the same values, converted lane by lane.
+        #[cfg(miri)]
+        {
+            // SAFETY: 16 readable u16 at `p` (caller).
+            let h = unsafe { p.cast::<[u16; 16]>().read_unaligned() };
+            let f = h.map(crate::f16_to_f32);
+            // SAFETY: the features (token); `f` holds 16 floats.
+            unsafe { self.load(f.as_ptr()) }
+        }
+    }
+    #[inline(always)]
+    fn add(self, a: __m512, b: __m512) -> __m512 {
+        feat!(_mm512_add_ps(a, b))
+    }
+    #[inline(always)]
+    fn sub(self, a: __m512, b: __m512) -> __m512 {
+        feat!(_mm512_sub_ps(a, b))
+    }
+    #[inline(always)]
+    fn mul(self, a: __m512, b: __m512) -> __m512 {
+        feat!(_mm512_mul_ps(a, b))
+    }
+    #[inline(always)]
+    fn fma(self, a: __m512, b: __m512, c: __m512) -> __m512 {
+        feat!(_mm512_fmadd_ps(a, b, c))
+    }
+    #[inline(always)]
+    fn max(self, a: __m512, b: __m512) -> __m512 {
+        max_ps(a, b)
+    }
+    #[inline(always)]
+    fn min(self, a: __m512, b: __m512) -> __m512 {
+        min_ps(a, b)
+    }
+    #[inline(always)]
+    fn reduce_sum(self, v: __m512) -> f32 {
+        feat!(_mm512_reduce_add_ps(v))
+    }
+    #[inline(always)]
+    fn reduce_max(self, v: __m512) -> f32 {
+        feat!(_mm512_reduce_max_ps(v))
+    }
+    #[inline(always)]
+    fn exp2_neg(self, x: __m512) -> __m512 {
+        // Round to nearest by adding 1.5 * 2^23: for |x| <= 127 the sum's bits are the
+        // constant's plus `n` (its unit in the last place is 1), and subtracting the constant
+        // back gives `n` as a float (no `vrndscaleps`, which Miri lacks).
+        const MAGIC: f32 = 12_582_912.0;
+        let x = max_ps(x, self.splat(-127.0));
+        feat!({
+            let big = _mm512_add_ps(x, _mm512_set1_ps(MAGIC));
+            let n = _mm512_sub_ps(big, _mm512_set1_ps(MAGIC));
+            let f = _mm512_sub_ps(x, n);
+            let mut p = _mm512_set1_ps(EXP2_POLY[0]);
+            for &c in &EXP2_POLY[1..] {
+                p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+            }
+            // `big`'s bits less the constant's minus 127 are the biased exponent `n + 127`;
+            // n = -127 gives the bit pattern 0, i.e. 0.0.
+            let ni = _mm512_sub_epi32(
+                _mm512_castps_si512(big),
+                _mm512_set1_epi32(MAGIC.to_bits() as i32 - 127),
+            );
+            _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32::<23>(ni)))
+        })
+    }
+    #[inline(always)]
+    fn splat_i32(self, x: i32) -> __m512i {
+        feat!(_mm512_set1_epi32(x))
+    }
+    #[inline(always)]
+    unsafe fn load_i8(self, p: *const i8) -> __m512i {
+        // SAFETY: the features (token) and 16 readable bytes at `p` (caller).
+        unsafe { _mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn load_u8(self, p: *const u8) -> __m512i {
+        // SAFETY: the features (token) and 16 readable bytes at `p` (caller).
+        unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast())) }
+    }
+    #[inline(always)]
+    fn add_i32(self, a: __m512i, b: __m512i) -> __m512i {
+        feat!(_mm512_add_epi32(a, b))
+    }
+    #[inline(always)]
+    fn sub_i32(self, a: __m512i, b: __m512i) -> __m512i {
+        feat!(_mm512_sub_epi32(a, b))
+    }
+    #[inline(always)]
+    fn mul_i32(self, a: __m512i, b: __m512i) -> __m512i {
+        feat!(_mm512_mullo_epi32(a, b))
+    }
+    #[inline(always)]
+    fn and_i32(self, a: __m512i, b: __m512i) -> __m512i {
+        feat!(_mm512_and_si512(a, b))
+    }
+    #[inline(always)]
+    fn shl_i32<const N: i32>(self, a: __m512i) -> __m512i {
+        // The immediate form takes a `u32` count; a constant count in a register folds to it.
+        feat!(_mm512_sll_epi32(a, _mm_cvtsi32_si128(N)))
+    }
+    #[inline(always)]
+    fn shr_i32<const N: i32>(self, a: __m512i) -> __m512i {
+        feat!(_mm512_srl_epi32(a, _mm_cvtsi32_si128(N)))
+    }
+    #[inline(always)]
+    fn reduce_sum_i32(self, v: __m512i) -> i32 {
+        feat!(_mm512_reduce_add_epi32(v))
+    }
+    #[inline(always)]
+    fn i32_to_f32(self, a: __m512i) -> __m512 {
+        feat!(_mm512_cvtepi32_ps(a))
+    }
+    #[inline(always)]
+    fn f32_to_i32(self, a: __m512) -> __m512i {
+        feat!(_mm512_cvtps_epi32(a))
+    }
+    #[inline(always)]
+    fn f32_to_bits(self, a: __m512) -> __m512i {
+        feat!(_mm512_castps_si512(a))
+    }
+    #[inline(always)]
+    fn bits_to_f32(self, a: __m512i) -> __m512 {
+        feat!(_mm512_castsi512_ps(a))
+    }
+}

@@ -1,0 +1,199 @@
+//! The NEON level (aarch64): 4 lanes in `float32x4_t` / `int32x4_t`.
+//!
+
+use crate::portable::EXP2_POLY;
+use crate::{Level, Simd};
+use core::arch::aarch64::*;
+
+/// The NEON token (aarch64); a value exists only if the CPU has NEON.
+#[derive(Clone, Copy, Debug)]
+pub struct Neon(());
+
+/// Evaluates intrinsics that need the features a token proves (and, in the `unsafe`
+/// primitives, the caller's pointer contract).
+macro_rules! feat {
+    ($e:expr) => {
+        // SAFETY: a token (`self`) exists only if the CPU has NEON (the type's invariant,
+        // checked by `try_new` or promised to `new_unchecked`); pointers as the primitive's
+        // contract says (its caller's promise).
+        unsafe { $e }
+    };
+}
+
+/// Four bytes at `p` in the low lanes of a vector (the loads below widen only those).
+///
+/// # Safety
+/// `p` is readable for 4 bytes.
+#[inline(always)]
+unsafe fn load4_bytes(p: *const u8) -> uint8x8_t {
+    // SAFETY: 4 readable bytes at `p` (caller); any alignment.
+    unsafe { vreinterpret_u8_u32(vdup_n_u32(p.cast::<u32>().read_unaligned())) }
+}
+
+// SAFETY: a value of `Neon` exists only when `Level::Neon.is_available()` (or its caller
+// promised so); every primitive uses only NEON.
+unsafe impl Simd for Neon {
+    const LANES: usize = 4;
+    const LEVEL: Level = Level::Neon;
+    type F32 = float32x4_t;
+    type I32 = int32x4_t;
+
+    #[inline(always)]
+    fn try_new() -> Option<Self> {
+        Level::Neon.is_available().then_some(Neon(()))
+    }
+    #[inline(always)]
+    unsafe fn new_unchecked() -> Self {
+        Neon(())
+    }
+    #[inline(always)]
+    fn splat(self, x: f32) -> float32x4_t {
+        feat!(vdupq_n_f32(x))
+    }
+    #[inline(always)]
+    unsafe fn load(self, p: *const f32) -> float32x4_t {
+        feat!(vld1q_f32(p))
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32, v: float32x4_t) {
+        feat!(vst1q_f32(p, v))
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(self, p: *const u16) -> float32x4_t {
+        feat!({
+            let h = vld1_u16(p);
+            vreinterpretq_f32_u32(vshll_n_u16::<16>(h))
+        })
+    }
+    #[inline(always)]
+    unsafe fn load_f16(self, p: *const u16) -> float32x4_t {
+        feat!({
+            let h = vmovl_u16(vld1_u16(p));
+            // The magnitude's bits moved into f32 position and scaled by 2^112 (the exponent
+            // bias difference) give every finite f16 exactly, subnormals included; infinity and
+            // NaN (exponent 31) get the f32 exponent 255 instead.
+            let abs = vshlq_n_u32::<13>(vandq_u32(h, vdupq_n_u32(0x7fff)));
+            let finite = vmulq_f32(
+                vreinterpretq_f32_u32(abs),
+                vdupq_n_f32(f32::from_bits((127 + 112) << 23)),
+            );
+            let special = vceqq_u32(vandq_u32(h, vdupq_n_u32(0x7c00)), vdupq_n_u32(0x7c00));
+            let inf_nan = vorrq_u32(abs, vdupq_n_u32(0x7f80_0000));
+            let mag = vbslq_u32(special, inf_nan, vreinterpretq_u32_f32(finite));
+            let sign = vshlq_n_u32::<16>(vandq_u32(h, vdupq_n_u32(0x8000)));
+            vreinterpretq_f32_u32(vorrq_u32(mag, sign))
+        })
+    }
+    #[inline(always)]
+    fn add(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        feat!(vaddq_f32(a, b))
+    }
+    #[inline(always)]
+    fn sub(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        feat!(vsubq_f32(a, b))
+    }
+    #[inline(always)]
+    fn mul(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        feat!(vmulq_f32(a, b))
+    }
+    #[inline(always)]
+    fn fma(self, a: float32x4_t, b: float32x4_t, c: float32x4_t) -> float32x4_t {
+        feat!(vfmaq_f32(c, a, b))
+    }
+    #[inline(always)]
+    fn max(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        feat!(vmaxq_f32(a, b))
+    }
+    #[inline(always)]
+    fn min(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        feat!(vminq_f32(a, b))
+    }
+    #[inline(always)]
+    fn reduce_sum(self, a: float32x4_t) -> f32 {
+        feat!(vaddvq_f32(a))
+    }
+    #[inline(always)]
+    fn reduce_max(self, a: float32x4_t) -> f32 {
+        feat!(vmaxvq_f32(a))
+    }
+    #[inline(always)]
+    fn exp2_neg(self, x: float32x4_t) -> float32x4_t {
+        feat!({
+            // `vmaxnm` gives -127 for a NaN lane, so NaN gives 0 as on the other levels.
+            let x = vmaxnmq_f32(x, vdupq_n_f32(-127.0));
+            let n = vrndnq_f32(x);
+            let f = vsubq_f32(x, n);
+            let mut p = vdupq_n_f32(EXP2_POLY[0]);
+            for &c in &EXP2_POLY[1..] {
+                p = vfmaq_f32(vdupq_n_f32(c), p, f);
+            }
+            // 2^n from its exponent bits; n = -127 gives the bit pattern 0, i.e. 0.0.
+            let e = vshlq_n_s32::<23>(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)));
+            vmulq_f32(p, vreinterpretq_f32_s32(e))
+        })
+    }
+    #[inline(always)]
+    fn splat_i32(self, x: i32) -> int32x4_t {
+        feat!(vdupq_n_s32(x))
+    }
+    #[inline(always)]
+    unsafe fn load_i8(self, p: *const i8) -> int32x4_t {
+        feat!({
+            let b = vreinterpret_s8_u8(load4_bytes(p.cast()));
+            vmovl_s16(vget_low_s16(vmovl_s8(b)))
+        })
+    }
+    #[inline(always)]
+    unsafe fn load_u8(self, p: *const u8) -> int32x4_t {
+        feat!({
+            let b = load4_bytes(p);
+            vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(b))))
+        })
+    }
+    #[inline(always)]
+    fn add_i32(self, a: int32x4_t, b: int32x4_t) -> int32x4_t {
+        feat!(vaddq_s32(a, b))
+    }
+    #[inline(always)]
+    fn sub_i32(self, a: int32x4_t, b: int32x4_t) -> int32x4_t {
+        feat!(vsubq_s32(a, b))
+    }
+    #[inline(always)]
+    fn mul_i32(self, a: int32x4_t, b: int32x4_t) -> int32x4_t {
+        feat!(vmulq_s32(a, b))
+    }
+    #[inline(always)]
+    fn and_i32(self, a: int32x4_t, b: int32x4_t) -> int32x4_t {
+        feat!(vandq_s32(a, b))
+    }
+    #[inline(always)]
+    fn shl_i32<const N: i32>(self, a: int32x4_t) -> int32x4_t {
+        feat!(vshlq_n_s32::<N>(a))
+    }
+    #[inline(always)]
+    fn shr_i32<const N: i32>(self, a: int32x4_t) -> int32x4_t {
+        feat!(vreinterpretq_s32_u32(vshrq_n_u32::<N>(
+            vreinterpretq_u32_s32(a)
+        )))
+    }
+    #[inline(always)]
+    fn reduce_sum_i32(self, a: int32x4_t) -> i32 {
+        feat!(vaddvq_s32(a))
+    }
+    #[inline(always)]
+    fn i32_to_f32(self, a: int32x4_t) -> float32x4_t {
+        feat!(vcvtq_f32_s32(a))
+    }
+    #[inline(always)]
+    fn f32_to_i32(self, a: float32x4_t) -> int32x4_t {
+        feat!(vcvtnq_s32_f32(a))
+    }
+    #[inline(always)]
+    fn f32_to_bits(self, a: float32x4_t) -> int32x4_t {
+        feat!(vreinterpretq_s32_f32(a))
+    }
+    #[inline(always)]
+    fn bits_to_f32(self, a: int32x4_t) -> float32x4_t {
+        feat!(vreinterpretq_f32_s32(a))
+    }
+}
