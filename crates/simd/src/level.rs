@@ -58,15 +58,6 @@ impl Level {
         }
     }
 
-    /// The lower of two levels by [`Level::rank`] (`self` on a tie).
-    pub fn min(self, other: Level) -> Level {
-        if other.rank() < self.rank() {
-            other
-        } else {
-            self
-        }
-    }
-
     /// Whether this CPU runs this level (a kernel instantiated for it may be called).
     pub fn is_available(self) -> bool {
         match self {
