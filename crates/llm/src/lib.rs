@@ -44,8 +44,13 @@
 pub mod config;
 pub mod error;
 pub mod generate;
+pub mod gguf;
 pub mod kernels;
+pub mod matrix;
 pub mod model;
+pub mod quant;
+pub mod quant_kernels;
+pub mod quant_simd;
 pub mod runtime;
 pub mod safetensors;
 pub mod sample;

@@ -7,6 +7,7 @@ use caching_allocator::{CachingAllocator, Config, TempAllocator, DEFAULT_WORKING
 
 use crate::error::{LlmError, Result};
 use crate::kernels;
+use crate::matrix;
 use crate::runtime::{Runtime, TempUsage};
 use crate::sample::Sampler;
 use crate::weights::Weights;
@@ -221,7 +222,7 @@ impl<A: TempAllocator> Llama<A> {
         let b = &mut self.bufs;
         let rt = &mut self.rt;
         rt.run("embed", |_| {
-            kernels::embed(w.embed.data(), h, tokens, &mut b.x[..m * h])
+            matrix::embed(&w.embed, h, tokens, &mut b.x[..m * h])
         })?;
         for (li, lw) in w.layers.iter().enumerate() {
             let kc = &mut self.k_cache[li];
@@ -233,27 +234,27 @@ impl<A: TempAllocator> Llama<A> {
             if m == 1 {
                 // Decode: q, k and v in one parallel section.
                 rt.run("linear_qkv", |s| {
-                    kernels::linear_many(
+                    matrix::linear_many(
                         s,
                         &b.xn,
                         h,
                         [
-                            kernels::LinearJob {
-                                w: lw.q.data(),
+                            matrix::Job {
+                                w: &lw.q,
                                 n: qd,
                                 bias: lw.q_bias.as_deref(),
                                 out: &mut b.q[..qd],
                                 accumulate: false,
                             },
-                            kernels::LinearJob {
-                                w: lw.k.data(),
+                            matrix::Job {
+                                w: &lw.k,
                                 n: kvd,
                                 bias: lw.k_bias.as_deref(),
                                 out: &mut kc[kv_rows.clone()],
                                 accumulate: false,
                             },
-                            kernels::LinearJob {
-                                w: lw.v.data(),
+                            matrix::Job {
+                                w: &lw.v,
                                 n: kvd,
                                 bias: lw.v_bias.as_deref(),
                                 out: &mut vc[kv_rows.clone()],
@@ -264,11 +265,11 @@ impl<A: TempAllocator> Llama<A> {
                 })?;
             } else {
                 rt.run("linear", |s| {
-                    kernels::linear(
+                    matrix::linear(
                         s,
                         &b.xn,
                         m,
-                        lw.q.data(),
+                        &lw.q,
                         qd,
                         h,
                         lw.q_bias.as_deref(),
@@ -278,31 +279,11 @@ impl<A: TempAllocator> Llama<A> {
                 })?;
                 rt.run("linear", |s| {
                     let out = &mut kc[kv_rows.clone()];
-                    kernels::linear(
-                        s,
-                        &b.xn,
-                        m,
-                        lw.k.data(),
-                        kvd,
-                        h,
-                        lw.k_bias.as_deref(),
-                        out,
-                        false,
-                    )
+                    matrix::linear(s, &b.xn, m, &lw.k, kvd, h, lw.k_bias.as_deref(), out, false)
                 })?;
                 rt.run("linear", |s| {
                     let out = &mut vc[kv_rows.clone()];
-                    kernels::linear(
-                        s,
-                        &b.xn,
-                        m,
-                        lw.v.data(),
-                        kvd,
-                        h,
-                        lw.v_bias.as_deref(),
-                        out,
-                        false,
-                    )
+                    matrix::linear(s, &b.xn, m, &lw.v, kvd, h, lw.v_bias.as_deref(), out, false)
                 })?;
             }
             rt.run("rope", |s| {
@@ -341,11 +322,11 @@ impl<A: TempAllocator> Llama<A> {
             })?;
             // Output projection, added to the residual stream.
             rt.run("linear", |s| {
-                kernels::linear(
+                matrix::linear(
                     s,
                     &b.attn,
                     m,
-                    lw.o.data(),
+                    &lw.o,
                     h,
                     qd,
                     lw.o_bias.as_deref(),
@@ -359,32 +340,14 @@ impl<A: TempAllocator> Llama<A> {
             if m == 1 {
                 // Decode: gate, up and SwiGLU in one parallel section.
                 rt.run("linear_swiglu", |s| {
-                    kernels::linear_swiglu(
-                        s,
-                        &b.xn,
-                        h,
-                        lw.gate.data(),
-                        lw.up.data(),
-                        ffn,
-                        &mut b.gate[..ffn],
-                    )
+                    matrix::linear_swiglu(s, &b.xn, h, &lw.gate, &lw.up, ffn, &mut b.gate[..ffn])
                 })?;
             } else {
                 rt.run("linear", |s| {
-                    kernels::linear(
-                        s,
-                        &b.xn,
-                        m,
-                        lw.gate.data(),
-                        ffn,
-                        h,
-                        None,
-                        &mut b.gate,
-                        false,
-                    )
+                    matrix::linear(s, &b.xn, m, &lw.gate, ffn, h, None, &mut b.gate, false)
                 })?;
                 rt.run("linear", |s| {
-                    kernels::linear(s, &b.xn, m, lw.up.data(), ffn, h, None, &mut b.up, false)
+                    matrix::linear(s, &b.xn, m, &lw.up, ffn, h, None, &mut b.up, false)
                 })?;
                 rt.run("swiglu", |_| {
                     kernels::swiglu(&mut b.gate[..m * ffn], &b.up[..m * ffn]);
@@ -392,7 +355,7 @@ impl<A: TempAllocator> Llama<A> {
                 })?;
             }
             rt.run("linear", |s| {
-                kernels::linear(s, &b.gate, m, lw.down.data(), h, ffn, None, &mut b.x, true)
+                matrix::linear(s, &b.gate, m, &lw.down, h, ffn, None, &mut b.x, true)
             })?;
         }
         // Final norm and head over the rows whose logits are wanted.
@@ -409,11 +372,11 @@ impl<A: TempAllocator> Llama<A> {
             )
         })?;
         rt.run("logits", |s| {
-            kernels::linear(
+            matrix::linear(
                 s,
                 &b.xn,
                 logit_rows,
-                w.head.data(),
+                &w.head,
                 vocab,
                 h,
                 None,
