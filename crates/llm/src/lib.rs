@@ -41,10 +41,12 @@
 //! # Ok::<(), llm::LlmError>(())
 //! ```
 
+pub mod chat;
 pub mod config;
 pub mod error;
 pub mod generate;
 pub mod gguf;
+pub mod gguf_tokenizer;
 pub mod kernels;
 pub mod matrix;
 pub mod model;

@@ -2,7 +2,7 @@
 //! with random weights. See `llm --help`.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -26,12 +26,17 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Generate from a checkpoint directory (config.json, *.safetensors, tokenizer.json).
-    /// Only the generated text goes to stdout; timings go to stderr.
+    /// Generate from a GGUF file (FILE.gguf: weights, tokenizer and chat template) or a
+    /// checkpoint directory (config.json, *.safetensors, tokenizer.json). Only the generated
+    /// text goes to stdout; timings go to stderr.
     Generate {
-        /// The model directory.
-        #[arg(long, value_name = "DIR")]
+        /// The model: a .gguf file or a directory.
+        #[arg(long, value_name = "FILE.gguf|DIR")]
         model: PathBuf,
+        /// Treat the prompt as one user message of a chat: render the model's chat template
+        /// (GGUF `tokenizer.chat_template`) with the generation prompt.
+        #[arg(long)]
+        chat: bool,
         /// The prompt text (needs tokenizer.json).
         #[arg(long, value_name = "TEXT", conflicts_with = "prompt_ids")]
         prompt: Option<String>,
@@ -94,20 +99,59 @@ fn print_stats(st: &GenerationStats) {
     );
 }
 
+/// A chat template with the BOS and EOS token texts.
+type Template = (String, String, String);
+
+/// The weights, the tokenizer (if the model has one) and the chat template (GGUF only) of
+/// `model`: a `.gguf` file or a checkpoint directory.
+fn load(model: &Path) -> Result<(Weights, Option<Tokenizer>, Option<Template>), LlmError> {
+    if llm::gguf::is_gguf_path(model) {
+        let f = llm::gguf::GgufFile::open(model)?;
+        let weights = llm::gguf::weights_from(&f)?;
+        let tokenizer = llm::gguf_tokenizer::from_gguf(&f)?;
+        let template = llm::gguf_tokenizer::chat_template(&f).map(|t| {
+            let text = |k| {
+                llm::gguf_tokenizer::token_text(&f, k)
+                    .unwrap_or("")
+                    .to_string()
+            };
+            (
+                t.to_string(),
+                text("tokenizer.ggml.bos_token_id"),
+                text("tokenizer.ggml.eos_token_id"),
+            )
+        });
+        return Ok((weights, Some(tokenizer), template));
+    }
+    let weights = Weights::load(model)?;
+    let tok_path = model.join("tokenizer.json");
+    let tokenizer = if tok_path.exists() {
+        Some(Tokenizer::from_file(&tok_path)?)
+    } else {
+        None
+    };
+    Ok((weights, tokenizer, None))
+}
+
 fn run(cli: Cli) -> Result<(), LlmError> {
     match cli.command {
         Command::Generate {
             model,
+            chat,
             prompt,
             prompt_ids,
             run,
         } => {
-            let weights = Arc::new(Weights::load(&model)?);
-            let tok_path = model.join("tokenizer.json");
-            let tokenizer = if tok_path.exists() {
-                Some(Tokenizer::from_file(&tok_path)?)
-            } else {
-                None
+            let (weights, tokenizer, template) = load(&model)?;
+            let weights = Arc::new(weights);
+            let prompt = match (chat, prompt) {
+                (true, Some(text)) => {
+                    let (t, bos, eos) = template.ok_or_else(|| LlmError::InvalidArgument {
+                        message: format!("{} has no chat template: drop --chat", model.display()),
+                    })?;
+                    Some(llm::chat::render_user_prompt(&t, &text, &bos, &eos)?)
+                }
+                (_, p) => p,
             };
             let (ids, as_text) = match (&prompt, prompt_ids) {
                 (Some(text), None) => match &tokenizer {
