@@ -208,9 +208,9 @@ impl TensorType {
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         match self {
             TensorType::Dense(d) => n.checked_mul(d.size() as u64),
-            TensorType::Quant(q) => {
-                (n % QK as u64 == 0).then(|| n / QK as u64 * q.block_bytes() as u64)
-            }
+            TensorType::Quant(q) => n
+                .is_multiple_of(QK as u64)
+                .then(|| n / QK as u64 * q.block_bytes() as u64),
         }
     }
 }

@@ -100,7 +100,7 @@ mod x86 {
         let mut acc = _mm512_setzero_ps();
         let mut extra = 0f32;
         let mask = _mm_set1_epi8(15);
-        for b in 0..blocks {
+        for (b, &xs) in xsum.iter().enumerate().take(blocks) {
             // SAFETY: block b lies in `row` (b < blocks), its 32 floats in `x` (caller).
             unsafe {
                 let blk = row.as_ptr().add(b * bb);
@@ -137,8 +137,8 @@ mod x86 {
                 };
                 acc = _mm512_fmadd_ps(_mm512_set1_ps(d), s, acc);
                 extra += match t {
-                    QType::Q4_0 => -8.0 * d * xsum[b],
-                    QType::Q4_1 => f16(blk.add(2)) * xsum[b],
+                    QType::Q4_0 => -8.0 * d * xs,
+                    QType::Q4_1 => f16(blk.add(2)) * xs,
                     QType::Q8_0 => 0.0,
                 };
             }
@@ -167,7 +167,7 @@ mod x86 {
         let mask = _mm_set1_epi8(15);
         let cvt = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
         let cvts = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
-        for b in 0..blocks {
+        for (b, &xs) in xsum.iter().enumerate().take(blocks) {
             // SAFETY: block b lies in `row` (b < blocks), its 32 floats in `x` (caller).
             unsafe {
                 let blk = row.as_ptr().add(b * bb);
@@ -202,8 +202,8 @@ mod x86 {
                 let s1 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xp.add(24)), s1);
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_add_ps(s0, s1), acc);
                 extra += match t {
-                    QType::Q4_0 => -8.0 * d * xsum[b],
-                    QType::Q4_1 => f16(blk.add(2)) * xsum[b],
+                    QType::Q4_0 => -8.0 * d * xs,
+                    QType::Q4_1 => f16(blk.add(2)) * xs,
                     QType::Q8_0 => 0.0,
                 };
             }
