@@ -41,6 +41,7 @@
 //! # Ok::<(), llm::LlmError>(())
 //! ```
 
+pub mod bandwidth;
 pub mod chat;
 pub mod config;
 pub mod error;

@@ -46,8 +46,12 @@ enum Command {
         #[command(flatten)]
         run: RunArgs,
     },
-    /// Run a named shape with random bf16 weights (seeded): prefill and decode tokens/s.
+    /// Prefill and decode tokens/s on random prompt ids: real weights (--model FILE.gguf or
+    /// DIR), or a named shape with random weights (seeded).
     Bench {
+        /// Real weights: a .gguf file or a checkpoint directory (instead of --shape).
+        #[arg(long, value_name = "FILE.gguf|DIR")]
+        model: Option<PathBuf>,
         /// smollm2-135m or llama-3.2-1b.
         #[arg(long, default_value = "smollm2-135m")]
         shape: String,
@@ -208,6 +212,13 @@ fn run(cli: Cli) -> Result<(), LlmError> {
             Ok(())
         }
         Command::Bench {
+            model: Some(model),
+            prompt_tokens,
+            run,
+            ..
+        } => bench_model(&model, prompt_tokens, &run),
+        Command::Bench {
+            model: None,
             shape,
             prompt_tokens,
             dtype,
@@ -269,6 +280,59 @@ fn run(cli: Cli) -> Result<(), LlmError> {
             Ok(())
         }
     }
+}
+
+/// `llm bench --model`: real weights, a random prompt, and the same-run weight-streaming
+/// bound the decode rate is compared against.
+fn bench_model(model: &Path, prompt_tokens: usize, run: &RunArgs) -> Result<(), LlmError> {
+    let t0 = std::time::Instant::now();
+    let weights = Arc::new(Weights::load(model)?);
+    let load_s = t0.elapsed().as_secs_f64();
+    let wbytes = weights.decode_weight_bytes();
+    let vocab = weights.config.vocab_size;
+    let context = run
+        .context
+        .unwrap_or(prompt_tokens + run.max_new_tokens + 1);
+    let mut m = Llama::new(
+        weights.clone(),
+        caching_temp(run.temp_cap_mib << 20),
+        &ModelOptions {
+            context: Some(context),
+        },
+    )?;
+    let mut rng = llm::sample::Rng::new(run.seed ^ 0x5eed);
+    let ids: Vec<u32> = (0..prompt_tokens)
+        .map(|_| (rng.next_u64() % vocab as u64) as u32)
+        .collect();
+    let mut sampler = Sampler::new(run.temperature, run.top_p, run.seed)?;
+    let opts = GenerateOptions {
+        max_new_tokens: run.max_new_tokens,
+        stop_tokens: Vec::new(),
+    };
+    let (st, stream_s) = rayon::scope(|_| {
+        let st = generate(&mut m, &ids, &mut sampler, &opts, |_| Ok(()));
+        (st, llm::bandwidth::weight_stream_seconds(&weights, 10))
+    });
+    let st = st?;
+    print_stats(&st);
+    let bound = 1.0 / stream_s;
+    println!(
+        "{}: loaded in {:.2} s; {} rayon threads; prefill {:.1} tok/s, decode {:.2} tok/s, \
+         time to first token {:.1} ms; weight-streaming bound {:.1} tok/s ({:.1} MB in {:.2} ms, \
+         {:.1} GB/s): decode at {:.0}% of it",
+        model.display(),
+        load_s,
+        rayon::current_num_threads(),
+        st.prefill_tok_s(),
+        st.decode_tok_s(),
+        st.time_to_first_token_s * 1e3,
+        bound,
+        wbytes as f64 / 1e6,
+        stream_s * 1e3,
+        wbytes as f64 / stream_s / 1e9,
+        100.0 * st.decode_tok_s() / bound
+    );
+    Ok(())
 }
 
 fn main() -> ExitCode {

@@ -116,8 +116,25 @@ fn matvec_rows(
     o: &mut [f32],
     accumulate: bool,
 ) {
-    for (i, oi) in o.iter_mut().enumerate() {
-        let v = quant_simd::dot_row(isa, w.qtype(), w.row(r0 + i), x, xsum);
+    let t = w.qtype();
+    let mut i = 0;
+    // Four rows at a time share the loads of x.
+    while i + 4 <= o.len() {
+        let r = r0 + i;
+        let v = quant_simd::dot_rows(
+            isa,
+            t,
+            [w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)],
+            x,
+            xsum,
+        );
+        for (oi, v) in o[i..i + 4].iter_mut().zip(v) {
+            *oi = if accumulate { *oi + v } else { v };
+        }
+        i += 4;
+    }
+    for (j, oi) in o.iter_mut().enumerate().skip(i) {
+        let v = quant_simd::dot_row(isa, t, w.row(r0 + j), x, xsum);
         *oi = if accumulate { *oi + v } else { v };
     }
 }
@@ -323,10 +340,27 @@ pub fn linear_swiglu<A: TempAllocator + ?Sized>(
         .enumerate()
         .for_each(|(ci, o)| {
             let r0 = ci * chunk;
-            for (i, oi) in o.iter_mut().enumerate() {
-                let g = quant_simd::dot_row(isa, gate.qtype(), gate.row(r0 + i), x, xsum);
-                let u = quant_simd::dot_row(isa, up.qtype(), up.row(r0 + i), x, xsum);
-                *oi = g / (1.0 + (-g).exp()) * u;
+            let silu = |g: f32, u: f32| g / (1.0 + (-g).exp()) * u;
+            let same = gate.qtype() == up.qtype();
+            let mut i = 0;
+            // Two rows of each matrix at a time, sharing the loads of x.
+            while same && i + 2 <= o.len() {
+                let r = r0 + i;
+                let [g0, u0, g1, u1] = quant_simd::dot_rows(
+                    isa,
+                    gate.qtype(),
+                    [gate.row(r), up.row(r), gate.row(r + 1), up.row(r + 1)],
+                    x,
+                    xsum,
+                );
+                o[i] = silu(g0, u0);
+                o[i + 1] = silu(g1, u1);
+                i += 2;
+            }
+            for (j, oi) in o.iter_mut().enumerate().skip(i) {
+                let g = quant_simd::dot_row(isa, gate.qtype(), gate.row(r0 + j), x, xsum);
+                let u = quant_simd::dot_row(isa, up.qtype(), up.row(r0 + j), x, xsum);
+                *oi = silu(g, u);
             }
         });
     Ok(())

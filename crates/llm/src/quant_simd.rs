@@ -43,6 +43,31 @@ pub fn dot_row(isa: QIsa, t: QType, row: &[u8], x: &[f32], xsum: &[f32]) -> f32 
     }
 }
 
+/// Dot products of `R` quantized rows of equal length with `x` (shared loads of `x` and
+/// independent accumulation chains per row).
+#[inline]
+pub fn dot_rows<const R: usize>(
+    isa: QIsa,
+    t: QType,
+    rows: [&[u8]; R],
+    x: &[f32],
+    xsum: &[f32],
+) -> [f32; R] {
+    let len = rows[0].len();
+    let blocks = len / t.block_bytes();
+    #[cfg(target_arch = "x86_64")]
+    if isa == QIsa::Avx512
+        && rows.iter().all(|r| r.len() == len)
+        && x.len() >= blocks * QK
+        && xsum.len() >= blocks
+    {
+        // SAFETY: `Avx512` means the CPU has AVX-512 F, AVX2, FMA and F16C; every row has
+        // `blocks` blocks, `x` 32 floats and `xsum` one float per block (checked).
+        return unsafe { x86::dot_rows_avx512(t, rows, x, xsum) };
+    }
+    rows.map(|r| dot_row(isa, t, r, x, xsum))
+}
+
 /// `out[r] = x . w[r * k .. (r + 1) * k]` for every row `r` of `w` (at most [`NB`] rows;
 /// `k` a multiple of 32).
 pub fn dots(isa: QIsa, x: &[f32], w: &[f32], k: usize, out: &mut [f32; NB]) {
@@ -99,7 +124,7 @@ mod x86 {
         let blocks = row.len() / bb;
         let mut acc = _mm512_setzero_ps();
         let mut extra = 0f32;
-        let mask = _mm_set1_epi8(15);
+        let mask = _mm512_set1_epi32(15);
         for (b, &xs) in xsum.iter().enumerate().take(blocks) {
             // SAFETY: block b lies in `row` (b < blocks), its 32 floats in `x` (caller).
             unsafe {
@@ -108,18 +133,12 @@ mod x86 {
                 let d = f16(blk);
                 let s = match t {
                     QType::Q4_0 | QType::Q4_1 => {
-                        let qs = _mm_loadu_si128(blk.add(bb - 16).cast());
-                        let lo = _mm_and_si128(qs, mask);
-                        let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
-                        let s = _mm512_mul_ps(
-                            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)),
-                            _mm512_loadu_ps(xp),
-                        );
-                        _mm512_fmadd_ps(
-                            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)),
-                            _mm512_loadu_ps(xp.add(16)),
-                            s,
-                        )
+                        // Widen the 16 bytes once; low and high nibbles in 32-bit lanes.
+                        let z = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(bb - 16).cast()));
+                        let lo = _mm512_and_si512(z, mask);
+                        let hi = _mm512_srli_epi32(z, 4);
+                        let s = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), _mm512_loadu_ps(xp));
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_loadu_ps(xp.add(16)), s)
                     }
                     QType::Q8_0 => {
                         let q0 = _mm_loadu_si128(blk.add(2).cast());
@@ -146,6 +165,56 @@ mod x86 {
         _mm512_reduce_add_ps(acc) + extra
     }
 
+    /// # Safety
+    /// The CPU has AVX-512 F, AVX2, FMA, F16C; every row has the same number of blocks, `x`
+    /// holds 32 floats and `xsum` one per block.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn dot_rows_avx512<const R: usize>(
+        t: QType,
+        rows: [&[u8]; R],
+        x: &[f32],
+        xsum: &[f32],
+    ) -> [f32; R] {
+        let bb = t.block_bytes();
+        let blocks = rows[0].len() / bb;
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut extra = [0f32; R];
+        let mask = _mm512_set1_epi32(15);
+        for (b, &xs) in xsum.iter().enumerate().take(blocks) {
+            // SAFETY: block b lies in every row (b < blocks), its 32 floats in `x` (caller).
+            unsafe {
+                let xp = x.as_ptr().add(b * QK);
+                let x0 = _mm512_loadu_ps(xp);
+                let x1 = _mm512_loadu_ps(xp.add(16));
+                for i in 0..R {
+                    let blk = rows[i].as_ptr().add(b * bb);
+                    let d = f16(blk);
+                    let s = match t {
+                        QType::Q4_0 | QType::Q4_1 => {
+                            let z = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(bb - 16).cast()));
+                            let lo = _mm512_cvtepi32_ps(_mm512_and_si512(z, mask));
+                            let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(z, 4));
+                            _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0))
+                        }
+                        QType::Q8_0 => {
+                            let q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(2).cast()));
+                            let q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(18).cast()));
+                            let s = _mm512_mul_ps(_mm512_cvtepi32_ps(q0), x0);
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(q1), x1, s)
+                        }
+                    };
+                    acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(d), s, acc[i]);
+                    extra[i] += match t {
+                        QType::Q4_0 => -8.0 * d * xs,
+                        QType::Q4_1 => f16(blk.add(2)) * xs,
+                        QType::Q8_0 => 0.0,
+                    };
+                }
+            }
+        }
+        core::array::from_fn(|i| _mm512_reduce_add_ps(acc[i]) + extra[i])
+    }
+
     /// Horizontal sum of 8 lanes.
     #[inline]
     #[target_feature(enable = "avx2")]
@@ -164,8 +233,7 @@ mod x86 {
         let blocks = row.len() / bb;
         let mut acc = _mm256_setzero_ps();
         let mut extra = 0f32;
-        let mask = _mm_set1_epi8(15);
-        let cvt = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+        let mask = _mm256_set1_epi32(15);
         let cvts = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
         for (b, &xs) in xsum.iter().enumerate().take(blocks) {
             // SAFETY: block b lies in `row` (b < blocks), its 32 floats in `x` (caller).
@@ -175,14 +243,16 @@ mod x86 {
                 let d = f16(blk);
                 let (w0, w1, w2, w3) = match t {
                     QType::Q4_0 | QType::Q4_1 => {
+                        // Widen each 8 bytes once; nibbles split in 32-bit lanes.
                         let qs = _mm_loadu_si128(blk.add(bb - 16).cast());
-                        let lo = _mm_and_si128(qs, mask);
-                        let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
+                        let z0 = _mm256_cvtepu8_epi32(qs);
+                        let z1 = _mm256_cvtepu8_epi32(_mm_srli_si128(qs, 8));
+                        let f = _mm256_cvtepi32_ps;
                         (
-                            cvt(lo),
-                            cvt(_mm_srli_si128(lo, 8)),
-                            cvt(hi),
-                            cvt(_mm_srli_si128(hi, 8)),
+                            f(_mm256_and_si256(z0, mask)),
+                            f(_mm256_and_si256(z1, mask)),
+                            f(_mm256_srli_epi32(z0, 4)),
+                            f(_mm256_srli_epi32(z1, 4)),
                         )
                     }
                     QType::Q8_0 => {
