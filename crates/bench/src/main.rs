@@ -61,8 +61,8 @@ enum Command {
         /// Named shape with random bf16 weights: smollm2-135m or llama-3.2-1b.
         #[arg(long, default_value = "smollm2-135m")]
         shape: String,
-        /// A checkpoint directory instead of random weights.
-        #[arg(long, value_name = "DIR")]
+        /// Real weights instead of random ones: a .gguf file or a checkpoint directory.
+        #[arg(long, value_name = "FILE.gguf|DIR")]
         model: Option<PathBuf>,
         /// Prompt tokens.
         #[arg(long, default_value_t = 128)]
@@ -394,7 +394,7 @@ fn run_llm(
     let c = &weights.config;
     let arch = format!(
         "{}: hidden {}, {} layers, {} heads, {} kv heads, head_dim {}, FFN {}, vocab {}, {}, \
-         rope_theta {}{}; {:?} weights, {:.1} MiB read per decode token",
+         rope_theta {}{}; {} weights, {:.1} MiB read per decode token",
         cfg.model,
         c.hidden_size,
         c.num_layers,
@@ -414,7 +414,7 @@ fn run_llm(
         } else {
             ""
         },
-        weights.embed.dtype(),
+        weights.layers.first().map_or("no", |l| l.q.type_name()),
         weights.decode_weight_bytes() as f64 / (1 << 20) as f64
     );
     println!(

@@ -57,6 +57,7 @@ pub mod quant_simd;
 pub mod runtime;
 pub mod safetensors;
 pub mod sample;
+pub mod scratch_profile;
 pub mod shapes;
 pub mod tokenizer;
 pub mod weights;

@@ -33,6 +33,10 @@ enum Command {
         /// The model: a .gguf file or a directory.
         #[arg(long, value_name = "FILE.gguf|DIR")]
         model: PathBuf,
+        /// Write the kernels' scratch profile (per phase and kernel: calls, largest call,
+        /// total, per token) to this JSON file, and print it as a table on stderr.
+        #[arg(long, value_name = "FILE.json")]
+        scratch_profile: Option<PathBuf>,
         /// Treat the prompt as one user message of a chat: render the model's chat template
         /// (GGUF `tokenizer.chat_template`) with the generation prompt.
         #[arg(long)]
@@ -103,6 +107,42 @@ fn print_stats(st: &GenerationStats) {
     );
 }
 
+/// Writes the scratch profile as JSON to `path` and as a table to stderr.
+fn write_profile(
+    path: &Path,
+    p: &llm::scratch_profile::ScratchProfile,
+    st: &GenerationStats,
+) -> Result<(), LlmError> {
+    // The decode phase's tokens: every single-token forward (the first sample follows the
+    // prefill, so decode steps = forward passes of one token).
+    let json = p.to_json(st.prompt_tokens, st.decode_steps);
+    std::fs::write(path, format!("{json:#}\n")).map_err(|source| LlmError::Io {
+        path: path.into(),
+        source,
+    })?;
+    eprintln!("scratch profile ({}):", path.display());
+    eprintln!(
+        "{:<8} {:<14} {:>8} {:>14} {:>16}",
+        "phase", "kernel", "calls", "max call B", "per token B"
+    );
+    for e in p.entries() {
+        let tokens = if e.phase == "decode" {
+            st.decode_steps
+        } else {
+            st.prompt_tokens
+        };
+        eprintln!(
+            "{:<8} {:<14} {:>8} {:>14} {:>16.0}",
+            e.phase,
+            e.kernel,
+            e.calls,
+            e.max_call_bytes,
+            e.total_bytes as f64 / tokens.max(1) as f64
+        );
+    }
+    Ok(())
+}
+
 /// A chat template with the BOS and EOS token texts.
 type Template = (String, String, String);
 
@@ -141,6 +181,7 @@ fn run(cli: Cli) -> Result<(), LlmError> {
     match cli.command {
         Command::Generate {
             model,
+            scratch_profile,
             chat,
             prompt,
             prompt_ids,
@@ -185,6 +226,9 @@ fn run(cli: Cli) -> Result<(), LlmError> {
                     context: run.context,
                 },
             )?;
+            if scratch_profile.is_some() {
+                m.enable_scratch_profile();
+            }
             let mut sampler = Sampler::new(run.temperature, run.top_p, run.seed)?;
             let opts = GenerateOptions {
                 max_new_tokens: run.max_new_tokens,
@@ -209,6 +253,9 @@ fn run(cli: Cli) -> Result<(), LlmError> {
             })?;
             println!();
             print_stats(&st);
+            if let (Some(path), Some(p)) = (scratch_profile, m.scratch_profile()) {
+                write_profile(&path, p, &st)?;
+            }
             Ok(())
         }
         Command::Bench {

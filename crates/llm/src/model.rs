@@ -127,6 +127,17 @@ impl<A: TempAllocator> Llama<A> {
         self.rt.usage()
     }
 
+    /// Starts recording the kernels' scratch per phase and kernel name (see
+    /// [`crate::scratch_profile`]).
+    pub fn enable_scratch_profile(&mut self) {
+        self.rt.enable_profile();
+    }
+
+    /// The scratch profile, when enabled.
+    pub fn scratch_profile(&self) -> Option<&crate::scratch_profile::ScratchProfile> {
+        self.rt.profile()
+    }
+
     /// Positions in the KV cache.
     pub fn position(&self) -> usize {
         self.pos
@@ -208,6 +219,7 @@ impl<A: TempAllocator> Llama<A> {
         }
         let logit_rows = if all_logits { m } else { 1 };
         self.ensure(m, logit_rows);
+        self.rt.set_phase(if m == 1 { "decode" } else { "prefill" });
         let w = self.w.clone();
         let c = &w.config;
         let (h, hd, nh, nkv, ffn) = (

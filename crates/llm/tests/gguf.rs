@@ -396,3 +396,38 @@ fn chat_template_renders_user_message() {
         .to_string();
     assert!(e.contains("chat template"), "{e}");
 }
+
+/// The scratch profile counts every kernel call per phase, with the largest call's bytes:
+/// the quantized decode matvecs take the block sums of x (4 bytes per 32 inputs).
+#[test]
+fn scratch_profile_counts_calls_and_high_water_marks() {
+    let spec = tiny_spec(false, 4);
+    let (w, _) = g::tiny_model(&spec, Some(QType::Q4_1));
+    let dir = TempDir::new("gguf-profile");
+    let p = dir.path().join("m.gguf");
+    w.write(&p);
+    let mut m = common_model(&p);
+    m.enable_scratch_profile();
+    m.forward(&prompt(spec.vocab, 6, 1)).unwrap();
+    for t in [3, 4, 5] {
+        m.forward(&[t]).unwrap();
+    }
+    let prof = m.scratch_profile().unwrap();
+    let get = |phase: &str, kernel: &str| {
+        *prof
+            .entries()
+            .iter()
+            .find(|e| e.phase == phase && e.kernel == kernel)
+            .unwrap_or_else(|| panic!("no {phase}/{kernel} in {:?}", prof.entries()))
+    };
+    let qkv = get("decode", "linear_qkv");
+    assert_eq!(qkv.calls, 3 * spec.layers as u64);
+    assert_eq!(qkv.max_call_bytes, (spec.hidden / 32 * 4) as u64);
+    assert_eq!(qkv.total_bytes, qkv.calls * qkv.max_call_bytes);
+    let lin = get("prefill", "linear");
+    assert_eq!(lin.calls, 7 * spec.layers as u64);
+    assert!(lin.max_call_bytes >= (16 * spec.ffn * 4) as u64, "{lin:?}");
+    let j = prof.to_json(6, 3);
+    assert_eq!(j["decode_tokens"], 3);
+    assert!(j["kernels"].as_array().unwrap().len() >= 8);
+}
