@@ -152,7 +152,12 @@ fn load(model: &Path) -> Result<(Weights, Option<Tokenizer>, Option<Template>), 
     if llm::gguf::is_gguf_path(model) {
         let f = llm::gguf::GgufFile::open(model)?;
         let weights = llm::gguf::weights_from(&f)?;
-        let tokenizer = llm::gguf_tokenizer::from_gguf(&f)?;
+        // A file without a vocabulary runs on token ids (--prompt-ids), as a directory
+        // without tokenizer.json does.
+        let tokenizer = match f.get("tokenizer.ggml.model") {
+            Some(_) => Some(llm::gguf_tokenizer::from_gguf(&f)?),
+            None => None,
+        };
         let template = llm::gguf_tokenizer::chat_template(&f).map(|t| {
             let text = |k| {
                 llm::gguf_tokenizer::token_text(&f, k)
@@ -165,7 +170,7 @@ fn load(model: &Path) -> Result<(Weights, Option<Tokenizer>, Option<Template>), 
                 text("tokenizer.ggml.eos_token_id"),
             )
         });
-        return Ok((weights, Some(tokenizer), template));
+        return Ok((weights, tokenizer, template));
     }
     let weights = Weights::load(model)?;
     let tok_path = model.join("tokenizer.json");
@@ -204,8 +209,13 @@ fn run(cli: Cli) -> Result<(), LlmError> {
                     None => {
                         return Err(LlmError::InvalidArgument {
                             message: format!(
-                                "{} has no tokenizer.json: pass --prompt-ids instead of --prompt",
-                                model.display()
+                                "{} has no {}: pass --prompt-ids instead of --prompt",
+                                model.display(),
+                                if llm::gguf::is_gguf_path(&model) {
+                                    "tokenizer (tokenizer.ggml.* metadata)"
+                                } else {
+                                    "tokenizer.json"
+                                }
                             ),
                         })
                     }
