@@ -308,6 +308,23 @@ fn bad_files_are_errors_naming_file_and_tensor() {
     assert!(e.contains("architecture `mamba` is not supported"), "{e}");
 
     // A misaligned tensor offset, and a bad alignment value.
+    let mut img = g::tiny_model(&spec, None).0;
+    img.tensors.insert(
+        0,
+        g::TensorSpec {
+            name: "odd".into(),
+            dims: vec![3],
+            ggml_type: g::F16,
+            data: vec![0; 6],
+        },
+    );
+    img.unpadded = true;
+    let e = load_err(d, "offset.gguf", &img.bytes());
+    let second = &img.tensors[1].name;
+    assert!(
+        e.contains(second.as_str()) && e.contains("offset 6 is not a multiple of the alignment 32"),
+        "{e}"
+    );
     let mut img = Writer::default();
     img.meta("general.alignment", Value::U32(48));
     let e = load_err(d, "align.gguf", &img.bytes());

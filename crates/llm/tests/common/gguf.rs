@@ -39,6 +39,8 @@ pub struct Writer {
     pub alignment: u64,
     pub meta: Vec<(String, Value)>,
     pub tensors: Vec<TensorSpec>,
+    /// Lay tensors end to end without alignment padding (to write a malformed file).
+    pub unpadded: bool,
 }
 
 impl Default for Writer {
@@ -48,6 +50,7 @@ impl Default for Writer {
             alignment: 32,
             meta: Vec::new(),
             tensors: Vec::new(),
+            unpadded: false,
         }
     }
 }
@@ -144,7 +147,10 @@ impl Writer {
             out.extend_from_slice(&t.ggml_type.to_le_bytes());
             out.extend_from_slice(&offset.to_le_bytes());
             offsets.push(offset);
-            offset = (offset + t.data.len() as u64).next_multiple_of(a);
+            offset += t.data.len() as u64;
+            if !self.unpadded {
+                offset = offset.next_multiple_of(a);
+            }
         }
         out.resize((out.len() as u64).next_multiple_of(a) as usize, 0);
         let start = out.len();
