@@ -29,12 +29,21 @@ pub const MAGIC: [u8; 4] = *b"GGUF";
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 
 /// True when `path` names a GGUF file rather than a checkpoint directory: it is not a
-/// directory and its extension is `gguf`.
+/// directory, and its extension is `gguf` or its first four bytes are the magic.
 pub fn is_gguf_path(path: &Path) -> bool {
-    !path.is_dir()
-        && path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    if path.is_dir() {
+        return false;
+    }
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        return true;
+    }
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+        .is_ok_and(|()| magic == MAGIC)
 }
 
 /// A metadata value.
