@@ -60,7 +60,7 @@ pub fn llm_source_config() -> SourceConfig {
 pub struct LlmConfig {
     /// The named shape (`smollm2-135m`, `llama-3.2-1b`) or the checkpoint directory.
     pub model: String,
-    /// A checkpoint directory instead of random weights.
+    /// Real weights instead of random ones: a .gguf file or a checkpoint directory.
     #[serde(skip)]
     pub model_dir: Option<PathBuf>,
     /// Prompt tokens (random ids, seeded).
@@ -441,7 +441,7 @@ pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> crate::r
         } else {
             ""
         },
-        weights.embed.dtype(),
+        weights.layers.first().map_or("no", |l| l.q.type_name()),
         weights.decode_weight_bytes() as f64 / (1 << 20) as f64
     );
     let ready_s = started.elapsed().as_secs_f64();

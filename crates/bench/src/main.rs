@@ -88,8 +88,8 @@ enum Command {
         /// Named shape with random bf16 weights: smollm2-135m or llama-3.2-1b.
         #[arg(long, default_value = "smollm2-135m")]
         shape: String,
-        /// A checkpoint directory instead of random weights.
-        #[arg(long, value_name = "DIR")]
+        /// Real weights instead of random ones: a .gguf file or a checkpoint directory.
+        #[arg(long, value_name = "FILE.gguf|DIR")]
         model: Option<PathBuf>,
         /// Prompt tokens.
         #[arg(long, default_value_t = 128)]

@@ -118,6 +118,16 @@ pub enum LlmError {
         /// What failed.
         message: String,
     },
+    /// A GGUF file is malformed, truncated, holds a type this crate does not run, or its
+    /// metadata contradicts its tensors.
+    Gguf {
+        /// The file.
+        path: PathBuf,
+        /// The tensor concerned, if any.
+        tensor: Option<String>,
+        /// What is wrong (and what to do).
+        message: String,
+    },
     /// Bad arguments to a library call.
     InvalidArgument {
         /// What is wrong.
@@ -202,6 +212,14 @@ impl fmt::Display for LlmError {
             }
             LlmError::Attention(e) => write!(f, "attention: {e}"),
             LlmError::Tokenizer { message } => write!(f, "tokenizer: {message}"),
+            LlmError::Gguf {
+                path,
+                tensor,
+                message,
+            } => match tensor {
+                Some(t) => write!(f, "{}: GGUF tensor `{t}`: {message}", path.display()),
+                None => write!(f, "{}: GGUF: {message}", path.display()),
+            },
             LlmError::InvalidArgument { message } => write!(f, "invalid argument: {message}"),
         }
     }

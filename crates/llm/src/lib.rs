@@ -7,6 +7,13 @@
 //! - [`safetensors::Checkpoint`] maps `model.safetensors` or the shards of
 //!   `model.safetensors.index.json`; [`Weights`] takes every tensor under its HF name and
 //!   checks dtype (f32, bf16, f16) and shape, with errors naming file and tensor.
+//! - [`gguf::GgufFile`] maps a GGUF file (v2/v3); [`gguf::load_weights`] takes a llama
+//!   model's tensors from it (F32, F16, BF16, Q4_0, Q4_1, Q8_0), restoring HF's Q/K row order;
+//!   [`gguf_tokenizer::from_gguf`] builds its tokenizer and [`chat`] renders its chat
+//!   template. [`Weights::load`] takes a `.gguf` file or a checkpoint directory.
+//! - Weight matrices are [`matrix::Matrix`]es, dense or block-quantized ([`quant`]); the
+//!   quantized linear kernels ([`quant_kernels`], inner loops in [`quant_simd`]) keep f32
+//!   activations.
 //! - [`Llama`] is the module: `Llama::new(weights, temp, &options)` ([`Module`], the one
 //!   constructor shape of every model type) owns the temp allocator, the KV cache and the
 //!   activation buffers. Each forward pass is a sequence of kernel calls (embed, RMSNorm,
@@ -41,14 +48,23 @@
 //! # Ok::<(), llm::LlmError>(())
 //! ```
 
+pub mod bandwidth;
+pub mod chat;
 pub mod config;
 pub mod error;
 pub mod generate;
+pub mod gguf;
+pub mod gguf_tokenizer;
 pub mod kernels;
+pub mod matrix;
 pub mod model;
+pub mod quant;
+pub mod quant_kernels;
+pub mod quant_simd;
 pub mod runtime;
 pub mod safetensors;
 pub mod sample;
+pub mod scratch_profile;
 pub mod shapes;
 pub mod tokenizer;
 pub mod weights;

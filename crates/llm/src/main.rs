@@ -2,7 +2,7 @@
 //! with random weights. See `llm --help`.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -26,12 +26,21 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Generate from a checkpoint directory (config.json, *.safetensors, tokenizer.json).
-    /// Only the generated text goes to stdout; timings go to stderr.
+    /// Generate from a GGUF file (FILE.gguf: weights, tokenizer and chat template) or a
+    /// checkpoint directory (config.json, *.safetensors, tokenizer.json). Only the generated
+    /// text goes to stdout; timings go to stderr.
     Generate {
-        /// The model directory.
-        #[arg(long, value_name = "DIR")]
+        /// The model: a .gguf file or a directory.
+        #[arg(long, value_name = "FILE.gguf|DIR")]
         model: PathBuf,
+        /// Write the kernels' scratch profile (per phase and kernel: calls, largest call,
+        /// total, per token) to this JSON file, and print it as a table on stderr.
+        #[arg(long, value_name = "FILE.json")]
+        scratch_profile: Option<PathBuf>,
+        /// Treat the prompt as one user message of a chat: render the model's chat template
+        /// (GGUF `tokenizer.chat_template`) with the generation prompt.
+        #[arg(long)]
+        chat: bool,
         /// The prompt text (needs tokenizer.json).
         #[arg(long, value_name = "TEXT", conflicts_with = "prompt_ids")]
         prompt: Option<String>,
@@ -41,8 +50,12 @@ enum Command {
         #[command(flatten)]
         run: RunArgs,
     },
-    /// Run a named shape with random bf16 weights (seeded): prefill and decode tokens/s.
+    /// Prefill and decode tokens/s on random prompt ids: real weights (--model FILE.gguf or
+    /// DIR), or a named shape with random weights (seeded).
     Bench {
+        /// Real weights: a .gguf file or a checkpoint directory (instead of --shape).
+        #[arg(long, value_name = "FILE.gguf|DIR")]
+        model: Option<PathBuf>,
         /// smollm2-135m or llama-3.2-1b.
         #[arg(long, default_value = "smollm2-135m")]
         shape: String,
@@ -94,20 +107,101 @@ fn print_stats(st: &GenerationStats) {
     );
 }
 
+/// Writes the scratch profile as JSON to `path` and as a table to stderr.
+fn write_profile(
+    path: &Path,
+    p: &llm::scratch_profile::ScratchProfile,
+    st: &GenerationStats,
+) -> Result<(), LlmError> {
+    // The decode phase's tokens: every single-token forward (the first sample follows the
+    // prefill, so decode steps = forward passes of one token).
+    let json = p.to_json(st.prompt_tokens, st.decode_steps);
+    std::fs::write(path, format!("{json:#}\n")).map_err(|source| LlmError::Io {
+        path: path.into(),
+        source,
+    })?;
+    eprintln!("scratch profile ({}):", path.display());
+    eprintln!(
+        "{:<8} {:<14} {:>8} {:>14} {:>16}",
+        "phase", "kernel", "calls", "max call B", "per token B"
+    );
+    for e in p.entries() {
+        let tokens = if e.phase == "decode" {
+            st.decode_steps
+        } else {
+            st.prompt_tokens
+        };
+        eprintln!(
+            "{:<8} {:<14} {:>8} {:>14} {:>16.0}",
+            e.phase,
+            e.kernel,
+            e.calls,
+            e.max_call_bytes,
+            e.total_bytes as f64 / tokens.max(1) as f64
+        );
+    }
+    Ok(())
+}
+
+/// A chat template with the BOS and EOS token texts.
+type Template = (String, String, String);
+
+/// The weights, the tokenizer (if the model has one) and the chat template (GGUF only) of
+/// `model`: a `.gguf` file or a checkpoint directory.
+fn load(model: &Path) -> Result<(Weights, Option<Tokenizer>, Option<Template>), LlmError> {
+    if llm::gguf::is_gguf_path(model) {
+        let f = llm::gguf::GgufFile::open(model)?;
+        let weights = llm::gguf::weights_from(&f)?;
+        // A file without a vocabulary runs on token ids (--prompt-ids), as a directory
+        // without tokenizer.json does.
+        let tokenizer = match f.get("tokenizer.ggml.model") {
+            Some(_) => Some(llm::gguf_tokenizer::from_gguf(&f)?),
+            None => None,
+        };
+        let template = llm::gguf_tokenizer::chat_template(&f).map(|t| {
+            let text = |k| {
+                llm::gguf_tokenizer::token_text(&f, k)
+                    .unwrap_or("")
+                    .to_string()
+            };
+            (
+                t.to_string(),
+                text("tokenizer.ggml.bos_token_id"),
+                text("tokenizer.ggml.eos_token_id"),
+            )
+        });
+        return Ok((weights, tokenizer, template));
+    }
+    let weights = Weights::load(model)?;
+    let tok_path = model.join("tokenizer.json");
+    let tokenizer = if tok_path.exists() {
+        Some(Tokenizer::from_file(&tok_path)?)
+    } else {
+        None
+    };
+    Ok((weights, tokenizer, None))
+}
+
 fn run(cli: Cli) -> Result<(), LlmError> {
     match cli.command {
         Command::Generate {
             model,
+            scratch_profile,
+            chat,
             prompt,
             prompt_ids,
             run,
         } => {
-            let weights = Arc::new(Weights::load(&model)?);
-            let tok_path = model.join("tokenizer.json");
-            let tokenizer = if tok_path.exists() {
-                Some(Tokenizer::from_file(&tok_path)?)
-            } else {
-                None
+            let (weights, tokenizer, template) = load(&model)?;
+            let weights = Arc::new(weights);
+            let prompt = match (chat, prompt) {
+                (true, Some(text)) => {
+                    let (t, bos, eos) = template.ok_or_else(|| LlmError::InvalidArgument {
+                        message: format!("{} has no chat template: drop --chat", model.display()),
+                    })?;
+                    Some(llm::chat::render_user_prompt(&t, &text, &bos, &eos)?)
+                }
+                (_, p) => p,
             };
             let (ids, as_text) = match (&prompt, prompt_ids) {
                 (Some(text), None) => match &tokenizer {
@@ -115,8 +209,13 @@ fn run(cli: Cli) -> Result<(), LlmError> {
                     None => {
                         return Err(LlmError::InvalidArgument {
                             message: format!(
-                                "{} has no tokenizer.json: pass --prompt-ids instead of --prompt",
-                                model.display()
+                                "{} has no {}: pass --prompt-ids instead of --prompt",
+                                model.display(),
+                                if llm::gguf::is_gguf_path(&model) {
+                                    "tokenizer (tokenizer.ggml.* metadata)"
+                                } else {
+                                    "tokenizer.json"
+                                }
                             ),
                         })
                     }
@@ -137,6 +236,9 @@ fn run(cli: Cli) -> Result<(), LlmError> {
                     context: run.context,
                 },
             )?;
+            if scratch_profile.is_some() {
+                m.enable_scratch_profile();
+            }
             let mut sampler = Sampler::new(run.temperature, run.top_p, run.seed)?;
             let opts = GenerateOptions {
                 max_new_tokens: run.max_new_tokens,
@@ -166,9 +268,19 @@ fn run(cli: Cli) -> Result<(), LlmError> {
             })?;
             println!();
             print_stats(&st);
+            if let (Some(path), Some(p)) = (scratch_profile, m.scratch_profile()) {
+                write_profile(&path, p, &st)?;
+            }
             Ok(())
         }
         Command::Bench {
+            model: Some(model),
+            prompt_tokens,
+            run,
+            ..
+        } => bench_model(&model, prompt_tokens, &run),
+        Command::Bench {
+            model: None,
             shape,
             prompt_tokens,
             dtype,
@@ -230,6 +342,59 @@ fn run(cli: Cli) -> Result<(), LlmError> {
             Ok(())
         }
     }
+}
+
+/// `llm bench --model`: real weights, a random prompt, and the same-run weight-streaming
+/// bound the decode rate is compared against.
+fn bench_model(model: &Path, prompt_tokens: usize, run: &RunArgs) -> Result<(), LlmError> {
+    let t0 = std::time::Instant::now();
+    let weights = Arc::new(Weights::load(model)?);
+    let load_s = t0.elapsed().as_secs_f64();
+    let wbytes = weights.decode_weight_bytes();
+    let vocab = weights.config.vocab_size;
+    let context = run
+        .context
+        .unwrap_or(prompt_tokens + run.max_new_tokens + 1);
+    let mut m = Llama::new(
+        weights.clone(),
+        caching_temp(run.temp_cap_mib << 20),
+        &ModelOptions {
+            context: Some(context),
+        },
+    )?;
+    let mut rng = llm::sample::Rng::new(run.seed ^ 0x5eed);
+    let ids: Vec<u32> = (0..prompt_tokens)
+        .map(|_| (rng.next_u64() % vocab as u64) as u32)
+        .collect();
+    let mut sampler = Sampler::new(run.temperature, run.top_p, run.seed)?;
+    let opts = GenerateOptions {
+        max_new_tokens: run.max_new_tokens,
+        stop_tokens: Vec::new(),
+    };
+    let (st, stream_s) = rayon::scope(|_| {
+        let st = generate(&mut m, &ids, &mut sampler, &opts, |_| Ok(()));
+        (st, llm::bandwidth::weight_stream_seconds(&weights, 10))
+    });
+    let st = st?;
+    print_stats(&st);
+    let bound = 1.0 / stream_s;
+    println!(
+        "{}: loaded in {:.2} s; {} rayon threads; prefill {:.1} tok/s, decode {:.2} tok/s, \
+         time to first token {:.1} ms; weight-streaming bound {:.1} tok/s ({:.1} MB in {:.2} ms, \
+         {:.1} GB/s): decode at {:.0}% of it",
+        model.display(),
+        load_s,
+        rayon::current_num_threads(),
+        st.prefill_tok_s(),
+        st.decode_tok_s(),
+        st.time_to_first_token_s * 1e3,
+        bound,
+        wbytes as f64 / 1e6,
+        stream_s * 1e3,
+        wbytes as f64 / stream_s / 1e9,
+        100.0 * st.decode_tok_s() / bound
+    );
+    Ok(())
 }
 
 fn main() -> ExitCode {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use caching_allocator::{CachingAllocator, Config, TempAllocator, DEFAULT_WORKING_SET_SLACK};
 
 use crate::error::{LlmError, Result};
-use crate::kernels;
+use crate::matrix;
 use crate::runtime::{Runtime, TempUsage};
 use crate::sample::Sampler;
 use crate::weights::Weights;
@@ -124,6 +124,17 @@ impl<A: TempAllocator> Llama<A> {
         self.rt.temp()
     }
 
+    /// Starts recording the kernels' scratch per phase and kernel name (see
+    /// [`crate::scratch_profile`]).
+    pub fn enable_scratch_profile(&mut self) {
+        self.rt.enable_profile();
+    }
+
+    /// The scratch profile, when enabled.
+    pub fn scratch_profile(&self) -> Option<&crate::scratch_profile::ScratchProfile> {
+        self.rt.profile()
+    }
+
     /// What the kernels asked of the temp allocator so far.
     pub fn temp_usage(&self) -> TempUsage {
         self.rt.usage()
@@ -221,10 +232,11 @@ impl<A: TempAllocator> Llama<A> {
             start: self.pos,
             rows: m,
         };
+        self.rt.set_phase(if m == 1 { "decode" } else { "prefill" });
         let b = &mut self.bufs;
         let rt = &mut self.rt;
         rt.run("embed", |_| {
-            kernels::embed(w.embed.data(), h, tokens, &mut b.x[..m * h])
+            matrix::embed(&w.embed, h, tokens, &mut b.x[..m * h])
         })?;
         for (li, lw) in w.layers.iter().enumerate() {
             RmsNorm::new(&lw.input_norm, c.rms_norm_eps).forward(rt, &b.x, m, &mut b.xn)?;
@@ -258,7 +270,7 @@ impl<A: TempAllocator> Llama<A> {
             logit_rows,
             &mut b.xn,
         )?;
-        let head = Linear::dense(&w.head, None, vocab, h);
+        let head = Linear::new(&w.head, None, vocab, h);
         rt.run("logits", |s| {
             head.forward(s, &b.xn, logit_rows, &mut b.logits, Output::Overwrite)
         })?;

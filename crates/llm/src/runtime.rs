@@ -26,6 +26,8 @@ pub struct TempUsage {
 pub struct Runtime<A> {
     temp: A,
     usage: TempUsage,
+    phase: &'static str,
+    profile: Option<crate::scratch_profile::ScratchProfile>,
 }
 
 impl<A: TempAllocator> Runtime<A> {
@@ -34,7 +36,24 @@ impl<A: TempAllocator> Runtime<A> {
         Runtime {
             temp,
             usage: TempUsage::default(),
+            phase: "prefill",
+            profile: None,
         }
+    }
+
+    /// Names the phase the next kernel calls belong to (for the scratch profile).
+    pub fn set_phase(&mut self, phase: &'static str) {
+        self.phase = phase;
+    }
+
+    /// Starts recording a scratch profile (per phase and kernel name), empty.
+    pub fn enable_profile(&mut self) {
+        self.profile = Some(Default::default());
+    }
+
+    /// The scratch profile, when enabled.
+    pub fn profile(&self) -> Option<&crate::scratch_profile::ScratchProfile> {
+        self.profile.as_ref()
     }
 
     /// The temp allocator (for its statistics).
@@ -64,6 +83,9 @@ impl<A: TempAllocator> Runtime<A> {
         self.usage.kernel_calls += 1;
         self.usage.allocations += scratch.allocations.get();
         self.usage.bytes += scratch.bytes.get();
+        if let Some(p) = &mut self.profile {
+            p.record(self.phase, kernel, scratch.bytes.get());
+        }
         // SAFETY: every block handed out since the last reset was handed out through a
         // `Scratch` borrowed for one `f` call only: slices from it carry the `'t` lifetime,
         // which `f`'s higher-ranked signature keeps from escaping, so nothing refers to them

@@ -56,7 +56,7 @@ pub(crate) enum Backing {
 }
 
 impl Backing {
-    fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         match self {
             Backing::Mmap(m) => m,
             Backing::Owned { words, len } => {
@@ -167,6 +167,33 @@ impl Tensor {
             len,
             path: Arc::new(PathBuf::from(origin)),
         })
+    }
+
+    /// A view of `len` bytes at `offset` of a shared backing (a GGUF file's mapping, or an
+    /// aligned copy when the data is misaligned for `dtype`).
+    pub(crate) fn from_shared(
+        dtype: DType,
+        shape: &[usize],
+        backing: &Arc<Backing>,
+        offset: usize,
+        len: usize,
+        path: &Arc<PathBuf>,
+    ) -> Tensor {
+        let addr = backing.bytes().as_ptr() as usize + offset;
+        let (backing, offset) = if addr.is_multiple_of(dtype.size()) {
+            (backing.clone(), offset)
+        } else {
+            let b = Backing::owned(&backing.bytes()[offset..offset + len]);
+            (Arc::new(b), 0)
+        };
+        Tensor {
+            dtype,
+            shape: shape.to_vec(),
+            backing,
+            offset,
+            len,
+            path: path.clone(),
+        }
     }
 
     /// Element type.

@@ -17,6 +17,11 @@ impl Tokenizer {
             })
     }
 
+    /// Wraps a tokenizer built in code (e.g. from a GGUF file's vocabulary).
+    pub fn from_hf(t: tokenizers::Tokenizer) -> Tokenizer {
+        Tokenizer(t)
+    }
+
     /// Token ids of `text`, with the tokenizer's special tokens (e.g. BOS) added.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         self.0

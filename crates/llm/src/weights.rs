@@ -7,6 +7,7 @@ use rayon::prelude::*;
 
 use crate::config::LlamaConfig;
 use crate::error::{LlmError, Result};
+use crate::matrix::Matrix;
 use crate::safetensors::{f32_to_bf16, f32_to_f16, Backing, Checkpoint, DType, Tensor};
 
 /// One decoder layer's weights.
@@ -15,13 +16,13 @@ pub struct LayerWeights {
     /// `input_layernorm.weight`, widened.
     pub input_norm: Vec<f32>,
     /// `self_attn.q_proj.weight`, `[heads * head_dim, hidden]`.
-    pub q: Tensor,
+    pub q: Matrix,
     /// `self_attn.k_proj.weight`, `[kv_heads * head_dim, hidden]`.
-    pub k: Tensor,
+    pub k: Matrix,
     /// `self_attn.v_proj.weight`, `[kv_heads * head_dim, hidden]`.
-    pub v: Tensor,
+    pub v: Matrix,
     /// `self_attn.o_proj.weight`, `[hidden, heads * head_dim]`.
-    pub o: Tensor,
+    pub o: Matrix,
     /// q/k/v biases (Qwen2, `attention_bias`).
     pub q_bias: Option<Vec<f32>>,
     /// See `q_bias`.
@@ -33,11 +34,11 @@ pub struct LayerWeights {
     /// `post_attention_layernorm.weight`, widened.
     pub post_norm: Vec<f32>,
     /// `mlp.gate_proj.weight`, `[ffn, hidden]`.
-    pub gate: Tensor,
+    pub gate: Matrix,
     /// `mlp.up_proj.weight`, `[ffn, hidden]`.
-    pub up: Tensor,
+    pub up: Matrix,
     /// `mlp.down_proj.weight`, `[hidden, ffn]`.
-    pub down: Tensor,
+    pub down: Matrix,
 }
 
 /// All weights of a model, shapes checked against its [`LlamaConfig`].
@@ -46,18 +47,27 @@ pub struct Weights {
     /// The architecture.
     pub config: LlamaConfig,
     /// `model.embed_tokens.weight`, `[vocab, hidden]`.
-    pub embed: Tensor,
+    pub embed: Matrix,
     /// The decoder layers.
     pub layers: Vec<LayerWeights>,
     /// `model.norm.weight`, widened.
     pub norm: Vec<f32>,
     /// `lm_head.weight`, or the embedding when tied.
-    pub head: Tensor,
+    pub head: Matrix,
 }
 
 impl Weights {
+    /// Loads a model: a `.gguf` file ([`crate::gguf`]), or a directory with `config.json` and
+    /// safetensors weights.
+    pub fn load(path: &Path) -> Result<Weights> {
+        if crate::gguf::is_gguf_path(path) {
+            return crate::gguf::load_weights(path);
+        }
+        Self::load_dir(path)
+    }
+
     /// Loads `dir/config.json` and the safetensors weights of `dir`.
-    pub fn load(dir: &Path) -> Result<Weights> {
+    pub fn load_dir(dir: &Path) -> Result<Weights> {
         let config = LlamaConfig::from_file(&dir.join("config.json"))?;
         let ckpt = Checkpoint::open(dir)?;
         Self::from_checkpoint(config, &ckpt)
@@ -120,25 +130,26 @@ impl Weights {
             let n = |s: &str| format!("{p}{s}");
             layers.push(LayerWeights {
                 input_norm: vec(&n("input_layernorm.weight"), h)?,
-                q: get(&n("self_attn.q_proj.weight"), &[qd, h])?,
-                k: get(&n("self_attn.k_proj.weight"), &[kvd, h])?,
-                v: get(&n("self_attn.v_proj.weight"), &[kvd, h])?,
-                o: get(&n("self_attn.o_proj.weight"), &[h, qd])?,
+                q: get(&n("self_attn.q_proj.weight"), &[qd, h])?.into(),
+                k: get(&n("self_attn.k_proj.weight"), &[kvd, h])?.into(),
+                v: get(&n("self_attn.v_proj.weight"), &[kvd, h])?.into(),
+                o: get(&n("self_attn.o_proj.weight"), &[h, qd])?.into(),
                 q_bias: opt_vec(&n("self_attn.q_proj.bias"), qd, c.qkv_bias)?,
                 k_bias: opt_vec(&n("self_attn.k_proj.bias"), kvd, c.qkv_bias)?,
                 v_bias: opt_vec(&n("self_attn.v_proj.bias"), kvd, c.qkv_bias)?,
                 o_bias: opt_vec(&n("self_attn.o_proj.bias"), h, c.o_bias)?,
                 post_norm: vec(&n("post_attention_layernorm.weight"), h)?,
-                gate: get(&n("mlp.gate_proj.weight"), &[c.intermediate_size, h])?,
-                up: get(&n("mlp.up_proj.weight"), &[c.intermediate_size, h])?,
-                down: get(&n("mlp.down_proj.weight"), &[h, c.intermediate_size])?,
+                gate: get(&n("mlp.gate_proj.weight"), &[c.intermediate_size, h])?.into(),
+                up: get(&n("mlp.up_proj.weight"), &[c.intermediate_size, h])?.into(),
+                down: get(&n("mlp.down_proj.weight"), &[h, c.intermediate_size])?.into(),
             });
         }
         let norm = vec("model.norm.weight", h)?;
+        let embed = Matrix::from(embed);
         let head = if c.tie_word_embeddings {
             embed.clone()
         } else {
-            get("lm_head.weight", &[c.vocab_size, h])?
+            get("lm_head.weight", &[c.vocab_size, h])?.into()
         };
         Ok(Weights {
             config,
@@ -157,7 +168,7 @@ impl Weights {
         let qd = c.num_heads * c.head_dim;
         let kvd = c.num_kv_heads * c.head_dim;
         let mut next = 0u64;
-        let mut mat = |rows: usize, cols: usize, scale: f32| -> Result<Tensor> {
+        let mut mat = |rows: usize, cols: usize, scale: f32| -> Result<Matrix> {
             next += 1;
             random_tensor(
                 dtype,
@@ -165,6 +176,7 @@ impl Weights {
                 scale,
                 seed ^ next.wrapping_mul(0x9e37_79b9),
             )
+            .map(Matrix::from)
         };
         let embed = mat(c.vocab_size, h, 1.0)?;
         let mut layers = Vec::with_capacity(c.num_layers);

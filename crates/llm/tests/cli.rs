@@ -118,3 +118,55 @@ fn generate_on_ids_without_tokenizer() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no tokenizer.json"));
     assert!(out.stdout.is_empty());
 }
+
+/// `--model FILE.gguf` (no vocabulary in the file: ids in, ids out) prints the library's
+/// greedy continuation and writes the scratch profile.
+#[test]
+fn generate_runs_a_gguf_file_and_writes_the_scratch_profile() {
+    let spec = Spec {
+        hidden: 64,
+        heads: 4,
+        kv_heads: 2,
+        ffn: 96,
+        seed: 8,
+        ..Spec::default()
+    };
+    let dir = TempDir::new("cli-gguf");
+    let (w, _) = common::gguf::tiny_model(&spec, Some(llm::quant::QType::Q4_0));
+    let model = dir.path().join("tiny.gguf");
+    w.write(&model);
+    let ids = greedy_ids(&model, &[5, 6, 7], 6);
+    let prof = dir.path().join("prof.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_llm"))
+        .args(["generate", "--model"])
+        .arg(&model)
+        .args([
+            "--prompt-ids",
+            "5,6,7",
+            "--max-new-tokens",
+            "6",
+            "--scratch-profile",
+        ])
+        .arg(&prof)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Vec<u32> = String::from_utf8(out.stdout)
+        .unwrap()
+        .split_whitespace()
+        .map(|t| t.parse().unwrap())
+        .collect();
+    assert_eq!(got, ids);
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&prof).unwrap()).unwrap();
+    assert_eq!(j["prefill_tokens"], 3);
+    assert!(j["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|k| k["phase"] == "decode" && k["kernel"] == "linear_qkv" && k["calls"] == 5 * 2));
+}

@@ -183,6 +183,33 @@ fn decode_steps_make_no_heap_allocation_outside_the_temp_allocator() {
             n, 0,
             "{n} global-allocator calls in 20 decode steps (caching temp)"
         );
+
+        // Quantized weights (a tiny Q4_1 GGUF model; its head in Q8_0 like SmolLM2's).
+        let (mut w, _) = common::gguf::tiny_model(&spec, Some(llm::quant::QType::Q4_1));
+        let (_, head) = common::gguf::tiny_model(&spec, Some(llm::quant::QType::Q8_0));
+        let head = head.iter().find(|t| t.0 == "lm_head.weight").unwrap();
+        let bytes: Vec<u8> = head
+            .2
+            .chunks(spec.hidden)
+            .flat_map(|r| llm::quant::quantize_row(llm::quant::QType::Q8_0, r))
+            .collect();
+        let t = w
+            .tensors
+            .iter_mut()
+            .find(|t| t.name == "output.weight")
+            .unwrap();
+        t.ggml_type = common::gguf::Q8_0;
+        t.data = bytes;
+        let path = dir.path().join("q.gguf");
+        w.write(&path);
+        let qweights = Arc::new(Weights::load(&path).unwrap());
+        let temp = Excluding(llm::caching_temp(llm::DEFAULT_TEMP_CAP));
+        let mut m = Llama::new(qweights, temp, &ModelOptions::default()).unwrap();
+        let n = count_decode_steps(&mut m, &mut Sampler::new(0.8, 0.9, 3).unwrap());
+        assert_eq!(
+            n, 0,
+            "{n} global-allocator calls in 20 decode steps (Q4_1 GGUF, caching temp)"
+        );
     });
     // The counter works: an allocation while counting is seen.
     COUNTING.store(true, Ordering::SeqCst);

@@ -7,9 +7,9 @@
 use caching_allocator::TempAllocator;
 
 use crate::error::{LlmError, Result};
-use crate::kernels::{self, LinearJob};
+use crate::kernels;
+use crate::matrix::{self, Matrix};
 use crate::runtime::{Runtime, Scratch};
-use crate::safetensors::{Tensor, TensorData};
 use crate::weights::LayerWeights;
 use crate::LlamaConfig;
 
@@ -39,33 +39,27 @@ pub(crate) enum Output {
     AddTo,
 }
 
-/// A linear layer's weight storage. An enum so other formats (quantized blocks) slot in with
-/// their own kernels.
-#[derive(Clone, Copy)]
-pub(crate) enum LinearWeight<'w> {
-    /// f32, bf16 or f16 `[out, in]` rows, widened by the kernels.
-    Dense(TensorData<'w>),
-}
-
-/// A linear layer `out = x W^T + bias` over `[rows, in_features]` activations.
+/// A linear layer `out = x W^T + bias` over `[rows, in_features]` activations. Its weights
+/// are a [`Matrix`]: dense (f32, bf16 or f16 rows, widened by the kernels) or quantized blocks
+/// (Q4_0, Q4_1, Q8_0, dequantized in registers); [`matrix`] picks the kernel for each.
 #[derive(Clone, Copy)]
 pub(crate) struct Linear<'w> {
-    weight: LinearWeight<'w>,
+    weight: &'w Matrix,
     bias: Option<&'w [f32]>,
     out_features: usize,
     in_features: usize,
 }
 
 impl<'w> Linear<'w> {
-    /// A dense layer over `w` (`[out_features, in_features]`, checked by the kernels).
-    pub fn dense(
-        w: &'w Tensor,
+    /// A layer over `w` (`[out_features, in_features]`, checked by the kernels).
+    pub fn new(
+        w: &'w Matrix,
         bias: Option<&'w [f32]>,
         out_features: usize,
         in_features: usize,
     ) -> Self {
         Linear {
-            weight: LinearWeight::Dense(w.data()),
+            weight: w,
             bias,
             out_features,
             in_features,
@@ -81,12 +75,11 @@ impl<'w> Linear<'w> {
         out: &mut [f32],
         output: Output,
     ) -> Result<()> {
-        let LinearWeight::Dense(w) = self.weight;
-        kernels::linear(
+        matrix::linear(
             s,
             x,
             rows,
-            w,
+            self.weight,
             self.out_features,
             self.in_features,
             self.bias,
@@ -95,14 +88,13 @@ impl<'w> Linear<'w> {
         )
     }
 
-    /// This layer as one job of a fused decode matvec ([`kernels::linear_many`]).
-    fn job<'a>(&self, out: &'a mut [f32]) -> LinearJob<'a>
+    /// This layer as one job of a fused decode matvec ([`matrix::linear_many`]).
+    fn job<'a>(&self, out: &'a mut [f32]) -> matrix::Job<'a>
     where
         'w: 'a,
     {
-        let LinearWeight::Dense(w) = self.weight;
-        LinearJob {
-            w,
+        matrix::Job {
+            w: self.weight,
             n: self.out_features,
             bias: self.bias,
             out: &mut out[..self.out_features],
@@ -183,10 +175,10 @@ impl<'w> Attention<'w> {
             c.num_kv_heads * c.head_dim,
         );
         Attention {
-            q: Linear::dense(&lw.q, lw.q_bias.as_deref(), qd, h),
-            k: Linear::dense(&lw.k, lw.k_bias.as_deref(), kvd, h),
-            v: Linear::dense(&lw.v, lw.v_bias.as_deref(), kvd, h),
-            o: Linear::dense(&lw.o, lw.o_bias.as_deref(), h, qd),
+            q: Linear::new(&lw.q, lw.q_bias.as_deref(), qd, h),
+            k: Linear::new(&lw.k, lw.k_bias.as_deref(), kvd, h),
+            v: Linear::new(&lw.v, lw.v_bias.as_deref(), kvd, h),
+            o: Linear::new(&lw.o, lw.o_bias.as_deref(), h, qd),
             heads: c.num_heads,
             kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
@@ -208,7 +200,7 @@ impl<'w> Attention<'w> {
         if step.is_decode() {
             // q, k and v in one parallel section.
             rt.run("linear_qkv", |s| {
-                kernels::linear_many(
+                matrix::linear_many(
                     s,
                     b.xn,
                     hidden,
@@ -296,9 +288,9 @@ impl<'w> Mlp<'w> {
     pub fn new(c: &LlamaConfig, lw: &'w LayerWeights) -> Self {
         let (h, ffn) = (c.hidden_size, c.intermediate_size);
         Mlp {
-            gate: Linear::dense(&lw.gate, None, ffn, h),
-            up: Linear::dense(&lw.up, None, ffn, h),
-            down: Linear::dense(&lw.down, None, h, ffn),
+            gate: Linear::new(&lw.gate, None, ffn, h),
+            up: Linear::new(&lw.up, None, ffn, h),
+            down: Linear::new(&lw.down, None, h, ffn),
         }
     }
 
@@ -311,14 +303,15 @@ impl<'w> Mlp<'w> {
     ) -> Result<()> {
         let m = step.rows;
         let (h, ffn) = (self.gate.in_features, self.gate.out_features);
-        match (step.is_decode(), self.gate.weight, self.up.weight) {
-            (true, LinearWeight::Dense(gate), LinearWeight::Dense(up)) => {
+        match step.is_decode() {
+            true => {
                 // Gate, up and SwiGLU in one parallel section.
                 rt.run("linear_swiglu", |s| {
-                    kernels::linear_swiglu(s, b.xn, h, gate, up, ffn, &mut b.gate[..ffn])
+                    let (gate, up) = (self.gate.weight, self.up.weight);
+                    matrix::linear_swiglu(s, b.xn, h, gate, up, ffn, &mut b.gate[..ffn])
                 })?;
             }
-            _ => {
+            false => {
                 rt.run("linear", |s| {
                     self.gate.forward(s, b.xn, m, b.gate, Output::Overwrite)
                 })?;

@@ -1,0 +1,160 @@
+//! The tokenizer a GGUF file carries in its metadata (`tokenizer.ggml.*`), built through the
+//! `tokenizers` crate: a byte-level BPE from the token list and the merges in rank order, the
+//! pre-tokenizer the `pre` name selects, control tokens as special added tokens (so they map
+//! to their ids when they occur in a prompt), and a BOS prepended when `add_bos_token` says so.
+
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::processors::template::TemplateProcessing;
+use tokenizers::{AddedToken, PreTokenizerWrapper};
+
+use crate::error::{LlmError, Result};
+use crate::gguf::{GgufFile, Value};
+use crate::tokenizer::Tokenizer;
+
+/// `tokenizer.ggml.token_type` of a control token (BOS, EOS, `<|im_start|>`, ...).
+const CONTROL: i64 = 3;
+/// `tokenizer.ggml.token_type` of a user-defined token (matched whole, not special).
+const USER_DEFINED: i64 = 4;
+
+/// The pre-tokenizer names (`tokenizer.ggml.pre`) this loader knows.
+pub const KNOWN_PRE: &[&str] = &["smollm", "gpt2"];
+
+fn err(f: &GgufFile, message: String) -> LlmError {
+    LlmError::Tokenizer {
+        message: format!("{}: {message}", f.path().display()),
+    }
+}
+
+fn strings<'a>(f: &'a GgufFile, key: &str) -> Result<Vec<&'a str>> {
+    let a = f
+        .get(key)
+        .and_then(Value::as_array)
+        .ok_or_else(|| err(f, format!("metadata `{key}` is missing or not an array")))?;
+    a.iter()
+        .map(|v| {
+            v.as_str()
+                .ok_or_else(|| err(f, format!("metadata `{key}` holds a non-string")))
+        })
+        .collect()
+}
+
+/// Builds the tokenizer of `f`. Only byte-level BPE (`tokenizer.ggml.model = gpt2`) with a
+/// pre-tokenizer in [`KNOWN_PRE`] is supported; anything else is a clear error.
+pub fn from_gguf(f: &GgufFile) -> Result<Tokenizer> {
+    let model = f
+        .get("tokenizer.ggml.model")
+        .and_then(Value::as_str)
+        .ok_or_else(|| {
+            err(
+                f,
+                "no tokenizer.ggml.model: the file has no tokenizer".into(),
+            )
+        })?;
+    if model != "gpt2" {
+        return Err(err(
+            f,
+            format!("tokenizer model `{model}` is not supported (only gpt2, byte-level BPE)"),
+        ));
+    }
+    let pre = f
+        .get("tokenizer.ggml.pre")
+        .and_then(Value::as_str)
+        .unwrap_or("gpt2");
+    let pre_tokenizer: PreTokenizerWrapper = match pre {
+        // llama.cpp's smollm: every digit alone, then GPT-2's regex (as SmolLM2's
+        // tokenizer.json: Digits(individual) + ByteLevel).
+        "smollm" => Sequence::new(vec![
+            Digits::new(true).into(),
+            ByteLevel::new(false, true, true).into(),
+        ])
+        .into(),
+        "gpt2" => ByteLevel::new(false, true, true).into(),
+        other => {
+            return Err(err(
+                f,
+                format!(
+                    "pre-tokenizer `{other}` is not supported (known: {KNOWN_PRE:?}); its \
+                     splitting rules would have to be added to gguf_tokenizer.rs"
+                ),
+            ))
+        }
+    };
+    let tokens = strings(f, "tokenizer.ggml.tokens")?;
+    let merges = strings(f, "tokenizer.ggml.merges")?;
+    let types: Vec<i64> = match f.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
+        Some(a) => a
+            .iter()
+            .map(|v| v.as_f64().map_or(1, |x| x as i64))
+            .collect(),
+        None => vec![1; tokens.len()],
+    };
+    let vocab: tokenizers::models::bpe::Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.to_string(), i as u32))
+        .collect();
+    let mut pairs = Vec::with_capacity(merges.len());
+    for m in &merges {
+        let (a, b) = m
+            .split_once(' ')
+            .ok_or_else(|| err(f, format!("merge `{m}` is not two tokens")))?;
+        pairs.push((a.to_string(), b.to_string()));
+    }
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, pairs)
+        .build()
+        .map_err(|e| err(f, format!("building the BPE model: {e}")))?;
+    let mut t = tokenizers::Tokenizer::new(bpe);
+    t.with_pre_tokenizer(Some(pre_tokenizer));
+    t.with_decoder(Some(ByteLevel::default()));
+    let added: Vec<AddedToken> = tokens
+        .iter()
+        .zip(&types)
+        .filter(|(_, &ty)| ty == CONTROL || ty == USER_DEFINED)
+        .map(|(tok, &ty)| AddedToken::from(tok.to_string(), ty == CONTROL))
+        .collect();
+    t.add_special_tokens(&added);
+    let add_bos = f
+        .get("tokenizer.ggml.add_bos_token")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    if add_bos {
+        let bos = f
+            .get("tokenizer.ggml.bos_token_id")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| {
+                err(
+                    f,
+                    "add_bos_token is set but there is no bos_token_id".into(),
+                )
+            })?;
+        let name = tokens
+            .get(bos as usize)
+            .ok_or_else(|| err(f, format!("bos_token_id {bos} is not a token")))?;
+        let post = TemplateProcessing::builder()
+            .try_single(format!("{name} $A"))
+            .map_err(|e| err(f, format!("BOS template: {e}")))?
+            .special_tokens(vec![(name.to_string(), bos as u32)])
+            .build()
+            .map_err(|e| err(f, format!("BOS template: {e}")))?;
+        t.with_post_processor(Some(post));
+    }
+    Ok(Tokenizer::from_hf(t))
+}
+
+/// The chat template a GGUF file carries (`tokenizer.chat_template`), if any.
+pub fn chat_template(f: &GgufFile) -> Option<&str> {
+    f.get("tokenizer.chat_template").and_then(Value::as_str)
+}
+
+/// The text of token `id` of `f`'s vocabulary (for the template's `bos_token`/`eos_token`).
+pub fn token_text<'a>(f: &'a GgufFile, key: &str) -> Option<&'a str> {
+    let id = f.get(key)?.as_u64()?;
+    f.get("tokenizer.ggml.tokens")?
+        .as_array()?
+        .get(id as usize)?
+        .as_str()
+}

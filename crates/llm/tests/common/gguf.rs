@@ -1,0 +1,382 @@
+//! A small GGUF writer for tests, the formats' dequantization written from their definitions
+//! (independently of the library's), and a tiny llama GGUF model built from a [`Spec`].
+#![allow(dead_code)]
+
+use llm::gguf::Value;
+use llm::quant::QType;
+use llm::safetensors::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+
+use super::Spec;
+
+/// ggml type ids (ggml.h `enum ggml_type`).
+pub const F32: u32 = 0;
+pub const F16: u32 = 1;
+pub const Q4_0: u32 = 2;
+pub const Q4_1: u32 = 3;
+pub const Q8_0: u32 = 8;
+pub const Q4_K: u32 = 12;
+pub const BF16: u32 = 30;
+
+pub fn qtype_id(t: QType) -> u32 {
+    match t {
+        QType::Q4_0 => Q4_0,
+        QType::Q4_1 => Q4_1,
+        QType::Q8_0 => Q8_0,
+    }
+}
+
+/// One tensor to write: name, GGUF dims (innermost first), ggml type, raw data.
+pub struct TensorSpec {
+    pub name: String,
+    pub dims: Vec<u64>,
+    pub ggml_type: u32,
+    pub data: Vec<u8>,
+}
+
+/// Metadata and tensors of a file to write.
+pub struct Writer {
+    pub version: u32,
+    pub alignment: u64,
+    pub meta: Vec<(String, Value)>,
+    pub tensors: Vec<TensorSpec>,
+    /// Lay tensors end to end without alignment padding (to write a malformed file).
+    pub unpadded: bool,
+}
+
+impl Default for Writer {
+    fn default() -> Self {
+        Writer {
+            version: 3,
+            alignment: 32,
+            meta: Vec::new(),
+            tensors: Vec::new(),
+            unpadded: false,
+        }
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn type_of(v: &Value) -> u32 {
+    match v {
+        Value::U8(_) => 0,
+        Value::I8(_) => 1,
+        Value::U16(_) => 2,
+        Value::I16(_) => 3,
+        Value::U32(_) => 4,
+        Value::I32(_) => 5,
+        Value::F32(_) => 6,
+        Value::Bool(_) => 7,
+        Value::String(_) => 8,
+        Value::Array(_) => 9,
+        Value::U64(_) => 10,
+        Value::I64(_) => 11,
+        Value::F64(_) => 12,
+    }
+}
+
+fn put_value(out: &mut Vec<u8>, v: &Value) {
+    match v {
+        Value::U8(x) => out.push(*x),
+        Value::I8(x) => out.push(*x as u8),
+        Value::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::Bool(x) => out.push(*x as u8),
+        Value::String(s) => put_str(out, s),
+        Value::Array(a) => {
+            let et = a.first().map_or(4, type_of);
+            out.extend_from_slice(&et.to_le_bytes());
+            out.extend_from_slice(&(a.len() as u64).to_le_bytes());
+            for e in a {
+                put_value(out, e);
+            }
+        }
+        Value::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
+    }
+}
+
+impl Writer {
+    pub fn meta(&mut self, key: &str, v: Value) -> &mut Self {
+        self.meta.push((key.into(), v));
+        self
+    }
+
+    pub fn tensor(&mut self, name: &str, dims: &[u64], ggml_type: u32, data: Vec<u8>) {
+        self.tensors.push(TensorSpec {
+            name: name.into(),
+            dims: dims.to_vec(),
+            ggml_type,
+            data,
+        });
+    }
+
+    /// The file image, laid out as gguf.h describes.
+    pub fn bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(b"GGUF");
+        out.extend_from_slice(&self.version.to_le_bytes());
+        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.meta.len() as u64).to_le_bytes());
+        for (k, v) in &self.meta {
+            put_str(&mut out, k);
+            out.extend_from_slice(&type_of(v).to_le_bytes());
+            put_value(&mut out, v);
+        }
+        let a = self
+            .meta
+            .iter()
+            .find(|(k, _)| k == "general.alignment")
+            .and_then(|(_, v)| v.as_u64())
+            .unwrap_or(self.alignment);
+        let mut offset = 0u64;
+        let mut offsets = Vec::new();
+        for t in &self.tensors {
+            put_str(&mut out, &t.name);
+            out.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
+            for d in &t.dims {
+                out.extend_from_slice(&d.to_le_bytes());
+            }
+            out.extend_from_slice(&t.ggml_type.to_le_bytes());
+            out.extend_from_slice(&offset.to_le_bytes());
+            offsets.push(offset);
+            offset += t.data.len() as u64;
+            if !self.unpadded {
+                offset = offset.next_multiple_of(a);
+            }
+        }
+        out.resize((out.len() as u64).next_multiple_of(a) as usize, 0);
+        let start = out.len();
+        for (t, off) in self.tensors.iter().zip(offsets) {
+            out.resize(start + off as usize, 0);
+            out.extend_from_slice(&t.data);
+        }
+        out
+    }
+
+    pub fn write(&self, path: &std::path::Path) {
+        std::fs::write(path, self.bytes()).unwrap();
+    }
+}
+
+/// Dequantization of one row as `ggml-quants.c`'s `dequantize_row_*` defines it.
+pub fn dequant_reference(t: u32, row: &[u8]) -> Vec<f32> {
+    let h = |b: &[u8], i: usize| f16_to_f32(u16::from_le_bytes([b[i], b[i + 1]]));
+    let mut out = Vec::new();
+    match t {
+        F32 => {
+            for c in row.chunks_exact(4) {
+                out.push(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            }
+        }
+        F16 => {
+            for c in row.chunks_exact(2) {
+                out.push(f16_to_f32(u16::from_le_bytes([c[0], c[1]])));
+            }
+        }
+        BF16 => {
+            for c in row.chunks_exact(2) {
+                out.push(bf16_to_f32(u16::from_le_bytes([c[0], c[1]])));
+            }
+        }
+        Q4_0 => {
+            for b in row.chunks_exact(18) {
+                let d = h(b, 0);
+                let mut y = [0f32; 32];
+                for j in 0..16 {
+                    let x0 = (b[2 + j] & 0x0F) as i32 - 8;
+                    let x1 = (b[2 + j] >> 4) as i32 - 8;
+                    y[j] = x0 as f32 * d;
+                    y[j + 16] = x1 as f32 * d;
+                }
+                out.extend_from_slice(&y);
+            }
+        }
+        Q4_1 => {
+            for b in row.chunks_exact(20) {
+                let (d, m) = (h(b, 0), h(b, 2));
+                let mut y = [0f32; 32];
+                for j in 0..16 {
+                    let x0 = (b[4 + j] & 0x0F) as i32;
+                    let x1 = (b[4 + j] >> 4) as i32;
+                    y[j] = x0 as f32 * d + m;
+                    y[j + 16] = x1 as f32 * d + m;
+                }
+                out.extend_from_slice(&y);
+            }
+        }
+        Q8_0 => {
+            for b in row.chunks_exact(34) {
+                let d = h(b, 0);
+                for j in 0..32 {
+                    out.push(b[2 + j] as i8 as f32 * d);
+                }
+            }
+        }
+        _ => panic!("no reference for type {t}"),
+    }
+    out
+}
+
+/// Bytes per row of `cols` elements of type `t`.
+pub fn row_bytes(t: u32, cols: usize) -> usize {
+    match t {
+        F32 => cols * 4,
+        F16 | BF16 => cols * 2,
+        Q4_0 => cols / 32 * 18,
+        Q4_1 => cols / 32 * 20,
+        Q8_0 => cols / 32 * 34,
+        _ => panic!("type {t}"),
+    }
+}
+
+/// Random bytes that are a valid tensor of type `t` (finite f16 scales in a sane range).
+pub fn random_tensor_bytes(t: u32, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let mut rng = llm::sample::Rng::new(seed);
+    let mut f = |s: f32| (rng.next_f32() * 2.0 - 1.0) * s;
+    let mut out = Vec::new();
+    for _ in 0..rows {
+        match t {
+            F32 => (0..cols).for_each(|_| out.extend_from_slice(&f(2.0).to_le_bytes())),
+            F16 => (0..cols).for_each(|_| out.extend_from_slice(&f32_to_f16(f(2.0)).to_le_bytes())),
+            BF16 => {
+                (0..cols).for_each(|_| out.extend_from_slice(&f32_to_bf16(f(2.0)).to_le_bytes()))
+            }
+            Q4_0 | Q4_1 | Q8_0 => {
+                for _ in 0..cols / 32 {
+                    out.extend_from_slice(&f32_to_f16(f(0.1)).to_le_bytes());
+                    if t == Q4_1 {
+                        out.extend_from_slice(&f32_to_f16(f(0.5)).to_le_bytes());
+                    }
+                    let n = if t == Q8_0 { 32 } else { 16 };
+                    for _ in 0..n {
+                        out.push((f(1.0).to_bits() >> 7) as u8);
+                    }
+                }
+            }
+            _ => panic!("type {t}"),
+        }
+    }
+    out
+}
+
+/// llama.cpp's converter permutation of q/k rows (`LlamaModel.permute`): HF row
+/// `h * hd + j * hd / 2 + i` goes to GGUF row `h * hd + 2 i + j`.
+pub fn permute_hf_to_gguf(rows: &[Vec<u8>], heads: usize) -> Vec<Vec<u8>> {
+    let hd = rows.len() / heads;
+    let half = hd / 2;
+    let mut out = vec![Vec::new(); rows.len()];
+    for h in 0..heads {
+        for j in 0..2 {
+            for i in 0..half {
+                out[h * hd + 2 * i + j] = rows[h * hd + j * half + i].clone();
+            }
+        }
+    }
+    out
+}
+
+/// A tiny llama GGUF model from `spec`'s random weights: matrices in `qt` (or F32 when
+/// `None`), norms in F32, q/k permuted as llama.cpp's converter does. Returns the file image
+/// and the HF-named tensors holding the values the file actually stores (dequantized), for
+/// the f64 reference.
+/// HF-named tensors: name, shape, values.
+pub type NamedTensors = Vec<(String, Vec<usize>, Vec<f32>)>;
+
+pub fn tiny_model(spec: &Spec, qt: Option<QType>) -> (Writer, NamedTensors) {
+    let ts = spec.tensors();
+    let mut w = Writer::default();
+    let hd = spec.head_dim();
+    w.meta("general.architecture", Value::String("llama".into()))
+        .meta("llama.block_count", Value::U32(spec.layers as u32))
+        .meta("llama.context_length", Value::U32(64))
+        .meta("llama.embedding_length", Value::U32(spec.hidden as u32))
+        .meta("llama.feed_forward_length", Value::U32(spec.ffn as u32))
+        .meta("llama.attention.head_count", Value::U32(spec.heads as u32))
+        .meta(
+            "llama.attention.head_count_kv",
+            Value::U32(spec.kv_heads as u32),
+        )
+        .meta("llama.rope.freq_base", Value::F32(spec.rope_theta as f32))
+        .meta("llama.rope.dimension_count", Value::U32(hd as u32))
+        .meta("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5))
+        .meta("llama.vocab_size", Value::U32(spec.vocab as u32));
+    let mut reference = Vec::new();
+    for (name, shape, vals) in ts {
+        let gname = hf_to_gguf_name(&name);
+        if shape.len() == 1 {
+            w.tensor(
+                &gname,
+                &[shape[0] as u64],
+                F32,
+                vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            );
+            reference.push((name, shape, vals));
+            continue;
+        }
+        let (rows, cols) = (shape[0], shape[1]);
+        let (ty, row_data): (u32, Vec<Vec<u8>>) = match qt {
+            None => (
+                F32,
+                vals.chunks(cols)
+                    .map(|r| r.iter().flat_map(|v| v.to_le_bytes()).collect())
+                    .collect(),
+            ),
+            Some(q) => (
+                qtype_id(q),
+                vals.chunks(cols)
+                    .map(|r| llm::quant::quantize_row(q, r))
+                    .collect(),
+            ),
+        };
+        let stored: Vec<f32> = row_data
+            .iter()
+            .flat_map(|r| dequant_reference(ty, r))
+            .collect();
+        reference.push((name.clone(), shape.clone(), stored));
+        let row_data = if name.ends_with("q_proj.weight") {
+            permute_hf_to_gguf(&row_data, spec.heads)
+        } else if name.ends_with("k_proj.weight") {
+            permute_hf_to_gguf(&row_data, spec.kv_heads)
+        } else {
+            row_data
+        };
+        w.tensor(&gname, &[cols as u64, rows as u64], ty, row_data.concat());
+    }
+    (w, reference)
+}
+
+/// llama.cpp's tensor names for HF's.
+pub fn hf_to_gguf_name(hf: &str) -> String {
+    if hf == "model.embed_tokens.weight" {
+        return "token_embd.weight".into();
+    }
+    if hf == "model.norm.weight" {
+        return "output_norm.weight".into();
+    }
+    if hf == "lm_head.weight" {
+        return "output.weight".into();
+    }
+    let rest = hf.strip_prefix("model.layers.").unwrap();
+    let (i, t) = rest.split_once('.').unwrap();
+    let t = match t {
+        "input_layernorm.weight" => "attn_norm.weight",
+        "self_attn.q_proj.weight" => "attn_q.weight",
+        "self_attn.k_proj.weight" => "attn_k.weight",
+        "self_attn.v_proj.weight" => "attn_v.weight",
+        "self_attn.o_proj.weight" => "attn_output.weight",
+        "post_attention_layernorm.weight" => "ffn_norm.weight",
+        "mlp.gate_proj.weight" => "ffn_gate.weight",
+        "mlp.up_proj.weight" => "ffn_up.weight",
+        "mlp.down_proj.weight" => "ffn_down.weight",
+        other => panic!("no GGUF name for {other}"),
+    };
+    format!("blk.{i}.{t}")
+}

@@ -1,0 +1,452 @@
+//! GGUF files written by the tests themselves: every supported tensor type dequantized
+//! bit-exactly as the formats define it, the quantized kernels against f64, a tiny model's
+//! logits against the f64 reference, the tokenizer and chat template from metadata, and the
+//! error of every kind of bad file.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use common::gguf::{self as g, Writer};
+use common::{prompt, rel_err, Reference, Spec, TempDir};
+use llm::gguf::{GgufFile, Value};
+use llm::matrix::Matrix;
+use llm::quant::{QTensor, QType};
+use llm::runtime::Runtime;
+use llm::{caching_temp, Llama, ModelOptions, Module, Weights};
+
+fn one_tensor_file(
+    dir: &Path,
+    ty: u32,
+    rows: usize,
+    cols: usize,
+    seed: u64,
+) -> (std::path::PathBuf, Vec<u8>) {
+    let data = g::random_tensor_bytes(ty, rows, cols, seed);
+    let mut w = Writer::default();
+    w.meta("general.alignment", Value::U32(64));
+    // A first tensor of odd size, so the second's offset needs the alignment padding.
+    w.tensor("pad", &[3], g::F16, vec![0; 6]);
+    w.tensor("t", &[cols as u64, rows as u64], ty, data.clone());
+    let p = dir.join(format!("t{ty}.gguf"));
+    w.write(&p);
+    (p, data)
+}
+
+/// Every supported type, read through the memory-mapped file, dequantizes to exactly the
+/// values the format's definition gives (bit for bit).
+#[test]
+fn every_type_dequantizes_bit_exactly() {
+    let dir = TempDir::new("gguf-types");
+    for ty in [g::F32, g::F16, g::BF16, g::Q4_0, g::Q4_1, g::Q8_0] {
+        let (rows, cols) = (5, 96);
+        let (p, data) = one_tensor_file(dir.path(), ty, rows, cols, 40 + ty as u64);
+        let f = GgufFile::open(&p).unwrap();
+        assert_eq!(f.version(), 3);
+        let m = f.matrix("t").unwrap().expect("tensor t");
+        assert_eq!(m.shape(), vec![rows, cols], "type {ty}");
+        let got = m.to_f32();
+        let rb = g::row_bytes(ty, cols);
+        let want: Vec<f32> = data
+            .chunks(rb)
+            .flat_map(|r| g::dequant_reference(ty, r))
+            .collect();
+        assert_eq!(got.len(), want.len());
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "type {ty} element {i}: {a} vs {b}"
+            );
+        }
+        assert!(
+            want.iter().any(|&v| v != 0.0),
+            "type {ty}: test data all zero"
+        );
+    }
+}
+
+/// The quantized linear kernels (decode and prefill, with bias and accumulation) against an
+/// f64 product of the dequantized weights.
+#[test]
+fn quantized_linear_matches_f64() {
+    for qt in [QType::Q4_0, QType::Q4_1, QType::Q8_0] {
+        let (n, k) = (37, 96);
+        let bytes = g::random_tensor_bytes(g::qtype_id(qt), n, k, 7);
+        let q = QTensor::from_bytes(qt, n, k, &bytes).unwrap();
+        let wf: Vec<f64> = bytes
+            .chunks(g::row_bytes(g::qtype_id(qt), k))
+            .flat_map(|r| g::dequant_reference(g::qtype_id(qt), r))
+            .map(f64::from)
+            .collect();
+        let mat = Matrix::Quant(q);
+        let bias: Vec<f32> = (0..n).map(|i| i as f32 * 0.01).collect();
+        for m in [1usize, 5] {
+            let mut rng = llm::sample::Rng::new(m as u64);
+            let x: Vec<f32> = (0..m * k).map(|_| rng.next_f32() * 2.0 - 1.0).collect();
+            let init: Vec<f32> = (0..m * n).map(|i| (i % 7) as f32).collect();
+            let mut out = init.clone();
+            let mut rt = Runtime::new(caching_temp(1 << 20));
+            rt.run("linear", |s| {
+                llm::matrix::linear(s, &x, m, &mat, n, k, Some(&bias), &mut out, true)
+            })
+            .unwrap();
+            for i in 0..m {
+                let want: Vec<f64> = (0..n)
+                    .map(|r| {
+                        let d: f64 = (0..k).map(|j| wf[r * k + j] * x[i * k + j] as f64).sum();
+                        init[i * n + r] as f64 + d + bias[r] as f64
+                    })
+                    .collect();
+                let e = rel_err(&out[i * n..(i + 1) * n], &want);
+                assert!(e < 1e-5, "{qt:?} m={m} row {i}: relative error {e:e}");
+            }
+        }
+    }
+}
+
+fn tiny_spec(tied: bool, seed: u64) -> Spec {
+    Spec {
+        hidden: 64,
+        layers: 2,
+        heads: 4,
+        kv_heads: 2,
+        ffn: 96,
+        vocab: 80,
+        tied,
+        seed,
+        ..Spec::default()
+    }
+}
+
+/// A tiny llama model written as GGUF (matrices in each type, q/k permuted as llama.cpp's
+/// converter does, tied and untied head): every prompt position's logits and 6 decode steps
+/// against the f64 reference on the same (dequantized) weights, within 1e-4.
+#[test]
+fn tiny_gguf_model_matches_reference() {
+    let dir = TempDir::new("gguf-model");
+    for (i, qt) in [
+        None,
+        Some(QType::Q4_0),
+        Some(QType::Q4_1),
+        Some(QType::Q8_0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for tied in [false, true] {
+            let spec = tiny_spec(tied, 3 + i as u64);
+            let (w, ts) = g::tiny_model(&spec, qt);
+            // One file without the extension: recognised by its magic.
+            let ext = if i == 1 && tied { "bin" } else { "gguf" };
+            let p = dir.path().join(format!("m{i}{tied}.{ext}"));
+            w.write(&p);
+            let weights = Arc::new(Weights::load(&p).unwrap());
+            assert_eq!(weights.config.tie_word_embeddings, tied);
+            let reference = Reference::new(&spec, &ts);
+            let mut m =
+                Llama::new(weights, caching_temp(1 << 20), &ModelOptions::default()).unwrap();
+            let mut tokens = prompt(spec.vocab, 12, 50 + i as u64);
+            let got = m.forward_all(&tokens).unwrap().to_vec();
+            let want = reference.logits(&tokens);
+            let v = spec.vocab;
+            for (pos, wv) in want.iter().enumerate() {
+                let e = rel_err(&got[pos * v..][..v], wv);
+                assert!(e < 1e-4, "{qt:?} tied={tied} position {pos}: {e:e}");
+            }
+            for (step, &t) in prompt(spec.vocab, 6, 90).iter().enumerate() {
+                tokens.push(t);
+                let got = m.forward(&[t]).unwrap().to_vec();
+                let e = rel_err(&got, reference.logits(&tokens).last().unwrap());
+                assert!(e < 1e-4, "{qt:?} tied={tied} decode step {step}: {e:e}");
+            }
+        }
+    }
+}
+
+/// Loading without un-permuting q/k would be caught: the reference on the *permuted* rows
+/// (what a loader that forgot would run) disagrees with the model.
+#[test]
+fn unpermuted_qk_would_be_detected() {
+    let spec = tiny_spec(false, 11);
+    let (w, ts) = g::tiny_model(&spec, None);
+    let dir = TempDir::new("gguf-perm");
+    let p = dir.path().join("m.gguf");
+    w.write(&p);
+    let mut m = common_model(&p);
+    let tokens = prompt(spec.vocab, 8, 5);
+    let got = m.forward_all(&tokens).unwrap().to_vec();
+    // The weights as stored in the file, not restored.
+    let f = GgufFile::open(&p).unwrap();
+    let wrong: Vec<_> = ts
+        .iter()
+        .map(|(n, s, v)| {
+            if n.ends_with("q_proj.weight") || n.ends_with("k_proj.weight") {
+                let stored = f.matrix(&g::hf_to_gguf_name(n)).unwrap().unwrap().to_f32();
+                (n.clone(), s.clone(), stored)
+            } else {
+                (n.clone(), s.clone(), v.clone())
+            }
+        })
+        .collect();
+    let bad = Reference::new(&spec, &wrong).logits(&tokens);
+    let v = spec.vocab;
+    let e = rel_err(&got[(tokens.len() - 1) * v..], bad.last().unwrap());
+    assert!(
+        e > 1e-3,
+        "permuted and restored q/k gave the same logits ({e:e})"
+    );
+}
+
+fn common_model(p: &Path) -> Llama<caching_allocator::CachingAllocator> {
+    let w = Arc::new(Weights::load(p).unwrap());
+    Llama::new(w, caching_temp(1 << 20), &ModelOptions::default()).unwrap()
+}
+
+/// The error of loading `bytes` as a model.
+fn load_err(dir: &Path, name: &str, bytes: &[u8]) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    match Weights::load(&p) {
+        Ok(_) => panic!("{name}: loaded"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn bad_files_are_errors_naming_file_and_tensor() {
+    let dir = TempDir::new("gguf-bad");
+    let d = dir.path();
+    let spec = tiny_spec(false, 2);
+    let (good, _) = g::tiny_model(&spec, Some(QType::Q4_1));
+    let bytes = good.bytes();
+
+    let e = load_err(d, "magic.gguf", b"GGML\x03\0\0\0");
+    assert!(
+        e.contains("magic.gguf") && e.contains("not a GGUF file"),
+        "{e}"
+    );
+
+    let e = load_err(d, "empty.gguf", b"");
+    assert!(e.contains("empty.gguf") && e.contains("truncated"), "{e}");
+
+    let mut v1 = bytes.clone();
+    v1[4] = 1;
+    let e = load_err(d, "v1.gguf", &v1);
+    assert!(e.contains("version 1 is not supported"), "{e}");
+
+    // Cut inside the header, then inside the last tensor's data.
+    let e = load_err(d, "cut-header.gguf", &bytes[..200]);
+    assert!(
+        e.contains("cut-header.gguf") && e.contains("truncated"),
+        "{e}"
+    );
+    let e = load_err(d, "cut-data.gguf", &bytes[..bytes.len() - 10]);
+    let last = &good.tensors.last().unwrap().name;
+    assert!(
+        e.contains("cut-data.gguf") && e.contains(last.as_str()) && e.contains("truncated"),
+        "{e}"
+    );
+
+    // A K-quant: refused naming the tensor and its type.
+    let mut w = g::tiny_model(&spec, Some(QType::Q4_1)).0;
+    let t = w
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "blk.1.ffn_up.weight")
+        .unwrap();
+    t.ggml_type = g::Q4_K;
+    let e = load_err(d, "kquant.gguf", &w.bytes());
+    assert!(
+        e.contains("blk.1.ffn_up.weight") && e.contains("Q4_K") && e.contains("not supported"),
+        "{e}"
+    );
+
+    // An unknown type id.
+    let mut w = g::tiny_model(&spec, None).0;
+    w.tensors[0].ggml_type = 99;
+    let e = load_err(d, "unknown.gguf", &w.bytes());
+    assert!(
+        e.contains(w.tensors[0].name.as_str()) && e.contains("ggml id 99"),
+        "{e}"
+    );
+
+    // A shape that contradicts the metadata.
+    let mut w = g::tiny_model(&spec, None).0;
+    w.meta.retain(|(k, _)| k != "llama.feed_forward_length");
+    w.meta("llama.feed_forward_length", Value::U32(64));
+    let e = load_err(d, "shape.gguf", &w.bytes());
+    assert!(
+        e.contains("shape.gguf")
+            && e.contains("blk.0.ffn_gate.weight")
+            && e.contains("contradicts the metadata"),
+        "{e}"
+    );
+
+    // A missing tensor.
+    let mut w = g::tiny_model(&spec, None).0;
+    w.tensors.retain(|t| t.name != "blk.1.attn_v.weight");
+    let e = load_err(d, "missing.gguf", &w.bytes());
+    assert!(
+        e.contains("missing.gguf") && e.contains("blk.1.attn_v.weight"),
+        "{e}"
+    );
+
+    // A layer beyond the block count.
+    let mut w = g::tiny_model(&spec, None).0;
+    w.meta.retain(|(k, _)| k != "llama.block_count");
+    w.meta("llama.block_count", Value::U32(1));
+    let e = load_err(d, "layers.gguf", &w.bytes());
+    assert!(
+        e.contains("blk.1.") && e.contains("llama.block_count is 1"),
+        "{e}"
+    );
+
+    // Another architecture.
+    let mut w = g::tiny_model(&spec, None).0;
+    w.meta[0].1 = Value::String("mamba".into());
+    let e = load_err(d, "arch.gguf", &w.bytes());
+    assert!(e.contains("architecture `mamba` is not supported"), "{e}");
+
+    // A misaligned tensor offset, and a bad alignment value.
+    let mut img = g::tiny_model(&spec, None).0;
+    img.tensors.insert(
+        0,
+        g::TensorSpec {
+            name: "odd".into(),
+            dims: vec![3],
+            ggml_type: g::F16,
+            data: vec![0; 6],
+        },
+    );
+    img.unpadded = true;
+    let e = load_err(d, "offset.gguf", &img.bytes());
+    let second = &img.tensors[1].name;
+    assert!(
+        e.contains(second.as_str()) && e.contains("offset 6 is not a multiple of the alignment 32"),
+        "{e}"
+    );
+    let mut img = Writer::default();
+    img.meta("general.alignment", Value::U32(48));
+    let e = load_err(d, "align.gguf", &img.bytes());
+    assert!(
+        e.contains("general.alignment") && e.contains("power of two"),
+        "{e}"
+    );
+
+    // An array claiming more elements than the file holds.
+    let mut raw = b"GGUF".to_vec();
+    raw.extend_from_slice(&3u32.to_le_bytes());
+    raw.extend_from_slice(&0u64.to_le_bytes());
+    raw.extend_from_slice(&1u64.to_le_bytes());
+    raw.extend_from_slice(&3u64.to_le_bytes());
+    raw.extend_from_slice(b"arr");
+    raw.extend_from_slice(&9u32.to_le_bytes());
+    raw.extend_from_slice(&8u32.to_le_bytes());
+    raw.extend_from_slice(&(1u64 << 60).to_le_bytes());
+    let e = load_err(d, "array.gguf", &raw);
+    assert!(e.contains("`arr`") && e.contains("claims"), "{e}");
+}
+
+/// A byte-level vocabulary in GGUF metadata: BPE merges applied in rank order, control
+/// tokens matched in the text, BOS added when asked, unknown pre-tokenizers refused.
+#[test]
+fn tokenizer_from_metadata() {
+    // Byte-level symbols of "a", "b", " " (Ġ), and the merges "a b" -> "ab", "Ġ ab".
+    let tokens = ["<s>", "</s>", "a", "b", "Ġ", "ab", "Ġab", "<|ctl|>"];
+    let types = [3, 3, 1, 1, 1, 1, 1, 3];
+    let merges = ["a b", "Ġ ab"];
+    let mk = |pre: &str, add_bos: bool| {
+        let mut w = Writer::default();
+        w.meta("tokenizer.ggml.model", Value::String("gpt2".into()))
+            .meta("tokenizer.ggml.pre", Value::String(pre.into()))
+            .meta(
+                "tokenizer.ggml.tokens",
+                Value::Array(
+                    tokens
+                        .iter()
+                        .map(|t| Value::String(t.to_string()))
+                        .collect(),
+                ),
+            )
+            .meta(
+                "tokenizer.ggml.token_type",
+                Value::Array(types.iter().map(|&t| Value::I32(t)).collect()),
+            )
+            .meta(
+                "tokenizer.ggml.merges",
+                Value::Array(
+                    merges
+                        .iter()
+                        .map(|t| Value::String(t.to_string()))
+                        .collect(),
+                ),
+            )
+            .meta("tokenizer.ggml.bos_token_id", Value::U32(0))
+            .meta("tokenizer.ggml.add_bos_token", Value::Bool(add_bos));
+        GgufFile::from_bytes(Path::new("tok.gguf"), &w.bytes()).unwrap()
+    };
+    let t = llm::gguf_tokenizer::from_gguf(&mk("smollm", false)).unwrap();
+    assert_eq!(t.encode("ab ab").unwrap(), vec![5, 6]);
+    assert_eq!(t.encode("ba<|ctl|>ab").unwrap(), vec![3, 2, 7, 5]);
+    assert_eq!(t.decode(&[5, 6]).unwrap(), "ab ab");
+    let t = llm::gguf_tokenizer::from_gguf(&mk("gpt2", true)).unwrap();
+    assert_eq!(t.encode("ab").unwrap(), vec![0, 5]);
+    let e = llm::gguf_tokenizer::from_gguf(&mk("qwen2", false))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("tok.gguf") && e.contains("pre-tokenizer `qwen2` is not supported"),
+        "{e}"
+    );
+}
+
+/// A chat template renders one user message with the generation prompt.
+#[test]
+fn chat_template_renders_user_message() {
+    let tpl = "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m.content }}{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}";
+    let s = llm::chat::render_user_prompt(tpl, "Hi?", "<s>", "</s>").unwrap();
+    assert_eq!(s, "<s><|user|>Hi?</s><|assistant|>");
+    let e = llm::chat::render_user_prompt("{% if %}", "x", "", "")
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("chat template"), "{e}");
+}
+
+/// The scratch profile counts every kernel call per phase, with the largest call's bytes:
+/// the quantized decode matvecs take the block sums of x (4 bytes per 32 inputs).
+#[test]
+fn scratch_profile_counts_calls_and_high_water_marks() {
+    let spec = tiny_spec(false, 4);
+    let (w, _) = g::tiny_model(&spec, Some(QType::Q4_1));
+    let dir = TempDir::new("gguf-profile");
+    let p = dir.path().join("m.gguf");
+    w.write(&p);
+    let mut m = common_model(&p);
+    m.enable_scratch_profile();
+    m.forward(&prompt(spec.vocab, 6, 1)).unwrap();
+    for t in [3, 4, 5] {
+        m.forward(&[t]).unwrap();
+    }
+    let prof = m.scratch_profile().unwrap();
+    let get = |phase: &str, kernel: &str| {
+        *prof
+            .entries()
+            .iter()
+            .find(|e| e.phase == phase && e.kernel == kernel)
+            .unwrap_or_else(|| panic!("no {phase}/{kernel} in {:?}", prof.entries()))
+    };
+    let qkv = get("decode", "linear_qkv");
+    assert_eq!(qkv.calls, 3 * spec.layers as u64);
+    assert_eq!(qkv.max_call_bytes, (spec.hidden / 32 * 4) as u64);
+    assert_eq!(qkv.total_bytes, qkv.calls * qkv.max_call_bytes);
+    let lin = get("prefill", "linear");
+    assert_eq!(lin.calls, 7 * spec.layers as u64);
+    assert!(lin.max_call_bytes >= (16 * spec.ffn * 4) as u64, "{lin:?}");
+    let j = prof.to_json(6, 3);
+    assert_eq!(j["decode_tokens"], 3);
+    assert!(j["kernels"].as_array().unwrap().len() >= 8);
+}

