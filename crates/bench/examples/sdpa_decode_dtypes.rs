@@ -9,7 +9,7 @@
 use std::hint::black_box;
 
 use allocbench::measure::{best, decode_shape, fill, gbs, interleaved, median, stream_read};
-use caching_allocator::{CachingAllocator, TempAllocator};
+use caching_allocator::CachingAllocator;
 use sdpa::{
     attention, attention_quantized, attention_typed, quantize_kv, Bf16, Params, QuantizedKv,
     QuantizedKvMut, Shape,
@@ -136,7 +136,7 @@ fn main() {
                                     .unwrap(),
                                 }
                                 // SAFETY: nothing from `temp` is used after the call returned.
-                                unsafe { temp.reset() };
+                                unsafe { temp.reset_unchecked() };
                             }
                             black_box((&out, &outb));
                         })

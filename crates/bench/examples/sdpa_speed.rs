@@ -13,7 +13,7 @@ use allocbench::measure::{
     best, decode_shape, fill, gbs, interleaved, median, prefill_flops, prefill_shape,
     set_sgemm_threads, sgemm, stream_read,
 };
-use caching_allocator::{CachingAllocator, TempAllocator};
+use caching_allocator::CachingAllocator;
 use sdpa::{attention, scratch_bytes, Params};
 
 const HEADS: usize = 32;
@@ -55,7 +55,7 @@ fn decode(
                 for l in 0..layers {
                     attention(&q, &ks[l], &vs[l], &mut out, &sh, &p, temp).unwrap();
                     // SAFETY: nothing from `temp` is used after the call returned.
-                    unsafe { temp.reset() };
+                    unsafe { temp.reset_unchecked() };
                 }
                 black_box(&out);
             },
@@ -108,7 +108,7 @@ fn prefill(
             &mut || {
                 attention(&q, &k, &v, &mut out, &sh, &p, temp).unwrap();
                 // SAFETY: nothing from `temp` is used after the call returned.
-                unsafe { temp.reset() };
+                unsafe { temp.reset_unchecked() };
                 black_box(&out);
             },
         ],

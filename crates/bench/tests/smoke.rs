@@ -10,7 +10,7 @@ use allocbench::harness::{measure_all, RunConfig};
 use allocbench::measure::Machine;
 use allocbench::report::RunInfo;
 use allocbench::source::{
-    AllocError, Block, Call, ScratchSource, SourceConfig, SourceKind, TempAllocator, SOURCES,
+    AllocError, Block, Call, ScratchSource, SourceConfig, SourceKind, TempReset, SOURCES,
 };
 use allocbench::workload::{Decode, Mix, Scratch, Workload};
 
@@ -150,7 +150,7 @@ fn every_worker_is_a_temp_allocator() {
     for kind in SOURCES {
         let source = (kind.build)(&small_config());
         let w = source.worker();
-        let temp: &dyn TempAllocator = w.as_ref();
+        let temp: &dyn TempReset = w.as_ref();
         for round in 0..3u8 {
             let mut live: HashMap<usize, (NonNull<u8>, usize)> = HashMap::new();
             for (i, (size, align)) in [(64, 64), (5000, 128), (300_000, 4096), (10, 64)]
@@ -177,7 +177,7 @@ fn every_worker_is_a_temp_allocator() {
             let z = temp.allocate(0, 256).unwrap();
             assert_eq!(z.as_ptr() as usize % 256, 0, "{}: zero-size", kind.name);
             // SAFETY: nothing allocated above is used after this.
-            unsafe { temp.reset() };
+            unsafe { temp.reset_unchecked() };
         }
         if kind.name != "exact-cache" {
             // (exact-cache follows ExecuTorch: it clamps, and only rejects non-powers of two.)

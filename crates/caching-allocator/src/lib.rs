@@ -64,6 +64,7 @@ mod registry;
 mod reset;
 mod retention;
 mod scope;
+mod scratch;
 mod shared_cache;
 mod size_class;
 mod stats;
@@ -84,9 +85,10 @@ pub use config::{
 };
 pub use error::AllocError;
 pub use scope::Scope;
+pub use scratch::Scratch;
 pub use size_class::SizeClass;
 pub use stats::Stats;
-pub use temp::TempAllocator;
+pub use temp::{TempAllocator, TempReset};
 
 /// The largest alignment the allocator serves: 2 MiB (a huge page).
 pub const MAX_ALIGN: usize = 2 << 20;
@@ -107,9 +109,13 @@ unsafe impl TempAllocator for CachingAllocator {
     fn allocate(&self, size: usize, align: usize) -> Result<core::ptr::NonNull<u8>, AllocError> {
         CachingAllocator::allocate(self, size, align)
     }
+}
 
-    unsafe fn reset(&self) {
-        // SAFETY: `TempAllocator::reset`'s contract is `reset_unchecked`'s.
-        unsafe { self.reset_unchecked() }
+// SAFETY: `reset_unchecked` takes back every block `allocate` handed out before it, and only
+// those (blocks of open scopes stay with their scopes).
+unsafe impl TempReset for CachingAllocator {
+    unsafe fn reset_unchecked(&self) {
+        // SAFETY: `TempReset::reset_unchecked`'s contract is the inherent method's.
+        unsafe { CachingAllocator::reset_unchecked(self) }
     }
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use caching_allocator::{AllocError, CachingAllocator, Config, Stats, TempAllocator};
+use caching_allocator::{AllocError, CachingAllocator, Config, Stats, TempReset};
 
 #[path = "common/books.rs"]
 mod books;
@@ -110,7 +110,7 @@ fn reset_race(debug_checks: bool) {
                         "a racing reset reported corruption though nothing wrote to any block"
                     ),
                     // SAFETY: as above.
-                    _ => unsafe { TempAllocator::reset(alloc) },
+                    _ => unsafe { TempReset::reset_unchecked(alloc) },
                 }
                 n += 1;
                 resets.store(n, Ordering::SeqCst);
@@ -209,7 +209,7 @@ fn reset_race(debug_checks: bool) {
 
 /// Defect 1: a reset racing with allocations corrupts the books (wrapped `live_blocks`,
 /// internal panics, leaked blocks). One thread calls the `&self` resets (`reset_unchecked`,
-/// `try_reset_unchecked`, `TempAllocator::reset`) in a loop while three allocate, release
+/// `try_reset_unchecked`, `TempReset::reset_unchecked`) in a loop while three allocate, release
 /// (checked), read stats and trim. Desired: no panic, `try_reset_unchecked` never reports
 /// corruption nobody caused, a racing release is `Ok` or `UnknownPointer`, stats never wrap,
 /// and after a final quiet reset live = 0, reserved = cached, and every byte the system handed
@@ -361,8 +361,8 @@ fn reset_over_the_cap_keeps_the_cap() {
     // The same with `reset(&mut self)`, on one thread.
     alloc.free_cached();
     let live: Vec<_> = (0..6).map(|_| alloc.allocate(MIB, 64).unwrap()).collect();
-    // Inherent `reset(&mut self)`: `alloc.reset()` would pick `TempAllocator::reset(&self)`.
-    CachingAllocator::reset(&mut alloc);
+    // The safe `reset(&mut self)`, though `TempReset` is imported (it cannot shadow it).
+    alloc.reset();
     drop(live);
     let st = balance(&alloc, &sys, "after reset");
     assert_eq!((st.live_bytes, st.cached_bytes), (0, cap), "{st:?}");

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use caching_allocator::TempAllocator;
+use caching_allocator::TempReset;
 
 use crate::error::{LlmError, Result};
 use crate::model::Llama;
@@ -61,7 +61,7 @@ impl GenerationStats {
 
 /// Runs `prompt` through `model` (from position 0), then samples up to
 /// `options.max_new_tokens` tokens, calling `on_token` with each (stop tokens excluded).
-pub fn generate<A: TempAllocator>(
+pub fn generate<A: TempReset>(
     model: &mut Llama<A>,
     prompt: &[u32],
     sampler: &mut Sampler,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use caching_allocator::{CachingAllocator, Config, TempAllocator, DEFAULT_WORKING_SET_SLACK};
+use caching_allocator::{CachingAllocator, Config, TempReset, DEFAULT_WORKING_SET_SLACK};
 
 use crate::error::{LlmError, Result};
 use crate::matrix;
@@ -39,7 +39,7 @@ pub struct ModelOptions {
 
 /// The constructor shape every model type shares (ExecuTorch's uniform `Module` constructors):
 /// weights plus the temp allocator the kernels take their scratch from.
-pub trait Module<A: TempAllocator>: Sized {
+pub trait Module<A: TempReset>: Sized {
     /// The weights this module type runs.
     type Weights;
 
@@ -76,7 +76,7 @@ pub struct Llama<A> {
     last_logit_rows: usize,
 }
 
-impl<A: TempAllocator> Module<A> for Llama<A> {
+impl<A: TempReset> Module<A> for Llama<A> {
     type Weights = Weights;
 
     fn new(weights: Arc<Weights>, temp: A, options: &ModelOptions) -> Result<Self> {
@@ -108,7 +108,7 @@ impl<A: TempAllocator> Module<A> for Llama<A> {
     }
 }
 
-impl<A: TempAllocator> Llama<A> {
+impl<A: TempReset> Llama<A> {
     /// The architecture.
     pub fn config(&self) -> &LlamaConfig {
         &self.w.config

@@ -4,7 +4,7 @@
 use core::cell::Cell;
 use core::ptr::NonNull;
 
-use caching_allocator::{AllocError, TempAllocator};
+use caching_allocator::{AllocError, TempAllocator, TempReset};
 
 use crate::error::{LlmError, Result};
 
@@ -30,7 +30,7 @@ pub struct Runtime<A> {
     profile: Option<crate::scratch_profile::ScratchProfile>,
 }
 
-impl<A: TempAllocator> Runtime<A> {
+impl<A: TempReset> Runtime<A> {
     /// A runtime over `temp`.
     pub fn new(temp: A) -> Self {
         Runtime {
@@ -90,7 +90,7 @@ impl<A: TempAllocator> Runtime<A> {
         // `Scratch` borrowed for one `f` call only: slices from it carry the `'t` lifetime,
         // which `f`'s higher-ranked signature keeps from escaping, so nothing refers to them
         // now; `&mut self` guarantees no other call on the allocator runs concurrently.
-        unsafe { self.temp.reset() };
+        unsafe { self.temp.reset_unchecked() };
         r
     }
 }
@@ -173,8 +173,7 @@ pub struct Counting<'s, 't, A: ?Sized> {
 }
 
 // SAFETY: `allocate` forwards to the underlying allocator (whose contract it inherits) and
-// only adds counting; `reset` is never forwarded (it panics in debug, does nothing in release)
-// because only the runtime may reset, which it does after the kernel returns.
+// only adds counting. It has no `TempReset`: only the runtime resets, after the kernel returns.
 unsafe impl<A: TempAllocator + ?Sized> TempAllocator for Counting<'_, '_, A> {
     fn allocate(&self, size: usize, align: usize) -> core::result::Result<NonNull<u8>, AllocError> {
         let p = self.scratch.temp.allocate(size, align)?;
@@ -182,10 +181,6 @@ unsafe impl<A: TempAllocator + ?Sized> TempAllocator for Counting<'_, '_, A> {
         s.allocations.set(s.allocations.get() + 1);
         s.bytes.set(s.bytes.get() + size as u64);
         Ok(p)
-    }
-
-    unsafe fn reset(&self) {
-        debug_assert!(false, "a kernel must not reset the temp allocator");
     }
 }
 
@@ -198,9 +193,13 @@ unsafe impl<T: TempAllocator + ?Sized> TempAllocator for TempRef<'_, T> {
     fn allocate(&self, size: usize, align: usize) -> core::result::Result<NonNull<u8>, AllocError> {
         self.0.allocate(size, align)
     }
+}
 
-    unsafe fn reset(&self) {
+// SAFETY: the reset takes back exactly what this type's `allocate` handed out, as the
+// `TempAllocator` impl above describes.
+unsafe impl<T: TempReset + ?Sized> TempReset for TempRef<'_, T> {
+    unsafe fn reset_unchecked(&self) {
         // SAFETY: the caller's guarantees are passed on unchanged.
-        unsafe { self.0.reset() }
+        unsafe { self.0.reset_unchecked() }
     }
 }

@@ -155,9 +155,11 @@ fn generate_runs_a_gguf_file_and_writes_the_scratch_profile() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Ids out in the input's format: comma-separated.
     let got: Vec<u32> = String::from_utf8(out.stdout)
         .unwrap()
-        .split_whitespace()
+        .trim()
+        .split(',')
         .map(|t| t.parse().unwrap())
         .collect();
     assert_eq!(got, ids);

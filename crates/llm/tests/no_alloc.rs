@@ -8,7 +8,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use caching_allocator::{AllocError, TempAllocator};
+use caching_allocator::{AllocError, TempAllocator, TempReset};
 use common::{prompt, Spec, TempDir};
 use llm::{Llama, ModelOptions, Module, Sampler, Weights};
 
@@ -92,7 +92,12 @@ unsafe impl TempAllocator for Arena {
         // SAFETY: start + size <= cap: inside the arena.
         Ok(unsafe { std::ptr::NonNull::new_unchecked(self.base.add(start)) })
     }
-    unsafe fn reset(&self) {
+}
+
+// SAFETY: the reset takes back exactly what this type's `allocate` handed out, as the
+// `TempAllocator` impl above describes.
+unsafe impl caching_allocator::TempReset for Arena {
+    unsafe fn reset_unchecked(&self) {
         self.used.set(0);
     }
 }
@@ -102,22 +107,27 @@ unsafe impl TempAllocator for Arena {
 struct Excluding<A>(A);
 
 // SAFETY: forwards both calls unchanged.
-unsafe impl<A: TempAllocator> TempAllocator for Excluding<A> {
+unsafe impl<A: TempReset> TempAllocator for Excluding<A> {
     fn allocate(&self, size: usize, align: usize) -> Result<std::ptr::NonNull<u8>, AllocError> {
         IN_TEMP.with(|c| c.set(true));
         let r = self.0.allocate(size, align);
         IN_TEMP.with(|c| c.set(false));
         r
     }
-    unsafe fn reset(&self) {
+}
+
+// SAFETY: the reset takes back exactly what this type's `allocate` handed out, as the
+// `TempAllocator` impl above describes.
+unsafe impl<A: TempReset> TempReset for Excluding<A> {
+    unsafe fn reset_unchecked(&self) {
         IN_TEMP.with(|c| c.set(true));
         // SAFETY: the caller's guarantees are passed on.
-        unsafe { self.0.reset() };
+        unsafe { self.0.reset_unchecked() };
         IN_TEMP.with(|c| c.set(false));
     }
 }
 
-fn count_decode_steps<A: TempAllocator>(model: &mut Llama<A>, sampler: &mut Sampler) -> u64 {
+fn count_decode_steps<A: TempReset>(model: &mut Llama<A>, sampler: &mut Sampler) -> u64 {
     let p = prompt(model.config().vocab_size, 16, 4);
     model.clear();
     model.forward(&p).unwrap();

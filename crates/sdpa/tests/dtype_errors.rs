@@ -397,9 +397,14 @@ unsafe impl TempAllocator for MisalignedAlloc {
         // SAFETY: `p + 1` is inside the `size + align` bytes just allocated.
         Ok(unsafe { p.add(1) })
     }
-    unsafe fn reset(&self) {
+}
+
+// SAFETY: the reset takes back exactly what this type's `allocate` handed out, as the
+// `TempAllocator` impl above describes.
+unsafe impl caching_allocator::TempReset for MisalignedAlloc {
+    unsafe fn reset_unchecked(&self) {
         // SAFETY: forwarded under the caller's guarantee.
-        unsafe { self.0.reset() }
+        unsafe { self.0.reset_unchecked() }
     }
 }
 

@@ -15,7 +15,7 @@ use crate::measure::{
 use ::sdpa::{Params, Shape};
 
 use super::inputs::{Inputs, SdpaDtype};
-use crate::source::TempAllocator;
+use crate::source::TempReset;
 
 /// Decode's efficiency at one KV length.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -93,7 +93,7 @@ fn layer_inputs(
 fn call_each(
     inputs: &mut [Inputs],
     sh: &Shape,
-    temp: &dyn TempAllocator,
+    temp: &dyn TempReset,
     err: &mut Option<sdpa::SdpaError>,
 ) {
     let p = Params::default();
@@ -103,7 +103,7 @@ fn call_each(
         }
         // SAFETY: nothing from `temp` is used after the call returned, and no other call on it
         // runs (this thread drives it alone).
-        unsafe { temp.reset() };
+        unsafe { temp.reset_unchecked() };
     }
     black_box(inputs);
 }
@@ -123,7 +123,7 @@ pub fn decode_efficiency(
     kv_len: usize,
     span_bytes: usize,
     reps: usize,
-    temp: &(dyn TempAllocator + Sync),
+    temp: &(dyn TempReset + Sync),
 ) -> Result<DecodeEfficiency, sdpa::SdpaError> {
     let sh = decode_shape(heads, kv_heads, head_dim, kv_len.max(1));
     let per_layer = sh.kv_elems()? / head_dim * dtype.kv_bytes_per_head_row(head_dim);
@@ -182,7 +182,7 @@ pub fn prefill_efficiency(
     len: usize,
     sgemm_shapes: &[(usize, usize, usize)],
     reps: usize,
-    temp: &(dyn TempAllocator + Sync),
+    temp: &(dyn TempReset + Sync),
 ) -> Result<PrefillEfficiency, sdpa::SdpaError> {
     let sh = prefill_shape(heads, kv_heads, head_dim, len);
     let flops = prefill_flops(&sh, true);

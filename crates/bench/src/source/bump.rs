@@ -39,8 +39,12 @@ unsafe impl TempAllocator for BumpWorker {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         bump_alloc(&self.bump.borrow(), size, align)
     }
+}
 
-    unsafe fn reset(&self) {
+// SAFETY: the reset takes back exactly what this type's `allocate` handed out, as the
+// `TempAllocator` impl above describes.
+unsafe impl caching_allocator::TempReset for BumpWorker {
+    unsafe fn reset_unchecked(&self) {
         count_and_reset(&mut self.bump.borrow_mut(), &self.chunks, &self.kept);
     }
 }

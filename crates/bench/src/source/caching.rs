@@ -11,7 +11,9 @@ use core::ptr::NonNull;
 
 use caching_allocator::{CachingAllocator, Config, Stats, DEFAULT_WORKING_SET_SLACK};
 
-use super::{AllocError, Block, Call, Counters, ScratchSource, ScratchWorker, TempAllocator};
+use super::{
+    AllocError, Block, Call, Counters, ScratchSource, ScratchWorker, TempAllocator, TempReset,
+};
 
 /// How the benchmark drives the caching allocator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,8 +107,12 @@ unsafe impl TempAllocator for ResetWorker {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         self.alloc.allocate(size, align)
     }
+}
 
-    unsafe fn reset(&self) {
+// SAFETY: the reset takes back exactly what this type's `allocate` handed out, as the
+// `TempAllocator` impl above describes.
+unsafe impl caching_allocator::TempReset for ResetWorker {
+    unsafe fn reset_unchecked(&self) {
         // SAFETY: the caller's guarantees are `reset_unchecked`'s: no concurrent call, nothing
         // handed out used after; this worker owns its allocator and opens no Scope on it.
         unsafe { self.alloc.reset_unchecked() }
@@ -142,8 +148,12 @@ unsafe impl TempAllocator for ScopeWorker<'_> {
         }
         Ok(p)
     }
+}
 
-    unsafe fn reset(&self) {
+// SAFETY: the reset takes back exactly what this type's `allocate` handed out, as the
+// `TempAllocator` impl above describes.
+unsafe impl caching_allocator::TempReset for ScopeWorker<'_> {
+    unsafe fn reset_unchecked(&self) {
         for p in self.live.borrow_mut().drain(..) {
             // SAFETY: `p` came from `allocate` on this allocator and is released once (it is
             // drained from the list); the caller guarantees it is not used after.
@@ -190,6 +200,6 @@ unsafe impl ScratchWorker for ScopeWorker<'_> {
 impl Drop for ScopeWorker<'_> {
     fn drop(&mut self) {
         // SAFETY: dropping the worker ends the validity of what it handed out.
-        unsafe { self.reset() };
+        unsafe { self.reset_unchecked() };
     }
 }

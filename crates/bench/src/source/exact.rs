@@ -221,8 +221,12 @@ unsafe impl TempAllocator for ExactCache {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         ExactCache::allocate(self, size, align)
     }
+}
 
-    unsafe fn reset(&self) {
+// SAFETY: the reset takes back exactly what this type's `allocate` handed out, as the
+// `TempAllocator` impl above describes.
+unsafe impl caching_allocator::TempReset for ExactCache {
+    unsafe fn reset_unchecked(&self) {
         // SAFETY: forwarded from the caller.
         unsafe { ExactCache::reset(self) }
     }

@@ -107,8 +107,12 @@ unsafe impl TempAllocator for StaticWorker {
         self.next.set(i + 1);
         Ok(p)
     }
+}
 
-    unsafe fn reset(&self) {
+// SAFETY: the reset takes back exactly what this type's `allocate` handed out, as the
+// `TempAllocator` impl above describes.
+unsafe impl caching_allocator::TempReset for StaticWorker {
+    unsafe fn reset_unchecked(&self) {
         self.next.set(0);
     }
 }
@@ -150,6 +154,7 @@ impl Drop for StaticWorker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use caching_allocator::TempReset;
 
     #[test]
     fn big_buffers_are_huge_page_aligned_as_the_cache_gives_them() {
@@ -159,7 +164,7 @@ mod tests {
         assert_eq!(big.as_ptr() as usize % HUGE_MIN, 0);
         assert_ne!(small, big);
         // SAFETY: nothing allocated above is used after this.
-        unsafe { w.reset() };
+        unsafe { w.reset_unchecked() };
         // The same slot, reused: the floor allocates once.
         assert_eq!(w.allocate(100_000, 64).unwrap(), small);
         assert_eq!(w.allocate(3 << 20, 64).unwrap(), big);

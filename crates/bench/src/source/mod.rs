@@ -35,7 +35,7 @@ use core::cell::RefCell;
 use core::ptr::NonNull;
 use std::fmt;
 
-pub use caching_allocator::{AllocError, TempAllocator, MAX_ALIGN};
+pub use caching_allocator::{AllocError, TempAllocator, TempReset, MAX_ALIGN};
 
 pub use caching::{CachingMode, CachingSource};
 pub use exact::{ExactCache, ExactCacheStats};
@@ -175,7 +175,7 @@ pub trait ScratchSource: Send + Sync {
 /// callback, is aligned to the requested alignment, and overlaps no other block of the call;
 /// and that their [`TempAllocator`] implementation keeps that trait's contract. Benchmark code
 /// writes through the blocks relying on this promise.
-pub unsafe trait ScratchWorker: TempAllocator {
+pub unsafe trait ScratchWorker: TempReset {
     /// One kernel call: obtain a block for each of `call.sizes` (alignment `call.align`),
     /// run `call.kernel` on them, then give them all back.
     ///
@@ -384,9 +384,9 @@ pub(crate) fn zero_size(size: usize, align: usize) -> Result<Option<NonNull<u8>>
 }
 
 /// The default [`ScratchWorker::call`]: [`TempAllocator::allocate`] each block, run `kernel`,
-/// then [`TempAllocator::reset`] (also after a failed allocation). Callable from a `call`
+/// then [`TempReset::reset_unchecked`] (also after a failed allocation). Callable from a `call`
 /// override that falls back to it.
-pub(crate) fn allocate_then_reset<W: TempAllocator + ?Sized>(
+pub(crate) fn allocate_then_reset<W: TempReset + ?Sized>(
     w: &mut W,
     call: Call<'_>,
 ) -> Result<(), AllocError> {
@@ -394,7 +394,7 @@ pub(crate) fn allocate_then_reset<W: TempAllocator + ?Sized>(
     let r = call.run(|_, size| w.allocate(size, align).map(|p| Block::new(p, size)));
     // SAFETY: the kernel has returned (or never ran) and the blocks it saw are not used
     // again; `&mut W` proves no other call on this allocator runs concurrently.
-    unsafe { w.reset() };
+    unsafe { w.reset_unchecked() };
     r
 }
 
@@ -486,8 +486,12 @@ unsafe impl<P: PerBlock> TempAllocator for BlockWorker<P> {
         self.live.borrow_mut().push(held);
         Ok(ptr)
     }
+}
 
-    unsafe fn reset(&self) {
+// SAFETY: the reset takes back exactly what this type's `allocate` handed out, as the
+// `TempAllocator` impl above describes.
+unsafe impl<P: PerBlock> caching_allocator::TempReset for BlockWorker<P> {
+    unsafe fn reset_unchecked(&self) {
         // The caller guarantees nothing handed out is used after the reset.
         Self::give_back_from(&self.blocks, &mut self.live.borrow_mut(), 0);
     }
@@ -616,7 +620,7 @@ mod tests {
         .unwrap();
         assert_eq!(w.blocks.out.get(), 1);
         // SAFETY: `p` is not used again.
-        unsafe { w.reset() };
+        unsafe { w.reset_unchecked() };
         assert_eq!(w.blocks.out.get(), 0);
         // A failed take gives back what the call took, and the kernel does not run.
         w.blocks.fail_after.set(1);

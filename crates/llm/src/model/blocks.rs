@@ -4,7 +4,7 @@
 //! through the [`Runtime`], so each takes its scratch from the temp allocator and is reset
 //! after it.
 
-use caching_allocator::TempAllocator;
+use caching_allocator::{TempAllocator, TempReset};
 
 use crate::error::{LlmError, Result};
 use crate::kernels;
@@ -117,7 +117,7 @@ impl<'w> RmsNorm<'w> {
     }
 
     /// `out = rmsnorm(x)` over `rows` rows.
-    pub fn forward<A: TempAllocator>(
+    pub fn forward<A: TempReset>(
         &self,
         rt: &mut Runtime<A>,
         x: &[f32],
@@ -186,7 +186,7 @@ impl<'w> Attention<'w> {
     }
 
     /// Appends `step`'s K/V rows to `cache` and adds the attention output to the residual.
-    pub fn forward<A: TempAllocator>(
+    pub fn forward<A: TempReset>(
         &self,
         rt: &mut Runtime<A>,
         step: Step,
@@ -295,7 +295,7 @@ impl<'w> Mlp<'w> {
     }
 
     /// Adds the MLP's output for `step`'s rows to the residual.
-    pub fn forward<A: TempAllocator>(
+    pub fn forward<A: TempReset>(
         &self,
         rt: &mut Runtime<A>,
         step: Step,

@@ -34,8 +34,12 @@ unsafe impl TempAllocator for PoisonAlloc {
             .push((p.as_ptr() as usize, layout));
         Ok(p)
     }
+}
 
-    unsafe fn reset(&self) {
+// SAFETY: the reset takes back exactly what this type's `allocate` handed out, as the
+// `TempAllocator` impl above describes.
+unsafe impl caching_allocator::TempReset for PoisonAlloc {
+    unsafe fn reset_unchecked(&self) {
         for (p, layout) in self.live.lock().unwrap().drain(..) {
             // SAFETY: `p` came from `alloc(layout)` and is freed once (drained).
             unsafe { std::alloc::dealloc(p as *mut u8, layout) };
@@ -46,7 +50,7 @@ unsafe impl TempAllocator for PoisonAlloc {
 impl Drop for PoisonAlloc {
     fn drop(&mut self) {
         // SAFETY: we own the allocator; nothing it handed out is used after drop.
-        unsafe { self.reset() };
+        unsafe { caching_allocator::TempReset::reset_unchecked(self) };
     }
 }
 
@@ -58,7 +62,12 @@ unsafe impl TempAllocator for FailingAlloc {
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         Err(AllocError::OutOfMemory { size, align })
     }
-    unsafe fn reset(&self) {}
+}
+
+// SAFETY: the reset takes back exactly what this type's `allocate` handed out, as the
+// `TempAllocator` impl above describes.
+unsafe impl caching_allocator::TempReset for FailingAlloc {
+    unsafe fn reset_unchecked(&self) {}
 }
 
 /// Deterministic pseudo-random floats in `[-amp, amp)` (xorshift64*).
