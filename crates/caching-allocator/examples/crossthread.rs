@@ -1,4 +1,4 @@
-//! Core v2 (issue 10) figures for points 2 and 3, each beside its baseline in the same run:
+//! Cross-thread and multi-thread figures, each beside its baseline in the same run:
 //!
 //! 1. a 2-thread producer/consumer pipeline of 256 KiB blocks (the producer allocates and sends
 //!    the block through a bounded channel, the consumer writes one byte and frees it): caching

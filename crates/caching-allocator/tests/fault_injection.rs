@@ -1,5 +1,6 @@
 //! Fault injection: a backing system allocator that refuses chosen calls, to prove the
-//! out-of-memory path (issue 2, behaviour 6) for every point of failure in a run.
+//! out-of-memory path (free the idle cache, retry once, then fail cleanly) for every point of
+//! failure in a run.
 //!
 //! A fixed workload (allocations of many classes and alignments, releases, scopes, trims,
 //! resets) runs once to count its system allocations, then again for every N with the Nth

@@ -1,6 +1,6 @@
-//! Core v2 (issue 10): one test per defect the issue lists, each asserting the behaviour the
-//! issue asks for. Every test here failed on the core as it stood when the issue was filed
-//! (commit edd5a27), except the last, a guard that passed there. On that core the reset race
+//! Resets racing other calls, and the books after them: one test per defect the spin-locked
+//! core had, each asserting the behaviour asked for. Every test here failed on the core at
+//! commit edd5a27, except the last, a guard that passed there. On that core the reset race
 //! can corrupt the heap and abort the whole test binary: run the tests one by one
 //! (`-- --exact NAME`) to see each failure.
 //!

@@ -556,7 +556,7 @@ fn status_names() {
     assert_eq!(unknown, c"CA_STATUS_UNKNOWN");
 }
 
-/// Core v2 (issue 10), defect 1 through the C ABI: `ca_reset` on one thread while three others
+/// The reset race through the C ABI: `ca_reset` on one thread while three others
 /// `ca_allocate` (and some `ca_release`, and one reads `ca_stats`). The old core wrapped
 /// `live_blocks`, turned thousands of internal panics into `CA_STATUS_INTERNAL` and leaked
 /// blocks. Desired: every call succeeds (a racing release is `CA_STATUS_OK` or, for a block the
