@@ -271,12 +271,8 @@ impl CachingAllocator {
             arena.set_chunk(sh, core::ptr::null_mut(), 0);
         }
         let mut state = local.lock();
-        if let Some(old) = state.arena_chunk.take() {
-            // Its credit stays: the chunk was charged as if idle, and now is.
-            let stamp = self.clock.stamp(&mut state);
-            state.idle.push(old, stamp);
-            local.publish(&state);
-        }
+        self.chunk_to_idle(&mut state);
+        local.publish(&state);
         drop(state);
         let Some(class) = SizeClass::for_size(bytes) else {
             return;
@@ -357,11 +353,8 @@ impl CachingAllocator {
             }
             let mut state = cache.lock();
             if state.arena_chunk.is_some() && cache.arena.shared.epoch() != epoch {
-                if let Some(chunk) = state.arena_chunk.take() {
-                    let stamp = self.clock.stamp(&mut state);
-                    state.idle.push(chunk, stamp);
-                    cache.publish(&state);
-                }
+                self.chunk_to_idle(&mut state);
+                cache.publish(&state);
             }
         });
     }
@@ -388,11 +381,18 @@ impl CachingAllocator {
             arena.set_chunk(sh, core::ptr::null_mut(), 0);
         }
         let mut state = local.lock();
+        self.chunk_to_idle(&mut state);
+        local.publish(&state);
+    }
+
+    /// Moves a locked cache's arena chunk, if any, into its idle blocks (the most recently used
+    /// of its class). Its credit stays: the chunk was charged as if idle, and now is. Only for
+    /// a chunk no arena bumps through any more (see the callers).
+    fn chunk_to_idle(&self, state: &mut CacheState) {
         if let Some(chunk) = state.arena_chunk.take() {
-            let stamp = self.clock.stamp(&mut state);
+            let stamp = self.clock.stamp(state);
             state.idle.push(chunk, stamp);
         }
-        local.publish(&state);
     }
 
     /// Gives one block from [`allocate`](Self::allocate) back to the cache, from any thread.
@@ -1019,11 +1019,8 @@ impl CachingAllocator {
         if cache.arena.shared.figures(epoch).live_blocks > 0 {
             return false;
         }
-        if let Some(chunk) = state.arena_chunk.take() {
-            // The owner exited and its arena holds nothing live: nobody bumps through it.
-            let stamp = self.clock.stamp(state);
-            state.idle.push(chunk, stamp);
-        }
+        // The owner exited and its arena holds nothing live: nobody bumps through it.
+        self.chunk_to_idle(state);
         self.move_to_pool(state);
         let mut shared = lock(&self.shared);
         // Keep the forgotten cache's counters: stats must not go backwards.
