@@ -69,6 +69,9 @@ pub(crate) struct Request {
     pub(crate) align: usize,
     /// `None` for zero bytes: such requests touch no memory.
     pub(crate) class: Option<SizeClass>,
+    /// If the system refuses, free the idle cache and ask once more. Off for an arena's chunk,
+    /// which is worth less than the cache it would empty.
+    pub(crate) retry: bool,
 }
 
 static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
@@ -236,7 +239,7 @@ impl CachingAllocator {
                 if let Bump::Done(ptr) = arena.bump(sh, epoch, size, align) {
                     return Some(ptr);
                 }
-                if !arena.is_empty() || arena.chunk().is_some() {
+                if !arena.is_empty() || arena.chunk().is_some() || arena.refused(epoch) {
                     arena.missed(size);
                     return None;
                 }
@@ -244,11 +247,14 @@ impl CachingAllocator {
                 Some(MIN_CHUNK)
             }
         };
-        if let Some(bytes) = grow {
-            self.replace_chunk(local, bytes);
-        }
+        let got = grow.is_none_or(|bytes| self.replace_chunk(local, bytes));
         // SAFETY: as above; `replace_chunk` holds no borrow of the arena any more.
         let arena = unsafe { local.arena.owner() };
+        if !got {
+            // No chunk to be had (the cap, the limit or the system): the size classes serve
+            // this interval's small requests, rather than one failed chunk per request.
+            arena.refuse(epoch);
+        }
         match arena.bump(sh, epoch, size, align) {
             Bump::Done(ptr) => Some(ptr),
             _ => {
@@ -259,10 +265,10 @@ impl CachingAllocator {
     }
 
     /// Gives the (empty) arena of this thread a chunk of at least `bytes` instead of the one it
-    /// has, which goes back to the cache's idle blocks. Without room under the cap, the arena
-    /// is left without a chunk.
+    /// has, which goes back to the cache's idle blocks. `false`: no chunk could be had (the
+    /// cap, the limit or the system refused), and the arena is left without one.
     #[cold]
-    fn replace_chunk(&self, local: Local<'_>, bytes: usize) {
+    fn replace_chunk(&self, local: Local<'_>, bytes: usize) -> bool {
         let sh = &local.arena.shared;
         {
             // SAFETY: as in `allocate`; the borrow ends in this block.
@@ -275,16 +281,17 @@ impl CachingAllocator {
         local.publish(&state);
         drop(state);
         let Some(class) = SizeClass::for_size(bytes) else {
-            return;
+            return false;
         };
         let req = Request {
             size: class.size(),
             align: ARENA_MAX_ALIGN,
             class: Some(class),
+            retry: false,
         };
         // In nobody's books until the cap covers it.
         let Ok(chunk) = self.take(local, class, &req, false, |_, _| {}) else {
-            return;
+            return false;
         };
         if !self.charge_chunk(local, chunk) {
             let mut state = local.lock();
@@ -294,11 +301,12 @@ impl CachingAllocator {
             if let Some(block) = spilled {
                 self.cache_slow(&local, block);
             }
-            return;
+            return false;
         }
         // SAFETY: as in `allocate`.
         let arena = unsafe { local.arena.owner() };
         arena.set_chunk(sh, chunk.ptr.as_ptr(), chunk.size());
+        true
     }
 
     /// Books `chunk` as the thread's arena chunk once its credit covers it, asking the cap for
@@ -567,6 +575,7 @@ impl CachingAllocator {
                 size,
                 align,
                 class: None,
+                retry: true,
             });
         }
         let padded = if self.debug {
@@ -584,6 +593,7 @@ impl CachingAllocator {
             size,
             align,
             class: Some(class),
+            retry: true,
         })
     }
 
@@ -830,7 +840,8 @@ impl CachingAllocator {
                 block.huge = advised > 0;
                 return Ok(block);
             }
-            if !retried && self.cached_bytes() > 0 && !larger_than_memory(class.size()) {
+            if req.retry && !retried && self.cached_bytes() > 0 && !larger_than_memory(class.size())
+            {
                 // As PyTorch's caching allocators do: give the idle cache back, try once more.
                 lock(&self.shared).oom_retries += 1;
                 self.free_cached();

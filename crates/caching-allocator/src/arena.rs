@@ -93,6 +93,8 @@ pub(crate) struct Arena {
     /// How many bytes this epoch's small requests wanted, including those the chunk could not
     /// take: the size of the next chunk.
     want: usize,
+    /// The epoch in which no chunk could be had (`usize::MAX`: none): not asked again in it.
+    refused_epoch: usize,
 }
 
 /// One record as other threads see it: the block's address (low bit: released), and its
@@ -185,6 +187,7 @@ impl ArenaCell {
                 peak: 0,
                 max_peak: 0,
                 want: 0,
+                refused_epoch: usize::MAX,
             }),
             shared: ArenaShared {
                 epoch: AtomicUsize::new(0),
@@ -403,6 +406,16 @@ impl Arena {
     #[inline]
     pub(crate) fn missed(&mut self, size: usize) {
         self.want = self.want.max(self.top) + granules(size);
+    }
+
+    /// No chunk could be had in `epoch`: the arena asks for none again until the next.
+    pub(crate) fn refuse(&mut self, epoch: usize) {
+        self.refused_epoch = epoch;
+    }
+
+    /// Whether a chunk was refused in `epoch`.
+    pub(crate) fn refused(&self, epoch: usize) -> bool {
+        self.refused_epoch == epoch
     }
 
     /// Whether the arena holds no live block (after applying its inbox).

@@ -140,6 +140,7 @@ impl<'a> Scope<'a> {
             size: class.size(),
             align: MIN_ALIGN,
             class: Some(class),
+            retry: true,
         };
         let chunk = self.take_block(class, &req).ok()?;
         self.chunks.set(n + 1);

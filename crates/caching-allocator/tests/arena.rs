@@ -373,3 +373,47 @@ fn the_arena_can_be_turned_off_and_is_off_with_debug_checks() {
     let _aligned = alloc.allocate(100, 8192).unwrap();
     assert_eq!(alloc.stats().arena_live_blocks, 0);
 }
+
+/// A system allocator that refuses blocks of 64 KiB and more (so every arena chunk) and counts
+/// the calls it gets.
+struct NoChunks {
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+// SAFETY: refusing (null) is always allowed; everything else is `System`'s.
+unsafe impl core::alloc::GlobalAlloc for NoChunks {
+    unsafe fn alloc(&self, layout: core::alloc::Layout) -> *mut u8 {
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if layout.size() >= 64 << 10 {
+            return core::ptr::null_mut();
+        }
+        // SAFETY: the caller's contract is `System::alloc`'s.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: core::alloc::Layout) {
+        // SAFETY: the caller's contract is `System::dealloc`'s.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+}
+
+#[test]
+fn without_a_chunk_small_requests_use_the_size_classes_and_ask_once_per_interval() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let sys = std::sync::Arc::new(NoChunks {
+        calls: Default::default(),
+    });
+    let mut alloc = CachingAllocator::with_config(Config::default().system_allocator(sys.clone()));
+    for _ in 0..2 {
+        for _ in 0..10 {
+            let p = alloc.allocate(100, 64).unwrap(); // served by a size class
+            tag(p, 100, 5);
+        }
+        alloc.reset();
+    }
+    let s = alloc.stats();
+    assert_eq!((s.arena_chunks, s.misses), (0, 10), "{s}");
+    // Per interval: one refused chunk, then the class blocks (10 new in the first, reused in
+    // the second); no refused chunk per request.
+    assert_eq!(sys.calls.load(Relaxed), 1 + 10 + 1, "{s}");
+}
