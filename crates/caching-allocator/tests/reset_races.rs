@@ -97,7 +97,12 @@ fn reset_race(debug_checks: bool) {
             let _stop = SetOnDrop(stop);
             let start = Instant::now();
             let mut n = 0u64;
-            while n < RACE_MIN_RESETS || (!cfg!(miri) && start.elapsed() < RACE) {
+            // Until the others have allocated too: a reset is one atomic step now, and under
+            // Miri's scheduler the minimum could pass before they run at all.
+            while n < RACE_MIN_RESETS
+                || allocated.load(Ordering::SeqCst) < RACE_MIN_RESETS
+                || (!cfg!(miri) && start.elapsed() < RACE)
+            {
                 match n % 3 {
                     // SAFETY: the new contract: other threads may be inside calls; nothing
                     // they were handed before this reset is used after it (they never write
@@ -114,6 +119,7 @@ fn reset_race(debug_checks: bool) {
                 }
                 n += 1;
                 resets.store(n, Ordering::SeqCst);
+                std::thread::yield_now();
             }
         });
         for t in 0..3u64 {
