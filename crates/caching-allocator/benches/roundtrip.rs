@@ -26,10 +26,13 @@ fn shared() -> &'static CachingAllocator {
 const PAGE: usize = 4096;
 
 /// One cache-hit round trip per iteration; `threads` runs it on 1 and 2 threads at once.
+/// Samples of 1,000 iterations: divan sizes samples from the first call, which is a slow one
+/// here (a cache's first block comes from the system), and would time single iterations
+/// against a timer coarser than the round trip.
 mod hit {
     use super::*;
 
-    #[divan::bench(threads = [1, 2])]
+    #[divan::bench(threads = [1, 2], sample_size = 1000)]
     fn scope_4k(b: Bencher) {
         let alloc = shared();
         b.bench(|| {
@@ -39,7 +42,7 @@ mod hit {
         });
     }
 
-    #[divan::bench(threads = [1, 2])]
+    #[divan::bench(threads = [1, 2], sample_size = 1000)]
     fn allocator_api2_4k(b: Bencher) {
         let alloc = shared();
         let layout = Layout::from_size_align(4096, 64).unwrap();
@@ -50,7 +53,7 @@ mod hit {
         });
     }
 
-    #[divan::bench(threads = [1, 2])]
+    #[divan::bench(threads = [1, 2], sample_size = 1000)]
     fn allocate_release_4k(b: Bencher) {
         let alloc = shared();
         b.bench(|| {
@@ -60,7 +63,7 @@ mod hit {
         });
     }
 
-    #[divan::bench(threads = [1, 2])]
+    #[divan::bench(threads = [1, 2], sample_size = 1000)]
     fn system_4k(b: Bencher) {
         let layout = Layout::from_size_align(4096, 64).unwrap();
         b.bench(|| {
@@ -72,7 +75,7 @@ mod hit {
         });
     }
 
-    #[divan::bench(threads = [1, 2])]
+    #[divan::bench(threads = [1, 2], sample_size = 1000)]
     fn mimalloc_4k(b: Bencher) {
         let layout = Layout::from_size_align(4096, 64).unwrap();
         b.bench(|| {
