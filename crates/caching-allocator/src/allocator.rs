@@ -165,11 +165,7 @@ impl CachingAllocator {
     /// arena, touching only state its owner reaches. `None`: anything else.
     #[inline(always)]
     fn arena_bump(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
-        // Sizes 1..=arena_max, alignments powers of two up to 4 KiB.
-        if size.wrapping_sub(1) >= self.arena_max
-            || align.wrapping_sub(1) >= ARENA_MAX_ALIGN
-            || align & (align - 1) != 0
-        {
+        if !self.arena_serves(size, align) {
             return None;
         }
         let local = self.last_local()?;
@@ -186,15 +182,20 @@ impl CachingAllocator {
         }
     }
 
+    /// Whether a request goes to the arena: sizes 1..=arena_max, alignments powers of two up
+    /// to 4 KiB.
+    #[inline(always)]
+    fn arena_serves(&self, size: usize, align: usize) -> bool {
+        size.wrapping_sub(1) < self.arena_max
+            && align.wrapping_sub(1) < ARENA_MAX_ALIGN
+            && align & (align - 1) == 0
+    }
+
     /// Everything `arena_bump` does not serve.
     #[inline(never)]
     fn allocate_slow(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         let local = self.thread_cache();
-        if size.wrapping_sub(1) < self.arena_max
-            && align.is_power_of_two()
-            && align <= ARENA_MAX_ALIGN
-            && local.owned()
-        {
+        if self.arena_serves(size, align) && local.owned() {
             if let Some(ptr) = self.arena_slow(local, size, align) {
                 return Ok(ptr);
             }

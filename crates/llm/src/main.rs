@@ -299,7 +299,6 @@ fn run(cli: Cli) -> Result<(), LlmError> {
                     })
                 }
             };
-            let vocab = config.vocab_size;
             let t0 = std::time::Instant::now();
             let weights = Arc::new(Weights::random(config, dtype, run.seed)?);
             let wbytes = weights.decode_weight_bytes();
@@ -310,25 +309,12 @@ fn run(cli: Cli) -> Result<(), LlmError> {
                 t0.elapsed().as_secs_f64(),
                 rayon::current_num_threads()
             );
-            let context = run
-                .context
-                .unwrap_or(prompt_tokens + run.max_new_tokens + 1);
-            let mut m = Llama::new(
-                weights,
-                caching_temp(run.temp_cap_mib << 20),
-                &ModelOptions {
-                    context: Some(context),
-                },
-            )?;
-            let mut rng = llm::sample::Rng::new(run.seed ^ 0x5eed);
-            let ids: Vec<u32> = (0..prompt_tokens)
-                .map(|_| (rng.next_u64() % vocab as u64) as u32)
-                .collect();
-            let mut sampler = Sampler::new(run.temperature, run.top_p, run.seed)?;
-            let opts = GenerateOptions {
-                max_new_tokens: run.max_new_tokens,
-                stop_tokens: Vec::new(),
-            };
+            let BenchRun {
+                mut m,
+                ids,
+                mut sampler,
+                opts,
+            } = BenchRun::new(weights, prompt_tokens, &run)?;
             let st = rayon::scope(|_| generate(&mut m, &ids, &mut sampler, &opts, |_| Ok(())))?;
             print_stats(&st);
             println!(
@@ -344,6 +330,44 @@ fn run(cli: Cli) -> Result<(), LlmError> {
     }
 }
 
+/// What `llm bench` runs: the model over a caching temp allocator, a seeded random prompt, the
+/// sampler and the generation options, from the command's arguments.
+struct BenchRun {
+    m: Llama<caching_allocator::CachingAllocator>,
+    ids: Vec<u32>,
+    sampler: Sampler,
+    opts: GenerateOptions,
+}
+
+impl BenchRun {
+    fn new(weights: Arc<Weights>, prompt_tokens: usize, run: &RunArgs) -> Result<Self, LlmError> {
+        let vocab = weights.config.vocab_size;
+        let context = run
+            .context
+            .unwrap_or(prompt_tokens + run.max_new_tokens + 1);
+        let m = Llama::new(
+            weights,
+            caching_temp(run.temp_cap_mib << 20),
+            &ModelOptions {
+                context: Some(context),
+            },
+        )?;
+        let mut rng = llm::sample::Rng::new(run.seed ^ 0x5eed);
+        let ids = (0..prompt_tokens)
+            .map(|_| (rng.next_u64() % vocab as u64) as u32)
+            .collect();
+        Ok(BenchRun {
+            m,
+            ids,
+            sampler: Sampler::new(run.temperature, run.top_p, run.seed)?,
+            opts: GenerateOptions {
+                max_new_tokens: run.max_new_tokens,
+                stop_tokens: Vec::new(),
+            },
+        })
+    }
+}
+
 /// `llm bench --model`: real weights, a random prompt, and the same-run weight-streaming
 /// bound the decode rate is compared against.
 fn bench_model(model: &Path, prompt_tokens: usize, run: &RunArgs) -> Result<(), LlmError> {
@@ -351,26 +375,12 @@ fn bench_model(model: &Path, prompt_tokens: usize, run: &RunArgs) -> Result<(), 
     let weights = Arc::new(Weights::load(model)?);
     let load_s = t0.elapsed().as_secs_f64();
     let wbytes = weights.decode_weight_bytes();
-    let vocab = weights.config.vocab_size;
-    let context = run
-        .context
-        .unwrap_or(prompt_tokens + run.max_new_tokens + 1);
-    let mut m = Llama::new(
-        weights.clone(),
-        caching_temp(run.temp_cap_mib << 20),
-        &ModelOptions {
-            context: Some(context),
-        },
-    )?;
-    let mut rng = llm::sample::Rng::new(run.seed ^ 0x5eed);
-    let ids: Vec<u32> = (0..prompt_tokens)
-        .map(|_| (rng.next_u64() % vocab as u64) as u32)
-        .collect();
-    let mut sampler = Sampler::new(run.temperature, run.top_p, run.seed)?;
-    let opts = GenerateOptions {
-        max_new_tokens: run.max_new_tokens,
-        stop_tokens: Vec::new(),
-    };
+    let BenchRun {
+        mut m,
+        ids,
+        mut sampler,
+        opts,
+    } = BenchRun::new(weights.clone(), prompt_tokens, run)?;
     let (st, stream_s) = rayon::scope(|_| {
         let st = generate(&mut m, &ids, &mut sampler, &opts, |_| Ok(()));
         (st, llm::bandwidth::weight_stream_seconds(&weights, 10))
