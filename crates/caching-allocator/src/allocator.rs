@@ -8,7 +8,7 @@
 use core::alloc::GlobalAlloc;
 use core::ptr::NonNull;
 
-use crate::arena::{Bump, ARENA_MAX_ALIGN, MIN_CHUNK};
+use crate::arena::{ARENA_MAX_ALIGN, MIN_CHUNK};
 use crate::block::{Block, MIN_ALIGN};
 use crate::debug::{self, CANARY_LEN};
 use crate::directory::Directory;
@@ -155,30 +155,56 @@ impl CachingAllocator {
     /// larger than the machine's memory.
     #[inline]
     pub fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
-        if let Some(ptr) = self.arena_bump(size, align) {
-            return Ok(ptr);
+        // The common case in a few lines: a small request bumped through this thread's arena,
+        // touching only state its owner reaches.
+        if self.arena_serves(size, align) {
+            if let Some(local) = self.last_local() {
+                let epoch = self.epoch.load(Ordering::Acquire);
+                // SAFETY: `local` is this thread's own cache or a shared one (`Local`), and no
+                // borrow of its arena is alive: each is confined to one call.
+                match unsafe { local.arena.current(epoch) } {
+                    Some(arena) => {
+                        if let Some(ptr) = arena.bump(&local.arena.shared, size, align) {
+                            return Ok(ptr);
+                        }
+                    }
+                    None => return self.allocate_after_reset(local, size, align),
+                }
+            }
         }
         self.allocate_slow(size, align)
     }
 
-    /// The common case in one short function: a small request bumped through this thread's
-    /// arena, touching only state its owner reaches. `None`: anything else.
-    #[inline(always)]
-    fn arena_bump(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
-        if !self.arena_serves(size, align) {
-            return None;
-        }
-        let local = self.last_local()?;
+    /// The first small request on this thread since a reset (or any request on a shared
+    /// cache): rewinds the arena, then bumps; anything else goes to `allocate_slow`.
+    #[cold]
+    #[inline(never)]
+    fn allocate_after_reset(
+        &self,
+        local: Local<'_>,
+        size: usize,
+        align: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
         if !local.owned() {
-            return None;
+            return self.allocate_slow(size, align);
         }
-        // SAFETY: `local` is this thread's own cache (`owned`, and `Local` is this thread's),
-        // and no borrow of its arena is alive: each is confined to one call.
-        let arena = unsafe { local.arena.owner() };
         let epoch = self.epoch.load(Ordering::Acquire);
-        match arena.bump(&local.arena.shared, epoch, size, align) {
-            Bump::Done(ptr) => Some(ptr),
-            _ => None,
+        // SAFETY: the owner thread (`owned`, and `Local` is this thread's); one borrow at a
+        // time (this one ends before `grow_and_bump` borrows again).
+        let arena = unsafe { local.arena.owner() };
+        let bumped = match self.rewind_arena(local, arena, epoch) {
+            None => {
+                let bumped = arena.bump(&local.arena.shared, size, align);
+                if bumped.is_none() {
+                    arena.missed(size);
+                }
+                bumped
+            }
+            grow => self.grow_and_bump(local, grow, epoch, size, align),
+        };
+        match bumped {
+            Some(ptr) => Ok(ptr),
+            None => self.allocate_block(local, size, align),
         }
     }
 
@@ -191,7 +217,7 @@ impl CachingAllocator {
             && align & (align - 1) == 0
     }
 
-    /// Everything `arena_bump` does not serve.
+    /// Everything the fast path of `allocate` does not serve.
     #[inline(never)]
     fn allocate_slow(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         let local = self.thread_cache();
@@ -230,17 +256,16 @@ impl CachingAllocator {
         let sh = &local.arena.shared;
         let epoch = self.epoch.load(Ordering::Acquire);
         let grow = {
-            // SAFETY: as in `allocate`: the owner thread, one borrow at a time (this one ends
-            // before `replace_chunk` borrows again).
+            // SAFETY: as in `allocate_after_reset`.
             let arena = unsafe { local.arena.owner() };
             if arena.epoch() != epoch {
                 self.rewind_arena(local, arena, epoch)
             } else {
                 arena.apply_inbox(sh);
-                if let Bump::Done(ptr) = arena.bump(sh, epoch, size, align) {
+                if let Some(ptr) = arena.bump(sh, size, align) {
                     return Some(ptr);
                 }
-                if !arena.is_empty() || arena.chunk().is_some() || arena.refused(epoch) {
+                if !arena.is_empty(sh) || arena.chunk().is_some() || arena.refused(epoch) {
                     arena.missed(size);
                     return None;
                 }
@@ -248,21 +273,33 @@ impl CachingAllocator {
                 Some(MIN_CHUNK)
             }
         };
+        self.grow_and_bump(local, grow, epoch, size, align)
+    }
+
+    /// Gives the arena (just rewound or empty, in `epoch`) a chunk of `grow` bytes if asked,
+    /// then bumps.
+    #[cold]
+    fn grow_and_bump(
+        &self,
+        local: Local<'_>,
+        grow: Option<usize>,
+        epoch: usize,
+        size: usize,
+        align: usize,
+    ) -> Option<NonNull<u8>> {
         let got = grow.is_none_or(|bytes| self.replace_chunk(local, bytes));
-        // SAFETY: as above; `replace_chunk` holds no borrow of the arena any more.
+        // SAFETY: as in `allocate_after_reset`; `replace_chunk` holds no borrow of the arena.
         let arena = unsafe { local.arena.owner() };
         if !got {
             // No chunk to be had (the cap, the limit or the system): the size classes serve
             // this interval's small requests, rather than one failed chunk per request.
             arena.refuse(epoch);
         }
-        match arena.bump(sh, epoch, size, align) {
-            Bump::Done(ptr) => Some(ptr),
-            _ => {
-                arena.missed(size);
-                None
-            }
+        let bumped = arena.bump(&local.arena.shared, size, align);
+        if bumped.is_none() {
+            arena.missed(size);
         }
+        bumped
     }
 
     /// Gives the (empty) arena of this thread a chunk of at least `bytes` instead of the one it
@@ -274,7 +311,7 @@ impl CachingAllocator {
         {
             // SAFETY: as in `allocate`; the borrow ends in this block.
             let arena = unsafe { local.arena.owner() };
-            debug_assert!(arena.is_empty());
+            debug_assert!(arena.is_empty(sh));
             arena.set_chunk(sh, core::ptr::null_mut(), 0);
         }
         let mut state = local.lock();
@@ -333,6 +370,7 @@ impl CachingAllocator {
     /// trim on another thread may have taken the chunk of an arena whose epoch was behind
     /// (see `revoke_stale_chunks`), and the lock orders the two. Returns what `Arena::rewind`
     /// does, or the chunk to take when the old one was taken.
+    #[inline]
     fn rewind_arena(
         &self,
         local: Local<'_>,
@@ -384,7 +422,7 @@ impl CachingAllocator {
                 self.rewind_arena(local, arena, epoch);
             }
             arena.apply_inbox(sh);
-            if !arena.is_empty() || arena.chunk().is_none() {
+            if !arena.is_empty(sh) || arena.chunk().is_none() {
                 return;
             }
             arena.set_chunk(sh, core::ptr::null_mut(), 0);
@@ -434,14 +472,13 @@ impl CachingAllocator {
     /// Releases `addr` if it is a live block of the calling thread's arena (`here`).
     #[inline(always)]
     fn release_in_arena(&self, here: Local<'_>, addr: usize) -> bool {
-        if !here.owned() {
-            return false;
+        let epoch = self.epoch.load(Ordering::Acquire);
+        // SAFETY: as in `allocate`: this thread's own cache or a shared one, one borrow, in
+        // this function.
+        match unsafe { here.arena.current(epoch) } {
+            Some(arena) => arena.release(&here.arena.shared, addr),
+            None => false,
         }
-        // SAFETY: as in `arena_bump`: the owner thread, one borrow, in this function.
-        let arena = unsafe { here.arena.owner() };
-        arena.holds(addr)
-            && arena.epoch() == self.epoch.load(Ordering::Acquire)
-            && arena.release(&here.arena.shared, addr)
     }
 
     /// A release `release`'s fast path did not find in this thread's arena.
@@ -1095,6 +1132,7 @@ impl CachingAllocator {
     }
 
     /// Whether any thread cache's live table may hold a block (see `ThreadCache::publish`).
+    #[inline]
     pub(crate) fn any_live_tables(&self) -> bool {
         self.live_caches.load(Ordering::Acquire) > 0
     }

@@ -56,9 +56,11 @@ impl CachingAllocator {
     ///
     /// # Panics
     /// As [`reset`](Self::reset).
+    #[inline]
     pub unsafe fn reset_unchecked(&self) {
-        let overruns = self.reset_all();
-        report_overruns(&overruns);
+        if self.reset_arenas() {
+            report_overruns(&self.reset_live_tables());
+        }
     }
 
     /// Like [`reset`](Self::reset), but an overrun found by debug checks is an error instead of
@@ -87,15 +89,29 @@ impl CachingAllocator {
     /// Returns every live block of every thread to its thread's cache, within the cap, then
     /// hands unused credit back. Returns the errors of blocks found overrun (already freed).
     fn reset_all(&self) -> Vec<AllocError> {
-        // The arenas: one increment takes back every block they handed out before it (each
-        // owner rewinds on its next call). An RMW, so two resets never move it backwards.
+        if self.reset_arenas() {
+            self.reset_live_tables()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Takes back every block of the threads' arenas in one step; `true` if some thread cache
+    /// may hold size-class blocks too (then `reset_live_tables` must run).
+    #[inline(always)]
+    fn reset_arenas(&self) -> bool {
+        // One increment takes back every block the arenas handed out before it (each owner
+        // rewinds on its next call). An RMW, so two resets never move it backwards.
         self.epoch.fetch_add(1, Ordering::AcqRel);
-        let mut overruns = Vec::new();
         // The size classes' live blocks: a block booked before this reset began was counted
         // in `live_caches` before its `allocate` returned.
-        if !self.any_live_tables() {
-            return overruns;
-        }
+        self.any_live_tables()
+    }
+
+    /// The walk over the thread caches' live tables.
+    #[inline(never)]
+    fn reset_live_tables(&self) -> Vec<AllocError> {
+        let mut overruns = Vec::new();
         self.tick();
         // Blocks that do not fit their cache's credit need eviction, which walks the registry:
         // they wait until the walk is over (rare: a reset usually returns what the cache held).

@@ -162,7 +162,7 @@ impl ThreadCache {
     pub(crate) fn new_arc(owned: bool, live_caches: Arc<AtomicUsize>) -> Arc<Self> {
         Arc::new(ThreadCache {
             owned,
-            arena: ArenaCell::new(),
+            arena: ArenaCell::new(owned),
             live_caches,
             state: SpinLock::new(CacheState {
                 idle: IdleLists::new(),
