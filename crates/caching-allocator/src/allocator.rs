@@ -407,7 +407,8 @@ impl CachingAllocator {
     }
 
     /// On the owner's thread: gives the arena's chunk back to the idle blocks if the arena
-    /// holds nothing live (so a trim can free it).
+    /// holds nothing live, and the spare scope chunk if no scope has it (so a trim can free
+    /// them).
     fn park_own_chunk(&self) {
         let local = self.thread_cache();
         if !local.owned() {
@@ -416,20 +417,42 @@ impl CachingAllocator {
         let sh = &local.arena.shared;
         let epoch = self.epoch.load(Ordering::Acquire);
         {
-            // SAFETY: as in `allocate`; the borrow ends in this block.
+            // SAFETY: as in `allocate`; the borrow ends in this block (nothing in it comes back
+            // into the arena).
             let arena = unsafe { local.arena.owner() };
             if arena.epoch() != epoch {
                 self.rewind_arena(local, arena, epoch);
             }
             arena.apply_inbox(sh);
-            if !arena.is_empty(sh) || arena.chunk().is_none() {
+            let spare = arena.spare_idle();
+            if spare {
+                arena.set_spare(None);
+            }
+            let chunk = arena.is_empty(sh) && arena.chunk().is_some();
+            if chunk {
+                arena.set_chunk(sh, core::ptr::null_mut(), 0);
+            }
+            if !spare && !chunk {
                 return;
             }
-            arena.set_chunk(sh, core::ptr::null_mut(), 0);
+            let mut state = local.lock();
+            if chunk {
+                self.chunk_to_idle(&mut state);
+            }
+            if spare {
+                self.spare_to_idle(&mut state);
+            }
+            local.publish(&state);
         }
-        let mut state = local.lock();
-        self.chunk_to_idle(&mut state);
-        local.publish(&state);
+    }
+
+    /// Moves a locked cache's spare scope chunk, if any, into its idle blocks (see
+    /// `chunk_to_idle`). Only for a spare no scope has and none will borrow again.
+    fn spare_to_idle(&self, state: &mut CacheState) {
+        if let Some(chunk) = state.scope_chunk.take() {
+            let stamp = self.clock.stamp(state);
+            state.idle.push(chunk, stamp);
+        }
     }
 
     /// Moves a locked cache's arena chunk, if any, into its idle blocks (the most recently used
@@ -543,7 +566,7 @@ impl CachingAllocator {
         self.registry.for_each(|cache| {
             let state = cache.lock();
             let arena = cache.arena.shared.figures(epoch);
-            stats.hits += arena.hits as u64;
+            stats.hits += arena.hits as u64 + cache.arena.shared.spare_lends();
             stats.live_bytes += arena.live_bytes;
             stats.live_blocks += arena.live_blocks;
             stats.arena_live_blocks += arena.live_blocks;
@@ -553,6 +576,18 @@ impl CachingAllocator {
                 // The chunk's bytes no live block of the arena has are cached.
                 stats.cached_bytes += chunk.size().saturating_sub(arena.live_bytes);
                 stats.arena_chunks += 1;
+            }
+            if let Some(chunk) = state.scope_chunk {
+                // As when the chunk was a scope's block of its own: live while a scope has it,
+                // idle otherwise.
+                if cache.arena.shared.spare_lent() {
+                    stats.live_bytes += chunk.size();
+                    stats.live_blocks += 1;
+                    stats.requested_bytes += chunk.size();
+                } else {
+                    stats.cached_bytes += chunk.size();
+                    stats.cached_blocks += 1;
+                }
             }
             let c = &state.counters;
             let (interval, last) = c.interval(epoch);
@@ -1047,10 +1082,11 @@ impl CachingAllocator {
 
     /// Moves every idle block of a locked thread cache to the shared pool and returns its
     /// credit.
-    /// The arena's chunk stays, with its credit (only its owner moves it, or `forget_cache`).
+    /// The arena's chunk and the spare scope chunk stay, with their credit (only their owner
+    /// moves them, or `forget_cache`).
     pub(crate) fn move_to_pool(&self, state: &mut CacheState) {
         let mut shared = lock(&self.shared);
-        let chunk = state.arena_chunk.map_or(0, |c| c.size());
+        let chunk = state.chunk_bytes();
         shared.return_credit(state.credit - chunk);
         state.credit = chunk;
         while let Some((stamp, block)) = state.idle.pop_lru() {
@@ -1068,8 +1104,10 @@ impl CachingAllocator {
         if cache.arena.shared.figures(epoch).live_blocks > 0 {
             return false;
         }
-        // The owner exited and its arena holds nothing live: nobody bumps through it.
+        // The owner exited and its arena holds nothing live: nobody bumps through it, and no
+        // scope is open on it (`forgettable`), so nobody has its spare scope chunk.
         self.chunk_to_idle(state);
+        self.spare_to_idle(state);
         self.move_to_pool(state);
         let mut shared = lock(&self.shared);
         // Keep the forgotten cache's counters: stats must not go backwards.
@@ -1079,7 +1117,7 @@ impl CachingAllocator {
         shared.retired_peak_live += state.counters.peak_live_bytes;
         shared.retired_peak_requested += state.counters.peak_requested_bytes;
         let arena = cache.arena.shared.figures(epoch);
-        shared.retired_hits += arena.hits as u64;
+        shared.retired_hits += arena.hits as u64 + cache.arena.shared.spare_lends();
         shared.retired_peak_live += arena.max_peak;
         let (current, last) = state.counters.interval(epoch);
         shared.retire_interval(epoch, current + arena.peak, last + arena.last_peak);
@@ -1212,6 +1250,7 @@ fn collect_blocks(state: &mut CacheState, blocks: &mut Vec<Block>) {
     blocks.extend(live.into_iter().map(|l| l.block));
     blocks.extend(state.scoped.drain(..).map(|s| s.live.block));
     blocks.extend(state.arena_chunk.take());
+    blocks.extend(state.scope_chunk.take());
 }
 
 const _: () = {

@@ -39,7 +39,7 @@
 use core::cell::UnsafeCell;
 use core::ptr::NonNull;
 
-use crate::block::MIN_ALIGN;
+use crate::block::{Block, MIN_ALIGN};
 use crate::sync::{lock, AtomicBool, AtomicUsize, Mutex, Ordering};
 
 /// Records per epoch: past this many blocks in one reset interval, small requests go to the
@@ -92,6 +92,10 @@ pub(crate) struct Arena {
     want: usize,
     /// The epoch in which no chunk could be had (`usize::MAX`: none): not asked again in it.
     refused_epoch: usize,
+    /// The spare scope chunk (`CacheState::scope_chunk`, mirrored here so a scope borrows it
+    /// without the cache's lock), and whether a scope has it now.
+    spare: Option<Block>,
+    spare_lent: bool,
 }
 
 /// One record as other threads see it: the block's address (low bit: released), and its
@@ -140,6 +144,11 @@ pub(crate) struct ArenaShared {
     max_peak: AtomicUsize,
     inbox: Mutex<Vec<Foreign>>,
     inbox_pending: AtomicBool,
+    /// Whether a scope has the spare scope chunk (`stats` counts it live then, cached if not).
+    spare_lent: AtomicBool,
+    /// How many times the spare was lent: cache hits, as a chunk taken from the cache is.
+    /// Only the owner writes it.
+    spare_lends: AtomicUsize,
 }
 
 /// The arena's live figures as `stats` reports them.
@@ -187,6 +196,8 @@ impl ArenaCell {
                 max_peak: 0,
                 want: 0,
                 refused_epoch: usize::MAX,
+                spare: None,
+                spare_lent: false,
             }),
             shared: ArenaShared {
                 epoch: AtomicUsize::new(0),
@@ -202,6 +213,8 @@ impl ArenaCell {
                 max_peak: AtomicUsize::new(0),
                 inbox: Mutex::new(Vec::new()),
                 inbox_pending: AtomicBool::new(false),
+                spare_lent: AtomicBool::new(false),
+                spare_lends: AtomicUsize::new(0),
             },
         }
     }
@@ -477,7 +490,58 @@ impl Arena {
     }
 }
 
+impl Arena {
+    /// Lends the spare scope chunk to a scope, if there is one, it is free and it has at least
+    /// `bytes`: a scope's first chunk without the cache's lock.
+    #[inline]
+    pub(crate) fn lend_spare(&mut self, sh: &ArenaShared, bytes: usize) -> Option<Block> {
+        let chunk = self
+            .spare
+            .filter(|c| !self.spare_lent && c.size() >= bytes)?;
+        self.spare_lent = true;
+        sh.spare_lent.store(true, Ordering::Relaxed);
+        let lends = sh.spare_lends.load(Ordering::Relaxed);
+        sh.spare_lends.store(lends + 1, Ordering::Relaxed);
+        Some(chunk)
+    }
+
+    /// The scope that borrowed the spare chunk is done with it.
+    #[inline]
+    pub(crate) fn return_spare(&mut self, sh: &ArenaShared) {
+        debug_assert!(self.spare_lent);
+        self.spare_lent = false;
+        sh.spare_lent.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether a spare scope chunk would be kept: none yet (the caller books it in
+    /// `CacheState::scope_chunk` under the cache's lock, then calls `set_spare`).
+    pub(crate) fn wants_spare(&self) -> bool {
+        self.spare.is_none()
+    }
+
+    /// Sets (or clears, with `None`) the spare scope chunk; never while it is lent.
+    pub(crate) fn set_spare(&mut self, chunk: Option<Block>) {
+        debug_assert!(!self.spare_lent);
+        self.spare = chunk;
+    }
+
+    /// Whether the spare chunk is free to be taken away (there is one and no scope has it).
+    pub(crate) fn spare_idle(&self) -> bool {
+        self.spare.is_some() && !self.spare_lent
+    }
+}
+
 impl ArenaShared {
+    /// Whether a scope has the spare scope chunk.
+    pub(crate) fn spare_lent(&self) -> bool {
+        self.spare_lent.load(Ordering::Relaxed)
+    }
+
+    /// How many times the spare scope chunk was lent.
+    pub(crate) fn spare_lends(&self) -> u64 {
+        self.spare_lends.load(Ordering::Relaxed) as u64
+    }
+
     /// Whether record `i` is marked released.
     ///
     /// # Safety

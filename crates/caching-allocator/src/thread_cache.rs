@@ -96,6 +96,10 @@ pub(crate) struct CacheState {
     /// The chunk the arena bumps through, if it has one. Only the owner thread sets or takes
     /// it (or anyone, once the owner exited and the arena holds nothing live).
     pub(crate) arena_chunk: Option<Block>,
+    /// The thread's spare scope chunk, if it has one: lent without a lock to the first scope
+    /// that needs a chunk (see `Arena::lend_spare`), and charged to the credit like the
+    /// arena's chunk. Only the owner thread sets or takes it (or anyone, once it exited).
+    pub(crate) scope_chunk: Option<Block>,
     /// Bytes of the allocator's cap reserved for `idle` and the arena's chunk:
     /// `held() <= credit` always, so a release that fits needs no shared lock to respect the
     /// global cap.
@@ -114,10 +118,17 @@ pub(crate) struct CacheState {
 }
 
 impl CacheState {
-    /// Bytes charged to the cache's credit: idle blocks and the arena's chunk.
+    /// Bytes charged to the cache's credit: idle blocks, the arena's chunk and the spare scope
+    /// chunk.
     #[inline]
     pub(crate) fn held(&self) -> usize {
-        self.idle.bytes() + self.arena_chunk.map_or(0, |c| c.size())
+        self.idle.bytes() + self.chunk_bytes()
+    }
+
+    /// Bytes of the arena's chunk and the spare scope chunk: held, whether in use or not.
+    #[inline]
+    pub(crate) fn chunk_bytes(&self) -> usize {
+        self.arena_chunk.map_or(0, |c| c.size()) + self.scope_chunk.map_or(0, |c| c.size())
     }
 }
 
@@ -167,6 +178,7 @@ impl ThreadCache {
             state: SpinLock::new(CacheState {
                 idle: IdleLists::new(),
                 arena_chunk: None,
+                scope_chunk: None,
                 credit: 0,
                 live: LiveTable::new(),
                 returning: Vec::new(),
