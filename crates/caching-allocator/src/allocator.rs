@@ -62,6 +62,19 @@ pub struct CachingAllocator {
     pub(crate) clock: Clock,
 }
 
+/// The figures working-set retention weighs (see `retention`), summed over every cache.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct WorkingSet {
+    /// Idle bytes, in every cache and the pool.
+    pub(crate) idle: usize,
+    /// Bytes taken from the system.
+    pub(crate) reserved: usize,
+    /// The peak of the bytes live blocks asked for (each thread's peak, summed, as `stats`
+    /// counts the peak of live bytes), and those bytes now.
+    pub(crate) peak_requested: usize,
+    pub(crate) requested: usize,
+}
+
 /// A validated request: the size and alignment asked for, the class serving it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Request {
@@ -881,6 +894,9 @@ impl CachingAllocator {
     /// Takes a new block from the system, within `limit_bytes`, retrying once after freeing
     /// the idle cache if the system refuses.
     fn system_alloc(&self, class: SizeClass, req: &Request) -> Result<Block, AllocError> {
+        // Make room first, so the peak of reserved bytes never holds the block that is about to
+        // be given back beside the one replacing it.
+        self.trim_before_growth(class.size(), req.size);
         let huge = class.size() >= self.huge_min;
         let align = if huge {
             req.align.max(HUGE_PAGE)
@@ -1145,20 +1161,24 @@ impl CachingAllocator {
         shared.system_frees += 1;
     }
 
-    /// Idle bytes in every cache, and the peak of the bytes requested by live blocks (each
-    /// thread's peak, summed, as `stats` counts the peak of live bytes).
-    pub(crate) fn idle_and_peak_requested(&self) -> (usize, usize) {
-        let (mut idle, mut peak) = (0usize, 0usize);
+    /// What working-set retention weighs, summed over every cache (see `retention`).
+    pub(crate) fn working_set(&self) -> WorkingSet {
+        let mut ws = WorkingSet::default();
         self.registry.for_each(|cache| {
             let state = cache.lock();
-            idle += state.idle.bytes();
-            peak = peak.saturating_add(state.counters.peak_requested_bytes);
+            ws.idle += state.idle.bytes();
+            ws.peak_requested = ws
+                .peak_requested
+                .saturating_add(state.counters.peak_requested_bytes);
+            ws.requested += state.counters.requested_bytes;
         });
         let shared = lock(&self.shared);
-        (
-            idle + shared.pool_bytes(),
-            peak.saturating_add(shared.retired_peak_requested),
-        )
+        ws.idle += shared.pool_bytes();
+        ws.peak_requested = ws
+            .peak_requested
+            .saturating_add(shared.retired_peak_requested);
+        ws.reserved = shared.reserved();
+        ws
     }
 
     /// Idle bytes, in every cache.

@@ -10,10 +10,12 @@
 //!
 //! So the allocator keeps a *working set*:
 //!
-//! - **a budget**: after every block taken from the system (the only way reserved bytes grow)
-//!   it evicts least recently used idle blocks until its reserved bytes (live + idle) are at
-//!   most `slack x` the peak of the bytes its live blocks asked for (the working set;
-//!   `Config::working_set_slack`);
+//! - **a budget**: before every block taken from the system (the only way reserved bytes
+//!   grow) it evicts least recently used idle blocks until its reserved bytes (live + idle +
+//!   the new block) are at most `slack x` the peak of the bytes its live blocks asked for (the
+//!   working set, counting the new request; `Config::working_set_slack`), so the peak of
+//!   reserved bytes never holds a growing buffer twice; and again after, as the cap's first
+//!   eviction does;
 //! - **usefulness**: once anything has been evicted (by this budget or by the cap), a miss
 //!   takes the smallest idle block of a larger class before asking the system, of any size
 //!   that keeps what the thread's live blocks asked for within the budget of its own working
@@ -33,7 +35,7 @@
 //! peak and by the block being handed out.
 
 use crate::allocator::CachingAllocator;
-use crate::sync::{lock, AtomicBool, Ordering};
+use crate::sync::{AtomicBool, Ordering};
 use crate::thread_cache::Counters;
 
 /// Whether the policy is on, and its slack.
@@ -99,19 +101,36 @@ impl Retention {
 impl CachingAllocator {
     /// Evicts least recently used idle blocks until reserved bytes are within the working-set
     /// budget, or nothing is idle (if the policy is on). Called with no lock held, after a
-    /// block came from the system (the only way reserved bytes grow) and when the cap first
-    /// evicts.
+    /// block came from the system and when the cap first evicts.
     pub(crate) fn trim_to_budget(&self) {
+        self.trim_within_budget(0, 0);
+    }
+
+    /// Before a block of `class_size` bytes for a request of `requested` bytes comes from the
+    /// system: evicts what the budget could not keep with that block added, so reserved bytes
+    /// never peak with both the block and the idle ones it replaces (a decode loop's scratch,
+    /// growing class by class, would otherwise hold its largest buffer twice at every step).
+    pub(crate) fn trim_before_growth(&self, class_size: usize, requested: usize) {
+        self.trim_within_budget(class_size, requested);
+    }
+
+    /// Evicts least recently used idle blocks until reserved bytes plus `incoming` are within
+    /// the working-set budget (counting `incoming_requested` more bytes asked for by live
+    /// blocks), or nothing is idle.
+    fn trim_within_budget(&self, incoming: usize, incoming_requested: usize) {
         if self.retention.slack.is_none() {
             return;
         }
-        let (cached, peak_requested) = self.idle_and_peak_requested();
-        let reserved = lock(&self.shared).reserved();
-        let live = reserved.saturating_sub(cached);
+        let ws = self.working_set();
+        let live = ws.reserved.saturating_sub(ws.idle) + incoming;
+        let reserved = ws.reserved + incoming;
         // The working set is what the runtime asked for at its peak, not the blocks that served
         // it: wide fit hands out larger blocks, which must not raise the budget that pays for
         // them. Idle blocks are all that is evicted, so live bytes above the budget stay.
-        let budget = self.retention.budget(peak_requested);
+        let peak = ws
+            .peak_requested
+            .max(ws.requested.saturating_add(incoming_requested));
+        let budget = self.retention.budget(peak);
         let mut over = reserved.saturating_sub(budget.max(live));
         if over > 0 {
             self.retention.engage();
