@@ -9,16 +9,16 @@ use core::alloc::GlobalAlloc;
 use core::ptr::NonNull;
 
 use crate::arena::{ARENA_MAX_ALIGN, MIN_CHUNK};
-use crate::block::{Block, MIN_ALIGN};
+use crate::block::{Block, Live, MIN_ALIGN};
+use crate::clock::Clock;
 use crate::debug::{self, CANARY_LEN};
 use crate::directory::Directory;
-use crate::eviction::Clock;
 use crate::huge_pages::{self, HUGE_PAGE};
 use crate::registry::Registry;
-use crate::retention::Retention;
 use crate::shared_cache::{SharedCache, CREDIT_STEP};
 use crate::sync::{lock, Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
-use crate::thread_cache::{self, CacheGuard, CacheState, Live, Local, ThreadCache};
+use crate::thread_cache::{self, CacheGuard, CacheState, Local, ThreadCache};
+use crate::working_set::WorkingSetBudget;
 use crate::{AllocError, Config, SizeClass, Stats, MAX_ALIGN};
 
 /// A thread-safe caching allocator for kernel scratch memory.
@@ -52,7 +52,7 @@ pub struct CachingAllocator {
     pub(crate) epoch: AtomicUsize,
     /// How many thread caches hold blocks from `allocate` in their live tables.
     live_caches: Arc<AtomicUsize>,
-    pub(crate) retention: Retention,
+    pub(crate) budget: WorkingSetBudget,
     /// The size of a scope's first bump chunk; 0 when chunks are off (or debug checks on).
     pub(crate) scope_chunk: usize,
     system: Arc<dyn GlobalAlloc + Send + Sync>,
@@ -62,9 +62,9 @@ pub struct CachingAllocator {
     pub(crate) clock: Clock,
 }
 
-/// The figures working-set retention weighs (see `retention`), summed over every cache.
+/// The figures working-set retention weighs (see `working_set`), summed over every cache.
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct WorkingSet {
+pub(crate) struct WorkingSetFigures {
     /// Idle bytes, in every cache and the pool.
     pub(crate) idle: usize,
     /// Bytes taken from the system.
@@ -124,7 +124,7 @@ impl CachingAllocator {
             debug: config.debug_checks,
             oversize: config.max_oversize,
             // Wide fit is best fit without a bound: off with best fit off.
-            retention: Retention::new(if config.max_oversize > 1.0 {
+            budget: WorkingSetBudget::new(if config.max_oversize > 1.0 {
                 config.working_set_slack
             } else {
                 None
@@ -346,11 +346,11 @@ impl CachingAllocator {
         };
         if !self.charge_chunk(local, chunk) {
             let mut state = local.lock();
-            let spilled = self.cache_locked(&mut state, chunk);
+            let spilled = self.keep_idle(&mut state, chunk);
             local.publish(&state);
             drop(state);
             if let Some(block) = spilled {
-                self.cache_slow(&local, block);
+                self.keep_or_free(&local, block);
             }
             return false;
         }
@@ -528,7 +528,7 @@ impl CachingAllocator {
         let mut state = here.lock();
         if let Some(live) = state.live.remove(addr) {
             state.counters.remove_live(&live);
-            return self.retire(&here, state, live);
+            return self.take_back(&here, state, live);
         }
         drop(state);
         self.release_elsewhere(&here, addr)
@@ -635,7 +635,7 @@ impl CachingAllocator {
         stats.oom_retries = shared.oom_retries;
         stats.corrupted_blocks = shared.corrupted_blocks;
         stats.huge_page_bytes = shared.huge_page_bytes;
-        stats.working_set_mode = self.retention.engaged();
+        stats.working_set_mode = self.budget.engaged();
         stats
     }
 
@@ -841,15 +841,15 @@ impl CachingAllocator {
     /// The largest class best fit may serve a request of `class` with, on the thread whose
     /// cache is `state` (`None`: exact only): `max_oversize` times the class, and once
     /// working-set retention is engaged (wide fit), any class that keeps what this thread's
-    /// live blocks asked for within its working-set budget (see `retention`).
+    /// live blocks asked for within its working-set budget (see `working_set`).
     #[inline]
     fn fit_bound(&self, class: SizeClass, state: &CacheState) -> Option<SizeClass> {
         let bounded = self.larger_class(class);
-        if !self.retention.engaged() {
+        if !self.budget.engaged() {
             return bounded;
         }
         let wide = self
-            .retention
+            .budget
             .headroom(&state.counters)
             .and_then(SizeClass::largest_within)
             .filter(|&c| c > class);
@@ -987,18 +987,18 @@ impl CachingAllocator {
     /// bookkeeping already removed) into its idle lists, after checking its canary if debug
     /// checks are on.
     #[inline(always)]
-    pub(crate) fn retire(
+    pub(crate) fn take_back(
         &self,
         cache: &ThreadCache,
         mut state: CacheGuard<'_>,
         live: Live,
     ) -> Result<(), AllocError> {
         let block = self.checked(live)?;
-        let spilled = self.cache_locked(&mut state, block);
+        let spilled = self.keep_idle(&mut state, block);
         cache.publish(&state);
         drop(state);
         if let Some(block) = spilled {
-            self.cache_slow(cache, block);
+            self.keep_or_free(cache, block);
         }
         Ok(())
     }
@@ -1031,9 +1031,9 @@ impl CachingAllocator {
     }
 
     /// Keeps an idle block in a locked thread cache if its credit covers it; otherwise hands
-    /// the block back for [`cache_slow`](Self::cache_slow), to call once the lock is dropped.
+    /// the block back for [`keep_or_free`](Self::keep_or_free), to call once the lock is dropped.
     #[inline(always)]
-    pub(crate) fn cache_locked(&self, state: &mut CacheState, block: Block) -> Option<Block> {
+    pub(crate) fn keep_idle(&self, state: &mut CacheState, block: Block) -> Option<Block> {
         if state.held() + block.size() > state.credit {
             return Some(block);
         }
@@ -1046,7 +1046,7 @@ impl CachingAllocator {
     /// spare credit, then evicting the least recently used idle blocks anywhere), or give the
     /// block back to the system if the cap cannot hold it. Called with no lock held.
     #[cold]
-    pub(crate) fn cache_slow(&self, cache: &ThreadCache, mut block: Block) {
+    pub(crate) fn keep_or_free(&self, cache: &ThreadCache, mut block: Block) {
         // Other threads may fill the new credit first; after a few rounds the block goes.
         for _ in 0..3 {
             let Some(grant) = self.make_room(block.size()) else {
@@ -1054,7 +1054,7 @@ impl CachingAllocator {
             };
             let mut state = cache.lock();
             state.credit += grant;
-            let spilled = self.cache_locked(&mut state, block);
+            let spilled = self.keep_idle(&mut state, block);
             cache.publish(&state);
             match spilled {
                 None => return,
@@ -1075,7 +1075,7 @@ impl CachingAllocator {
                 if let Some(live) = state.live.remove(addr) {
                     state.counters.remove_live(&live);
                     // Back to the cache of the thread that took it, which will reuse it.
-                    return self.retire(&home, state, live);
+                    return self.take_back(&home, state, live);
                 }
             }
         }
@@ -1161,9 +1161,9 @@ impl CachingAllocator {
         shared.system_frees += 1;
     }
 
-    /// What working-set retention weighs, summed over every cache (see `retention`).
-    pub(crate) fn working_set(&self) -> WorkingSet {
-        let mut ws = WorkingSet::default();
+    /// What working-set retention weighs, summed over every cache (see `working_set`).
+    pub(crate) fn working_set_figures(&self) -> WorkingSetFigures {
+        let mut ws = WorkingSetFigures::default();
         self.registry.for_each(|cache| {
             let state = cache.lock();
             ws.idle += state.idle.bytes();

@@ -21,9 +21,9 @@
 //! (a scope may be open on another thread while a reset runs).
 
 use crate::allocator::CachingAllocator;
-use crate::block::Block;
+use crate::block::{Block, Live};
 use crate::sync::{Arc, Ordering};
-use crate::thread_cache::{Live, ThreadCache};
+use crate::thread_cache::ThreadCache;
 use crate::AllocError;
 
 impl CachingAllocator {
@@ -129,7 +129,7 @@ impl CachingAllocator {
                 state.counters.remove_live(&live);
                 match self.checked(live) {
                     Ok(block) => {
-                        if let Some(block) = self.cache_locked(&mut state, block) {
+                        if let Some(block) = self.keep_idle(&mut state, block) {
                             spilled.push((cache.clone(), block));
                         }
                     }
@@ -143,7 +143,7 @@ impl CachingAllocator {
             cache.publish(&state);
         });
         for (cache, block) in spilled {
-            self.cache_slow(&cache, block);
+            self.keep_or_free(&cache, block);
         }
         overruns
     }

@@ -326,7 +326,7 @@ impl Drop for Scope<'_> {
                 continue;
             }
             match self.alloc.checked(entry.live) {
-                Ok(block) => spilled.extend(self.alloc.cache_locked(&mut state, block)),
+                Ok(block) => spilled.extend(self.alloc.keep_idle(&mut state, block)),
                 Err(e) => overruns.push(e),
             }
         }
@@ -342,7 +342,7 @@ impl Drop for Scope<'_> {
                     continue;
                 }
                 match self.alloc.checked(entry.live) {
-                    Ok(block) => spilled.extend(self.alloc.cache_locked(&mut state, block)),
+                    Ok(block) => spilled.extend(self.alloc.keep_idle(&mut state, block)),
                     Err(e) => overruns.push(e),
                 }
             }
@@ -350,7 +350,7 @@ impl Drop for Scope<'_> {
         self.cache.publish(&state);
         drop(state);
         for block in spilled {
-            self.alloc.cache_slow(self.cache.cache(), block);
+            self.alloc.keep_or_free(self.cache.cache(), block);
         }
         self.cache.scope_closed();
         if !overruns.is_empty() && !std::thread::panicking() {

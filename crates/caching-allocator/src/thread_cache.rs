@@ -11,7 +11,7 @@ use core::marker::PhantomData;
 use core::ops::Deref;
 
 use crate::arena::ArenaCell;
-use crate::block::{Block, IdleLists};
+use crate::block::{Block, IdleLists, Live};
 use crate::live_table::LiveTable;
 use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Ordering, SpinGuard, SpinLock};
 
@@ -54,13 +54,6 @@ pub(crate) struct ThreadCache {
     scope_serial: AtomicU64,
 }
 
-/// A live block handed out by `allocate` or the `Allocator` trait, and the size asked for.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Live {
-    pub(crate) block: Block,
-    pub(crate) requested: usize,
-}
-
 /// A live block that belongs to a `Scope`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Scoped {
@@ -85,7 +78,7 @@ pub(crate) struct Counters {
     pub(crate) interval_peak: usize,
     pub(crate) last_interval_peak: usize,
     /// The most bytes requested by live blocks at once: the working set as the runtime sees
-    /// it (`retention` budgets from it, so best fit's larger blocks do not raise the budget).
+    /// it (`working_set` budgets from it, so best fit's larger blocks do not raise the budget).
     pub(crate) peak_requested_bytes: usize,
 }
 
@@ -246,6 +239,14 @@ impl ThreadCache {
     /// follows a change of either.
     #[inline]
     pub(crate) fn publish(&self, state: &CacheState) {
+        // The cap's invariant: what a cache holds idle (and its chunks) is covered by the
+        // credit it was granted, so the sum over caches stays within `max_cached_bytes`.
+        debug_assert!(
+            state.held() <= state.credit,
+            "a cache holds {} B on a credit of {} B",
+            state.held(),
+            state.credit
+        );
         self.idle_hint.store(state.idle.blocks(), Ordering::Relaxed);
         let live = !state.live.is_empty();
         // `live_hint` is written under this cache's lock only, so this load is exact.
