@@ -686,7 +686,7 @@ impl CachingAllocator {
     /// This thread's cache in this allocator if it is the one this thread used last (the
     /// fast path's one comparison), without registering anything.
     #[inline(always)]
-    fn last_local(&self) -> Option<Local<'_>> {
+    pub(crate) fn last_local(&self) -> Option<Local<'_>> {
         let cache = thread_cache::last_cache(self.id)?;
         // SAFETY: as in `thread_cache`.
         Some(unsafe { Local::new(cache) })
@@ -1120,6 +1120,7 @@ impl CachingAllocator {
         if cache.arena.shared.figures(epoch).live_blocks > 0 {
             return false;
         }
+        cache.clear_live_hint(state);
         // The owner exited and its arena holds nothing live: nobody bumps through it, and no
         // scope is open on it (`forgettable`), so nobody has its spare scope chunk.
         self.chunk_to_idle(state);
@@ -1192,7 +1193,13 @@ impl CachingAllocator {
     /// Whether any thread cache's live table may hold a block (see `ThreadCache::publish`).
     #[inline]
     pub(crate) fn any_live_tables(&self) -> bool {
-        self.live_caches.load(Ordering::Acquire) > 0
+        self.live_tables() > 0
+    }
+
+    /// How many thread caches' live tables may hold a block (see `ThreadCache::publish`).
+    #[inline]
+    pub(crate) fn live_tables(&self) -> usize {
+        self.live_caches.load(Ordering::Acquire)
     }
 
     /// Advances the eviction clock (resets do).

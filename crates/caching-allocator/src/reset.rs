@@ -23,7 +23,7 @@
 use crate::allocator::CachingAllocator;
 use crate::block::{Block, Live};
 use crate::sync::{Arc, Ordering};
-use crate::thread_cache::ThreadCache;
+use crate::thread_cache::{Local, ThreadCache};
 use crate::AllocError;
 
 impl CachingAllocator {
@@ -116,36 +116,64 @@ impl CachingAllocator {
         // Blocks that do not fit their cache's credit need eviction, which walks the registry:
         // they wait until the walk is over (rare: a reset usually returns what the cache held).
         let mut spilled: Vec<(Arc<ThreadCache>, Block)> = Vec::new();
-        self.registry.for_each(|cache| {
-            if !cache.may_have_live() {
-                // Nothing booked before the reset began (see `live_hint`): not worth a lock.
-                return;
+        match self.only_live_table() {
+            // A runtime that resets its own thread's blocks: no registry walk.
+            Some(own) => {
+                self.reset_cache(own.cache(), &|| own.to_arc(), &mut spilled, &mut overruns)
             }
-            let mut state = cache.lock();
-            let mut returning: Vec<Live> = core::mem::take(&mut state.returning);
-            state.live.drain_into(&mut returning);
-            let before = spilled.len();
-            for live in returning.drain(..) {
-                state.counters.remove_live(&live);
-                match self.checked(live) {
-                    Ok(block) => {
-                        if let Some(block) = self.keep_idle(&mut state, block) {
-                            spilled.push((cache.clone(), block));
-                        }
-                    }
-                    Err(overrun) => overruns.push(overrun),
+            None => self.registry.for_each(|cache| {
+                if cache.may_have_live() {
+                    self.reset_cache(cache, &|| cache.clone(), &mut spilled, &mut overruns);
                 }
-            }
-            state.returning = returning;
-            if spilled.len() == before {
-                self.trim_credit(&mut state);
-            }
-            cache.publish(&state);
-        });
+            }),
+        }
         for (cache, block) in spilled {
             self.keep_or_free(&cache, block);
         }
         overruns
+    }
+
+    /// The calling thread's cache, if its live table is the only one that may hold a block:
+    /// `live_caches` is 1 and this cache counts in it. A block booked on another thread before
+    /// this reset began would have counted too (its `allocate` raised the count before it
+    /// returned), so no other cache needs a visit.
+    fn only_live_table(&self) -> Option<Local<'_>> {
+        let own = self.last_local()?;
+        (self.live_tables() == 1 && own.may_have_live()).then_some(own)
+    }
+
+    /// Returns every live block of `cache` to its idle blocks, within its credit; blocks the
+    /// credit cannot cover go to `spilled` (with `arc`, an `Arc` of the cache), overruns found
+    /// by debug checks to `overruns`.
+    fn reset_cache(
+        &self,
+        cache: &ThreadCache,
+        arc: &dyn Fn() -> Arc<ThreadCache>,
+        spilled: &mut Vec<(Arc<ThreadCache>, Block)>,
+        overruns: &mut Vec<AllocError>,
+    ) {
+        let mut state = cache.lock();
+        // Nothing booked since the last reset: the hint was stale (see `live_hint`).
+        cache.clear_live_hint(&state);
+        let mut returning: Vec<Live> = core::mem::take(&mut state.returning);
+        state.live.drain_into(&mut returning);
+        let before = spilled.len();
+        for live in returning.drain(..) {
+            state.counters.remove_live(&live);
+            match self.checked(live) {
+                Ok(block) => {
+                    if let Some(block) = self.keep_idle(&mut state, block) {
+                        spilled.push((arc(), block));
+                    }
+                }
+                Err(overrun) => overruns.push(overrun),
+            }
+        }
+        state.returning = returning;
+        if spilled.len() == before {
+            self.trim_credit(&mut state);
+        }
+        cache.publish(&state);
     }
 }
 

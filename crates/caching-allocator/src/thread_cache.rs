@@ -35,12 +35,13 @@ pub(crate) struct ThreadCache {
     /// caches without locking them (and without bouncing their lock's cache line). Only a
     /// hint: a stale value costs a wasted lock or a missed steal, never a wrong result.
     idle_hint: AtomicUsize,
-    /// Whether the cache held blocks from `allocate` when last unlocked, so a reset skips
-    /// caches with nothing to take back (the fallback cache, threads that only use scopes).
-    /// Stored with `Release` at every unlock that follows a change and read with `Acquire`:
-    /// a block booked before a reset began (in happens-before order) is seen, or else a later
-    /// unlock already gave it back; a block booked during the reset may survive it, as the
-    /// reset contract allows.
+    /// Whether the cache may hold blocks from `allocate`, so a reset skips caches with nothing
+    /// to take back (the fallback cache, threads that only use scopes or the arena). Set (with
+    /// `Release`) at the unlock that follows the first booking, read with `Acquire`: a block
+    /// booked before a reset began (in happens-before order) is seen. Cleared only by a reset
+    /// that finds the table empty (or when the cache is forgotten), not each time the table
+    /// empties: a runtime that takes a large block every kernel call then pays no
+    /// read-modify-write of `live_caches` per call. A stale `true` costs a reset one visit.
     live_hint: AtomicBool,
     /// The thread exited (its thread-locals were dropped): nobody takes the fast path of this
     /// cache any more, and once it holds no live block and no open scope it can be forgotten.
@@ -248,16 +249,20 @@ impl ThreadCache {
             state.credit
         );
         self.idle_hint.store(state.idle.blocks(), Ordering::Relaxed);
-        let live = !state.live.is_empty();
         // `live_hint` is written under this cache's lock only, so this load is exact.
-        if live != self.live_hint.load(Ordering::Relaxed) {
-            self.live_hint.store(live, Ordering::Release);
+        if !state.live.is_empty() && !self.live_hint.load(Ordering::Relaxed) {
+            self.live_hint.store(true, Ordering::Release);
             // Counted before the unlock: a reset that begins after this call returns sees it.
-            if live {
-                self.live_caches.fetch_add(1, Ordering::Release);
-            } else {
-                self.live_caches.fetch_sub(1, Ordering::Release);
-            }
+            self.live_caches.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Clears `live_hint` if the cache's table (of `state`, locked) is empty: a reset found it
+    /// so, or the cache is being forgotten.
+    pub(crate) fn clear_live_hint(&self, state: &CacheState) {
+        if state.live.is_empty() && self.live_hint.load(Ordering::Relaxed) {
+            self.live_hint.store(false, Ordering::Release);
+            self.live_caches.fetch_sub(1, Ordering::Release);
         }
     }
 
