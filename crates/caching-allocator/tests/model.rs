@@ -7,6 +7,9 @@ use std::ptr::NonNull;
 use caching_allocator::{CachingAllocator, Config, SizeClass, Stats, DEFAULT_ARENA_MAX_BYTES};
 use proptest::prelude::*;
 
+#[path = "common/books.rs"]
+mod books;
+
 #[derive(Clone, Debug)]
 enum Op {
     Allocate { size: usize, align_log2: u32 },
@@ -213,12 +216,7 @@ fn run(ops: Vec<Op>, cap: usize, debug: bool, arena: usize) {
             Op::Reset => {
                 alloc.reset();
                 held.clear();
-                let s = alloc.stats();
-                assert_eq!(
-                    (s.live_blocks, s.arena_live_blocks, s.live_bytes),
-                    (0, 0, 0),
-                    "{s}"
-                );
+                books::assert_nothing_live(&alloc.stats(), "after a reset");
             }
             Op::Scope(sizes) => {
                 let scope = alloc.scope();

@@ -37,7 +37,7 @@ use caching_allocator::{
     AllocError, CachingAllocator, Config, Scope, SizeClass, Stats, DEFAULT_ARENA_MAX_BYTES,
 };
 
-use super::books::assert_books_balance;
+use super::books::{assert_all_given_back, assert_books_balance, assert_nothing_live};
 pub use super::counting::Counting;
 
 /// Bytes of canary debug checks add behind every requested size (`src/debug.rs`).
@@ -778,11 +778,7 @@ pub fn run(input: &Input, mode: ArenaMode) {
             let taken: Vec<usize> = model.live.keys().copied().collect();
             model.live.clear();
             let stats = alloc.stats();
-            assert_eq!(
-                (stats.live_blocks, stats.arena_live_blocks, stats.live_bytes),
-                (0, 0, 0),
-                "op {i}: the reset left blocks live: {stats:?}"
-            );
+            assert_nothing_live(&stats, &format!("op {i}: after the reset"));
             assert_eq!(
                 stats.system_allocs, before.system_allocs,
                 "op {i}: reset allocated"
@@ -821,16 +817,8 @@ pub fn run(input: &Input, mode: ArenaMode) {
     model.check_freed(&stats, 0);
     model.check(&stats, &counting);
     drop(alloc);
-    assert_eq!(
-        counting.bytes.load(SeqCst),
-        0,
-        "bytes not given back at drop"
-    );
-    assert_eq!(
-        counting.blocks.load(SeqCst),
-        0,
-        "blocks not given back at drop"
-    );
+    let held = (counting.bytes.load(SeqCst), counting.blocks.load(SeqCst));
+    assert_all_given_back(held.0, held.1, "the end");
 }
 
 fn close_all(model: &mut Model, scopes: &mut Vec<(u64, Scope<'_>)>) {
