@@ -5,6 +5,8 @@
 //! `corpus/ops/`, which `cargo test -p caching-allocator --test fuzz_ops` replays on stable.
 #![no_main]
 
+#[path = "../../crates/caching-allocator/tests/common/books.rs"]
+mod books;
 #[path = "../../crates/caching-allocator/tests/common/counting.rs"]
 mod counting;
 #[path = "../../crates/caching-allocator/tests/common/ops.rs"]

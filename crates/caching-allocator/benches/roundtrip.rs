@@ -63,28 +63,26 @@ mod hit {
         });
     }
 
-    #[divan::bench(threads = [1, 2], sample_size = 1000)]
-    fn system_4k(b: Bencher) {
+    /// The baselines: a 4 KiB `alloc` + `dealloc` round trip through a global allocator.
+    fn global_4k<G: GlobalAlloc + Sync>(b: Bencher, global: &G) {
         let layout = Layout::from_size_align(4096, 64).unwrap();
         b.bench(|| {
             // SAFETY: non-zero layout; freed with the same layout.
             unsafe {
-                let p = System.alloc(black_box(layout));
-                System.dealloc(p, layout);
+                let p = global.alloc(black_box(layout));
+                global.dealloc(p, layout);
             }
         });
     }
 
     #[divan::bench(threads = [1, 2], sample_size = 1000)]
+    fn system_4k(b: Bencher) {
+        global_4k(b, &System);
+    }
+
+    #[divan::bench(threads = [1, 2], sample_size = 1000)]
     fn mimalloc_4k(b: Bencher) {
-        let layout = Layout::from_size_align(4096, 64).unwrap();
-        b.bench(|| {
-            // SAFETY: non-zero layout; freed with the same layout.
-            unsafe {
-                let p = MiMalloc.alloc(black_box(layout));
-                MiMalloc.dealloc(p, layout);
-            }
-        });
+        global_4k(b, &MiMalloc);
     }
 }
 

@@ -36,6 +36,20 @@ fn classes(max_cached_bytes: usize) -> CachingAllocator {
     )
 }
 
+/// Allocates `size` bytes (debug checks on) and writes one byte past them, inside the canary's
+/// room of its class (`class_size` bytes); returns the block and the error that names it.
+fn overrun(alloc: &CachingAllocator, size: usize, class_size: usize) -> (NonNull<u8>, AllocError) {
+    let p = alloc.allocate(size, 64).unwrap();
+    // SAFETY: one byte past the requested end lies inside the class (the canary's room).
+    unsafe { p.as_ptr().add(size).write(0) };
+    let corrupted = AllocError::Corrupted {
+        addr: addr(p),
+        requested: size,
+        class_size,
+    };
+    (p, corrupted)
+}
+
 fn counted(config: Config) -> (CachingAllocator, Arc<Counting>) {
     let counting = Arc::new(Counting::default());
     let alloc = CachingAllocator::with_config(config.system_allocator(counting.clone()));
@@ -444,19 +458,9 @@ fn debug_checks_poison_every_block_hit_or_miss() {
 #[test]
 fn an_overrun_block_is_reported_and_never_reused() {
     let (alloc, counting) = counted(Config::default().debug_checks(true));
-    let p = alloc.allocate(100, 64).unwrap();
-    // SAFETY: one byte past the requested end lies inside the class (the canary's room).
-    unsafe { p.as_ptr().add(100).write(0) };
+    let (p, corrupted) = overrun(&alloc, 100, 128);
     // SAFETY: released once.
-    let err = unsafe { alloc.release(p) }.unwrap_err();
-    assert_eq!(
-        err,
-        AllocError::Corrupted {
-            addr: addr(p),
-            requested: 100,
-            class_size: 128
-        }
-    );
+    assert_eq!(unsafe { alloc.release(p) }, Err(corrupted));
     let s = alloc.stats();
     assert_eq!(
         (s.corrupted_blocks, s.cached_blocks, s.reserved_bytes),
@@ -1215,17 +1219,8 @@ fn try_reset_reports_an_overrun_as_an_error_after_returning_the_rest() {
     let mut alloc = CachingAllocator::with_config(Config::default().debug_checks(true));
     let good = alloc.allocate(64, 64).unwrap();
     write_read(good, 64, 1);
-    let bad = alloc.allocate(1000, 64).unwrap();
-    // SAFETY: inside the canary's room behind the requested 1000 bytes.
-    unsafe { bad.as_ptr().add(1000).write(0) };
-    assert_eq!(
-        alloc.try_reset(),
-        Err(AllocError::Corrupted {
-            addr: addr(bad),
-            requested: 1000,
-            class_size: 1024
-        })
-    );
+    let (_, corrupted) = overrun(&alloc, 1000, 1024);
+    assert_eq!(alloc.try_reset(), Err(corrupted));
     let s = alloc.stats();
     assert_eq!(
         (s.live_blocks, s.cached_blocks, s.corrupted_blocks),

@@ -6,6 +6,9 @@ use std::sync::mpsc;
 
 use caching_allocator::{AllocError, CachingAllocator, Config};
 
+#[path = "common/books.rs"]
+mod books;
+
 fn addr(p: NonNull<u8>) -> usize {
     p.as_ptr() as usize
 }
@@ -52,12 +55,7 @@ fn small_blocks_are_bumped_through_one_chunk_and_reset_in_one_step() {
         let s = alloc.stats();
         assert_eq!((s.live_blocks, s.arena_live_blocks), (16, 16), "{s}");
         alloc.reset();
-        let s = alloc.stats();
-        assert_eq!(
-            (s.live_blocks, s.live_bytes, s.requested_bytes),
-            (0, 0, 0),
-            "{s}"
-        );
+        books::assert_nothing_live(&alloc.stats(), "after the reset");
     }
     let s = alloc.stats();
     // One chunk from the system for all three calls, every block a hit.
@@ -416,4 +414,73 @@ fn without_a_chunk_small_requests_use_the_size_classes_and_ask_once_per_interval
     // Per interval: one refused chunk, then the class blocks (10 new in the first, reused in
     // the second); no refused chunk per request.
     assert_eq!(sys.calls.load(Relaxed), 1 + 10 + 1, "{s}");
+}
+
+#[test]
+#[ignore = "fails today: a release that pops several records lowers `hits` (src/arena.rs \
+            `Arena::publish` stores the blocks before the records, `serial - 1 - count`, which \
+            `ArenaShared::figures` takes the max of with the newest record's serial rather than \
+            adding; storing `serial - 1` fixes it)"]
+fn releases_that_rewind_the_bump_keep_the_hit_count() {
+    let alloc = CachingAllocator::new(64 << 20);
+    let a = alloc.allocate(256, 64).unwrap();
+    let b = alloc.allocate(256, 64).unwrap();
+    let c = alloc.allocate(256, 64).unwrap();
+    assert_eq!(alloc.stats().arena_live_blocks, 3);
+    // SAFETY: each released once, not used after.
+    unsafe {
+        alloc.release(b).unwrap(); // below the top: marked
+        alloc.release(c).unwrap(); // the top: c and b pop together
+    }
+    let s = alloc.stats();
+    assert_eq!((s.hits, s.misses, s.live_blocks), (3, 0, 1), "{s}");
+    // SAFETY: released once.
+    unsafe { alloc.release(a) }.unwrap();
+    assert_eq!(alloc.stats().hits, 3);
+}
+
+#[test]
+#[ignore = "fails today: the arena's chunk, idle with nothing live in it, is not given back to \
+            make room under `limit_bytes`, though `LimitExceeded` promises every idle byte was"]
+fn an_idle_chunk_makes_room_under_the_limit() {
+    let limit = 160 << 10;
+    let big = 128 << 10;
+    let class = caching_allocator::SizeClass::for_size(big).unwrap().size();
+    assert!(
+        class <= limit && class + (64 << 10) > limit,
+        "the chunk must be in the way"
+    );
+    let alloc = CachingAllocator::with_config(Config::default().limit_bytes(limit));
+    let p = alloc.allocate(100, 64).unwrap();
+    // SAFETY: released once.
+    unsafe { alloc.release(p) }.unwrap();
+    let s = alloc.stats();
+    assert_eq!((s.live_bytes, s.arena_chunks), (0, 1), "{s}");
+    let q = alloc.allocate(big, 64);
+    assert!(q.is_ok(), "{q:?} with nothing live: {}", alloc.stats());
+}
+
+#[test]
+#[ignore = "fails today: while another thread's release of an arena block waits in the \
+            owner's inbox, the owner's own `release` of the same pointer succeeds (a double \
+            release accepted)"]
+fn a_block_released_on_another_thread_cannot_be_released_again_by_its_owner() {
+    let alloc = CachingAllocator::new(64 << 20);
+    let a = alloc.allocate(512, 64).unwrap();
+    let _b = alloc.allocate(512, 64).unwrap();
+    let a_addr = addr(a);
+    let first = std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: released once here; the owner's second release below must be refused.
+            unsafe { alloc.release(NonNull::new(a_addr as *mut u8).unwrap()) }
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(first, Ok(()));
+    let before = alloc.stats();
+    // SAFETY: `a` was released above: refused without being read.
+    let again = unsafe { alloc.release(a) };
+    assert_eq!(again, Err(AllocError::UnknownPointer { addr: a_addr }));
+    assert_eq!(alloc.stats(), before);
 }

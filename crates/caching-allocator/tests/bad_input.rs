@@ -29,6 +29,18 @@ fn explains(e: &AllocError, words: &[&str]) {
     let _: &dyn std::error::Error = e;
 }
 
+/// Releases `p`, which is not live in `alloc` (`what` says why): refused with
+/// `UnknownPointer` naming it, a message saying what to do, and no stat changed.
+fn assert_refused(alloc: &CachingAllocator, p: NonNull<u8>, what: &str) {
+    let before = alloc.stats();
+    // SAFETY: `p` is not live in `alloc`, which must refuse it without touching its memory.
+    let r = unsafe { alloc.release(p) };
+    let addr = p.as_ptr() as usize;
+    assert_eq!(r, Err(AllocError::UnknownPointer { addr }), "{what}");
+    explains(&r.unwrap_err(), &["not live", "exactly once"]);
+    assert_eq!(alloc.stats(), before, "{what}");
+}
+
 #[test]
 fn invalid_alignment_changes_nothing() {
     let (alloc, live) = warmed(Config::default());
@@ -240,7 +252,6 @@ fn unknown_pointers_change_nothing_and_are_not_read() {
     let scoped = scope.alloc_slice_fill(10, 1u8).unwrap().as_mut_ptr();
     let on_stack = 0u64;
     let boxed = Box::new([0u8; 256]);
-    let before = alloc.stats();
     let candidates: Vec<(&str, usize)> = vec![
         ("never handed out (stack)", &on_stack as *const u64 as usize),
         ("never handed out (heap)", boxed.as_ptr() as usize),
@@ -251,42 +262,20 @@ fn unknown_pointers_change_nothing_and_are_not_read() {
         ("handed out by another allocator", foreign.as_ptr() as usize),
     ];
     for (what, addr) in candidates {
-        // SAFETY: none of these is live in `alloc`: it must refuse without touching memory.
-        let r = unsafe { alloc.release(NonNull::new(addr as *mut u8).unwrap()) };
-        assert_eq!(r, Err(AllocError::UnknownPointer { addr }), "{what}");
-        explains(&r.unwrap_err(), &["not live", "exactly once"]);
+        assert_refused(&alloc, NonNull::new(addr as *mut u8).unwrap(), what);
     }
-    assert_eq!(alloc.stats(), before);
     drop(scope);
 
     // Released twice: the second is refused.
     let p = alloc.allocate(500, 64).unwrap();
     // SAFETY: released once, not used after.
     unsafe { alloc.release(p) }.unwrap();
-    let before = alloc.stats();
-    // SAFETY: `p` is no longer live: refused.
-    let r = unsafe { alloc.release(p) };
-    assert_eq!(
-        r,
-        Err(AllocError::UnknownPointer {
-            addr: p.as_ptr() as usize
-        })
-    );
-    assert_eq!(alloc.stats(), before);
+    assert_refused(&alloc, p, "released before");
 
     // Taken back by a reset.
     let mut alloc = alloc;
     alloc.reset();
-    let before = alloc.stats();
-    // SAFETY: `live` was returned by the reset: refused.
-    let r = unsafe { alloc.release(live) };
-    assert_eq!(
-        r,
-        Err(AllocError::UnknownPointer {
-            addr: live.as_ptr() as usize
-        })
-    );
-    assert_eq!(alloc.stats(), before);
+    assert_refused(&alloc, live, "taken back by a reset");
     // The other allocator still owns its block.
     // SAFETY: released once, not used after.
     unsafe { other.release(foreign) }.unwrap();

@@ -232,16 +232,8 @@ fn workload(sys: &Arc<Faulty>, seed: u64) -> Outcome {
     assert_eq!(stats.live_blocks, 0, "{stats:?}");
     check_books(&stats, sys, CAP, "end");
     drop(alloc);
-    assert_eq!(
-        sys.bytes.load(SeqCst),
-        0,
-        "seed {seed:#x}: bytes not returned at drop"
-    );
-    assert_eq!(
-        sys.blocks.load(SeqCst),
-        0,
-        "seed {seed:#x}: blocks not returned at drop"
-    );
+    let held = (sys.bytes.load(SeqCst), sys.blocks.load(SeqCst));
+    books::assert_all_given_back(held.0, held.1, &format!("seed {seed:#x}"));
     out
 }
 

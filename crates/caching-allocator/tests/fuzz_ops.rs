@@ -11,6 +11,9 @@ mod ops;
 #[path = "common/counting.rs"]
 mod counting;
 
+#[path = "common/books.rs"]
+mod books;
+
 use std::path::Path;
 
 // The seeded inputs come from this generator, so they never change.
@@ -18,14 +21,17 @@ use std::path::Path;
 mod rng;
 use rng::Rng;
 
-/// Runs an input; if it fails, prints it (ops numbered as in the failure message) first.
+/// Runs an input in every arena mode; if it fails, prints it (ops numbered as in the failure
+/// message) first.
 fn run_verbose(input: &ops::Input) {
-    if let Err(panic) = std::panic::catch_unwind(|| ops::run(input)) {
-        eprintln!("failing input: {:?}", input.config);
-        for (i, op) in input.ops.iter().enumerate() {
-            eprintln!("  op {i}: {op:?}");
+    for &mode in ops::modes(input) {
+        if let Err(panic) = std::panic::catch_unwind(|| ops::run(input, mode)) {
+            eprintln!("failing input: {:?}, arena {mode:?}", input.config);
+            for (i, op) in input.ops.iter().enumerate() {
+                eprintln!("  op {i}: {op:?}");
+            }
+            std::panic::resume_unwind(panic);
         }
-        std::panic::resume_unwind(panic);
     }
 }
 

@@ -257,7 +257,7 @@ fn unknown_pointers_are_named_in_hex() {
 }
 
 #[test]
-fn corrupted_blocks_are_named_in_hex_with_their_sizes() {
+fn overruns_are_corrupted_on_release_and_on_reset_and_named_in_hex_with_their_sizes() {
     let a = create(CaConfig {
         debug_checks: true,
         ..ca_config_default()
@@ -278,16 +278,25 @@ fn corrupted_blocks_are_named_in_hex_with_their_sizes() {
         );
         assert!(!text.contains("every other block"), "{text}");
         assert_speaks_c(&text);
+        // On reset the overrun block is named, and every other block is still reset.
         let q = ca_allocate(a, 100, 64).cast::<u8>();
-        q.add(100).write(0);
+        let r = ca_allocate(a, 200, 64).cast::<u8>();
+        q.add(101).write(0);
+        assert!(!r.is_null());
         assert_eq!(ca_reset(a), CaStatus::Corrupted);
         let text = last_message(a, CaStatus::Corrupted);
         assert!(
             text.starts_with(&format!("ca_reset: block {:#x}", q as usize))
+                && text.contains("requested 100 bytes")
                 && text.contains("every other block was still reset")
                 && text.contains("CaStats.corrupted_blocks"),
             "{text}"
         );
+        let mut s = CaStats::default();
+        assert_eq!(ca_stats(a, &mut s), CaStatus::Ok);
+        assert_eq!(s.corrupted_blocks, 2);
+        assert_eq!(s.live_blocks, 0, "every other block was reset");
+        assert_eq!(ca_reset(a), CaStatus::Ok);
         assert_eq!(ca_destroy(a), CaStatus::Ok);
     }
 }
@@ -308,37 +317,6 @@ fn out_of_memory_when_the_system_refuses() {
             "{text}"
         );
         assert_speaks_c(&text);
-        assert_eq!(ca_destroy(a), CaStatus::Ok);
-    }
-}
-
-#[test]
-fn overruns_are_corrupted_on_release_and_on_reset() {
-    let a = create(CaConfig {
-        debug_checks: true,
-        ..ca_config_default()
-    });
-    // SAFETY: `a` is live until `ca_destroy`; the writes stay inside the blocks' classes
-    // (100 bytes + canary fit the 128-byte class); this test alone uses `a`.
-    unsafe {
-        let p = ca_allocate(a, 100, 64).cast::<u8>();
-        p.add(100).write(0);
-        assert_eq!(ca_release(a, p.cast()), CaStatus::Corrupted);
-        let q = ca_allocate(a, 100, 64).cast::<u8>();
-        let r = ca_allocate(a, 200, 64).cast::<u8>();
-        q.add(101).write(0);
-        assert!(!r.is_null());
-        assert_eq!(ca_reset(a), CaStatus::Corrupted);
-        let e = message(ca_last_error(a));
-        assert!(
-            e.starts_with("ca_reset: block 0x") && e.contains("requested 100 bytes"),
-            "{e}"
-        );
-        let mut s = CaStats::default();
-        assert_eq!(ca_stats(a, &mut s), CaStatus::Ok);
-        assert_eq!(s.corrupted_blocks, 2);
-        assert_eq!(s.live_blocks, 0, "every other block was reset");
-        assert_eq!(ca_reset(a), CaStatus::Ok);
         assert_eq!(ca_destroy(a), CaStatus::Ok);
     }
 }

@@ -162,57 +162,48 @@ fn build_and_run(source: &str, name: &str, sanitize: bool) -> String {
     String::from_utf8_lossy(&run(&mut program).stdout).into_owned()
 }
 
-#[test]
-fn c_example_against_the_shared_library() {
-    let out = build_and_run("examples/capi_test.c", "capi_test", false);
-    assert!(out.contains(" 0 failed"), "{out}");
+/// Two tests of one example program: against the shared library, and linked statically under
+/// AddressSanitizer and UndefinedBehaviorSanitizer. Each passes when the program's output
+/// holds `$passed`, the line it prints when every check passed.
+macro_rules! example_tests {
+    ($shared:ident, $sanitized:ident, $source:literal, $binary:literal, $passed:literal) => {
+        #[test]
+        fn $shared() {
+            let out = build_and_run($source, $binary, false);
+            assert!(out.contains($passed), "{out}");
+        }
+
+        #[test]
+        fn $sanitized() {
+            let out = build_and_run($source, concat!($binary, "_asan_ubsan"), true);
+            assert!(out.contains($passed), "{out}");
+        }
+    };
 }
 
-#[test]
-fn c_example_static_under_address_and_undefined_sanitizers() {
-    let out = build_and_run("examples/capi_test.c", "capi_test_asan_ubsan", true);
-    assert!(out.contains(" 0 failed"), "{out}");
-}
+example_tests!(
+    c_example_against_the_shared_library,
+    c_example_static_under_address_and_undefined_sanitizers,
+    "examples/capi_test.c",
+    "capi_test",
+    " 0 failed"
+);
 
-#[test]
-fn cpp_executorch_temp_allocator_against_the_shared_library() {
-    let out = build_and_run(
-        "examples/executorch_temp_allocator.cpp",
-        "executorch_temp_allocator",
-        false,
-    );
-    assert!(out.contains("executorch_temp_allocator: ok"), "{out}");
-}
+example_tests!(
+    cpp_executorch_temp_allocator_against_the_shared_library,
+    cpp_executorch_temp_allocator_static_under_address_and_undefined_sanitizers,
+    "examples/executorch_temp_allocator.cpp",
+    "executorch_temp_allocator",
+    "executorch_temp_allocator: ok"
+);
 
-#[test]
-fn cpp_executorch_temp_allocator_static_under_address_and_undefined_sanitizers() {
-    let out = build_and_run(
-        "examples/executorch_temp_allocator.cpp",
-        "executorch_temp_allocator_asan_ubsan",
-        true,
-    );
-    assert!(out.contains("executorch_temp_allocator: ok"), "{out}");
-}
-
-#[test]
-fn cpp_executorch_adapter_tests_against_the_shared_library() {
-    let out = build_and_run(
-        "tests/cpp/executorch_adapter_test.cpp",
-        "executorch_adapter_test",
-        false,
-    );
-    assert!(out.contains(" checks, 0 failed"), "{out}");
-}
-
-#[test]
-fn cpp_executorch_adapter_tests_static_under_address_and_undefined_sanitizers() {
-    let out = build_and_run(
-        "tests/cpp/executorch_adapter_test.cpp",
-        "executorch_adapter_test_asan_ubsan",
-        true,
-    );
-    assert!(out.contains(" checks, 0 failed"), "{out}");
-}
+example_tests!(
+    cpp_executorch_adapter_tests_against_the_shared_library,
+    cpp_executorch_adapter_tests_static_under_address_and_undefined_sanitizers,
+    "tests/cpp/executorch_adapter_test.cpp",
+    "executorch_adapter_test",
+    " checks, 0 failed"
+);
 
 /// The shared library exports every function the header declares, and nothing else of ours.
 #[test]

@@ -3,19 +3,28 @@
 //!
 //! An [`Input`] is a configuration and a list of [`Op`]s, built from raw bytes with
 //! `arbitrary`. [`run`] applies the ops to a real allocator (backed by a counting system
-//! allocator) and to a model, and checks after every op:
+//! allocator) and to a model, once per [`ArenaMode`], and checks after every op:
 //!
 //! - live blocks never overlap, each is aligned as asked (and to 64 bytes at least);
 //! - every live block still holds the tag written over its whole requested size;
-//! - stats agree with the model: live blocks/bytes/requested bytes, hits + misses, corrupted
-//!   blocks; and with the system: reserved = live + cached = what the counting allocator holds,
-//!   `system_allocs - system_frees` = live + cached blocks, misses = system allocs;
-//! - `cached_bytes <= max_cached_bytes`, `reserved_bytes <= limit_bytes`, peaks never drop;
+//! - stats agree with the model: live blocks/bytes/requested bytes, arena blocks, hits +
+//!   misses, corrupted blocks; and with the system: reserved = live + cached = what the
+//!   counting allocator holds, `system_allocs - system_frees` = the size-class blocks (live and
+//!   cached) + the arena chunks; with the arena off, misses = system allocs;
+//! - `cached_bytes <= max_cached_bytes`, `reserved_bytes <= limit_bytes`, peaks never drop, the
+//!   reset interval's peak covers every live byte the model saw in it;
+//! - releases: of a live block succeeds; of an address inside a live block, a released one, one
+//!   a reset took back, a scope's block, or memory the allocator never handed out, is
+//!   `UnknownPointer` and changes nothing;
+//! - a reset takes every block (nothing live, no block it took can be released after);
 //! - a failed call changes nothing (stats equal before and after), except the evictions a
 //!   `LimitExceeded` makes first;
 //! - dropping the allocator gives back exactly the bytes it took.
 //!
-//! Any violation panics with the op that broke it.
+//! With the arena off the model predicts each block's size class; with it on a block may live
+//! in the thread's arena (a bump through a chunk) or in a size class, and the model learns
+//! which from the stats around the call (`arena_live_blocks`), then checks the rules of that
+//! place. Any violation panics with the op (and arena mode) that broke it.
 #![allow(dead_code)] // each includer uses a part
 
 use core::ptr::NonNull;
@@ -24,8 +33,11 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
 use arbitrary::{Arbitrary, Unstructured};
-use caching_allocator::{AllocError, CachingAllocator, Config, Scope, SizeClass, Stats};
+use caching_allocator::{
+    AllocError, CachingAllocator, Config, Scope, SizeClass, Stats, DEFAULT_ARENA_MAX_BYTES,
+};
 
+use super::books::{assert_all_given_back, assert_books_balance, assert_nothing_live};
 pub use super::counting::Counting;
 
 /// Bytes of canary debug checks add behind every requested size (`src/debug.rs`).
@@ -34,6 +46,42 @@ pub const CANARY_LEN: usize = 16;
 pub const MAX_OPS: usize = 400;
 /// Most blocks the model keeps live at once; past it, allocations are skipped.
 const MAX_LIVE: usize = 200;
+/// The largest alignment the arena serves (`Config::arena_max_bytes`).
+const ARENA_MAX_ALIGN: usize = 4096;
+/// The smallest arena chunk: with a `max_cached_bytes` below it the arena is off.
+const MIN_CHUNK: usize = 64 << 10;
+/// The largest arena chunk.
+const MAX_CHUNK: usize = 4 << 20;
+
+/// Whether (and for which requests) the allocator's per-thread arena is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArenaMode {
+    /// `arena_max_bytes(0)`: every block is a size class, which the model predicts.
+    Off,
+    /// The default bound ([`DEFAULT_ARENA_MAX_BYTES`]): nearly every small request is bumped.
+    Default,
+    /// A bound of 256 bytes: tiny requests are bumped, the rest take size classes, mixed.
+    Small,
+}
+
+impl ArenaMode {
+    /// Every mode, in the order [`run_bytes`] runs them.
+    pub const ALL: [ArenaMode; 3] = [ArenaMode::Off, ArenaMode::Default, ArenaMode::Small];
+
+    /// `Config::arena_max_bytes` for this mode.
+    fn max_bytes(self) -> usize {
+        match self {
+            ArenaMode::Off => 0,
+            ArenaMode::Default => DEFAULT_ARENA_MAX_BYTES,
+            ArenaMode::Small => 256,
+        }
+    }
+}
+
+/// An arena block's bytes: its request rounded up to the 64-byte granule.
+fn granule(size: usize) -> usize {
+    size.next_multiple_of(64)
+}
 
 /// The allocator's configuration, drawn from the input's first bytes.
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -107,9 +155,10 @@ pub enum Op {
         /// Which block.
         index: u16,
     },
-    /// `release` of an address that is not live: inside a live block, or released before.
+    /// `release` of an address that is not live: inside a live block, released before (or
+    /// taken by a reset), or memory the allocator never handed out.
     ReleaseUnknown {
-        /// Which block to point into (or which stale address).
+        /// Which block to point into (or which stale address); `index % 4` picks the kind.
         index: u16,
         /// Offset in 8-byte steps (never a block start).
         offset: u8,
@@ -222,6 +271,8 @@ struct LiveBlock {
     class: usize,
     tag: u8,
     owner: Owner,
+    /// Bumped through the thread's arena (else a size class).
+    in_arena: bool,
 }
 
 /// What the allocator should hold.
@@ -229,10 +280,24 @@ struct Model {
     cap: usize,
     limit: Option<usize>,
     debug: bool,
+    /// Requests of at most this many bytes may go to the arena; 0: the arena is off.
+    arena_max: usize,
     /// Live blocks of non-zero size, by address.
     live: BTreeMap<usize, LiveBlock>,
-    /// Addresses released before (for `ReleaseUnknown`).
+    /// Addresses released before or taken by a reset (for `ReleaseUnknown`).
     stale: Vec<usize>,
+    /// Memory the allocator never handed out (for `ReleaseUnknown`).
+    foreign: Box<[u64; 64]>,
+    /// The most live bytes seen after any op since the last reset.
+    interval_peak: usize,
+    /// Another thread bumped through its arena since the last reset: its chunk is in use in
+    /// this interval, and only its owner may give it back.
+    foreign_arena: bool,
+    /// Whether `hits` is exact. With the arena on it is not today: a release that pops several
+    /// arena records undercounts it until a later allocation (`tests/arena.rs`,
+    /// `releases_that_rewind_the_bump_keep_the_hit_count`, ignored), so it is only checked
+    /// as a bound there. Once fixed this is always true.
+    hits_exact: bool,
     /// Successful non-zero allocations: `hits + misses`.
     served: u64,
     corrupted: u64,
@@ -270,9 +335,10 @@ impl Model {
 
     /// Records a new live block, checking alignment and overlap, and tags it.
     ///
-    /// The block is the request's class, or (best fit: an idle block of a larger class, counted
-    /// in `oversize_hits`, never a system allocation) at most twice that: `before` and `after`
-    /// (the stats around the allocation) tell which.
+    /// The block is bumped through the arena (`arena_live_blocks` grew: a request the arena
+    /// serves, its bytes rounded to 64, a hit), or the request's class, or (best fit: an idle
+    /// block of a larger class, counted in `oversize_hits`, never a system allocation) at most
+    /// twice that: `before` and `after` (the stats around the allocation) tell which.
     fn add(
         &mut self,
         addr: usize,
@@ -290,20 +356,57 @@ impl Model {
         );
         let own = self.class_of(requested);
         let class = after.live_bytes - before.live_bytes;
-        if after.oversize_hits == before.oversize_hits {
+        let in_arena = after.arena_live_blocks != before.arena_live_blocks;
+        if in_arena {
+            assert_eq!(
+                after.arena_live_blocks,
+                before.arena_live_blocks + 1,
+                "op {step}"
+            );
+            assert!(
+                requested <= self.arena_max && align <= ARENA_MAX_ALIGN,
+                "op {step}: the arena (bound {}) served {requested} bytes aligned to {align}",
+                self.arena_max
+            );
+            assert_eq!(class, granule(requested), "op {step}: arena block's bytes");
+            assert_eq!(
+                (after.misses, after.oversize_hits),
+                (before.misses, before.oversize_hits),
+                "op {step}: an arena block is a hit"
+            );
+            if self.hits_exact {
+                assert_eq!(
+                    after.hits,
+                    before.hits + 1,
+                    "op {step}: an arena block is a hit"
+                );
+            }
+        } else if after.oversize_hits == before.oversize_hits {
             assert_eq!(class, own, "op {step}: not best fit, so its own class");
         } else {
             assert_eq!(after.oversize_hits, before.oversize_hits + 1, "op {step}");
             // Up to twice its class; any larger only under cap pressure or once the cap has
-            // evicted (working-set mode: wide fit).
+            // evicted (working-set mode: wide fit). A request the arena serves may have made
+            // that pressure itself: the arena took a chunk first (from the system or the
+            // cache), which the cap could not cover, and which went to the idle blocks.
+            let chunk_first = requested <= self.arena_max
+                && align <= ARENA_MAX_ALIGN
+                && (after.system_allocs > before.system_allocs
+                    || after.evictions > before.evictions);
             assert!(
                 class > own
                     && (class <= 2 * own
                         || before.cached_bytes + own > self.cap
-                        || before.working_set_mode),
+                        || before.working_set_mode
+                        || chunk_first),
                 "op {step}: best fit gave {class} for class {own}: {before:?}"
             );
-            assert_eq!(after.system_allocs, before.system_allocs, "op {step}");
+            assert_eq!(after.misses, before.misses, "op {step}: best fit is a hit");
+            // The arena may have taken a chunk on the way (a system allocation, no miss).
+            assert!(
+                after.system_allocs - before.system_allocs <= u64::from(self.arena_max > 0),
+                "op {step}: {before:?} -> {after:?}"
+            );
         }
         let end = addr + class;
         if let Some((_, prev)) = self.live.range(..=addr).next_back() {
@@ -336,6 +439,7 @@ impl Model {
                 class,
                 tag,
                 owner,
+                in_arena,
             },
         );
         self.served += 1;
@@ -345,11 +449,22 @@ impl Model {
     fn remove(&mut self, addr: usize) -> LiveBlock {
         let block = self.live.remove(&addr).expect("model block");
         self.check_tag(&block);
+        self.forget(addr);
+        block
+    }
+
+    /// Remembers `addr` as no longer live (the last 64 such addresses are kept).
+    fn forget(&mut self, addr: usize) {
         self.stale.push(addr);
         if self.stale.len() > 64 {
             self.stale.remove(0);
         }
-        block
+    }
+
+    /// Whether the allocator may still hold an arena chunk after `free_cached` or `trim`: one
+    /// with a live block, or another thread's that is in use in this reset interval.
+    fn arena_chunk_may_stay(&self) -> bool {
+        self.foreign_arena || self.live.values().any(|b| b.in_arena)
     }
 
     fn check_tag(&self, b: &LiveBlock) {
@@ -399,12 +514,31 @@ impl Model {
         assert_eq!(stats.live_blocks, self.live.len(), "op {step}: {stats:?}");
         assert_eq!(stats.live_bytes, live_bytes, "op {step}: {stats:?}");
         assert_eq!(stats.requested_bytes, requested, "op {step}: {stats:?}");
-        assert_eq!(
-            stats.hits + stats.misses,
-            self.served,
-            "op {step}: {stats:?}"
-        );
-        assert_eq!(stats.misses, stats.system_allocs, "op {step}: {stats:?}");
+        if self.hits_exact {
+            assert_eq!(
+                stats.hits + stats.misses,
+                self.served,
+                "op {step}: {stats:?}"
+            );
+        } else {
+            assert!(
+                stats.hits + stats.misses <= self.served,
+                "op {step}: {} served: {stats:?}",
+                self.served
+            );
+        }
+        let arena_live = self.live.values().filter(|b| b.in_arena).count();
+        assert_eq!(stats.arena_live_blocks, arena_live, "op {step}: {stats:?}");
+        if self.arena_max == 0 {
+            assert_eq!(
+                stats.arena_chunks, 0,
+                "op {step}: the arena is off: {stats:?}"
+            );
+            assert_eq!(stats.misses, stats.system_allocs, "op {step}: {stats:?}");
+        } else {
+            // An arena chunk is a system allocation but not a miss (no request asked for it).
+            assert!(stats.misses <= stats.system_allocs, "op {step}: {stats:?}");
+        }
         assert_eq!(
             stats.corrupted_blocks, self.corrupted,
             "op {step}: {stats:?}"
@@ -414,31 +548,12 @@ impl Model {
             stats.evictions + stats.corrupted_blocks,
             "op {step}: {stats:?}"
         );
-        assert_eq!(
-            stats.reserved_bytes,
-            stats.live_bytes + stats.cached_bytes,
-            "op {step}: {stats:?}"
-        );
-        assert_eq!(
+        assert_books_balance(
+            stats,
             counting.bytes.load(SeqCst),
-            stats.reserved_bytes,
-            "op {step}: the system holds other bytes than the stats say: {stats:?}"
-        );
-        assert_eq!(
-            counting.blocks.load(SeqCst) as u64,
-            stats.system_allocs - stats.system_frees,
-            "op {step}: {stats:?}"
-        );
-        assert_eq!(
-            (stats.live_blocks + stats.cached_blocks) as u64,
-            stats.system_allocs - stats.system_frees,
-            "op {step}: {stats:?}"
-        );
-        assert!(
-            stats.cached_bytes <= self.cap,
-            "op {step}: cached {} over the cap {}: {stats:?}",
-            stats.cached_bytes,
-            self.cap
+            counting.blocks.load(SeqCst),
+            self.cap,
+            &format!("op {step}"),
         );
         if let Some(limit) = self.limit {
             assert!(
@@ -446,24 +561,60 @@ impl Model {
                 "op {step}: over limit: {stats:?}"
             );
         }
-        assert!(
-            stats.peak_live_bytes >= stats.live_bytes,
-            "op {step}: {stats:?}"
-        );
-        assert!(
-            stats.peak_live_bytes >= self.peak_live,
-            "op {step}: peak dropped"
-        );
-        assert!(
-            stats.peak_reserved_bytes >= stats.reserved_bytes,
-            "op {step}"
-        );
-        assert!(
-            stats.peak_reserved_bytes >= self.peak_reserved,
-            "op {step}: peak dropped"
-        );
+        self.interval_peak = self.interval_peak.max(live_bytes);
+        // Peaks cover what is live now, never drop, and the interval's covers all it saw.
+        for (peak, now, seen, what) in [
+            (
+                stats.peak_live_bytes,
+                stats.live_bytes,
+                self.peak_live,
+                "live",
+            ),
+            (
+                stats.peak_reserved_bytes,
+                stats.reserved_bytes,
+                self.peak_reserved,
+                "reserved",
+            ),
+            (
+                stats.interval_peak_bytes,
+                live_bytes,
+                self.interval_peak,
+                "interval",
+            ),
+        ] {
+            assert!(
+                peak >= now.max(seen),
+                "op {step}: {what} peak {peak} below {now} now or {seen} seen: {stats:?}"
+            );
+        }
         self.peak_live = stats.peak_live_bytes;
         self.peak_reserved = stats.peak_reserved_bytes;
+    }
+
+    /// After `trim(keep)` (`free_cached` is `keep == 0`): at most `keep` idle bytes of size
+    /// classes stay, and an arena chunk only where one may (see `arena_chunk_may_stay`), its
+    /// idle bytes counted as cached.
+    fn check_freed(&self, stats: &Stats, keep: usize) {
+        let step = self.step;
+        if keep == 0 {
+            assert_eq!(stats.cached_blocks, 0, "op {step}: {stats:?}");
+        }
+        if self.arena_chunk_may_stay() {
+            assert!(
+                stats.cached_bytes <= keep + stats.arena_chunks * MAX_CHUNK,
+                "op {step}: trim({keep}) left {stats:?}"
+            );
+        } else {
+            assert_eq!(
+                stats.arena_chunks, 0,
+                "op {step}: an unused chunk stayed: {stats:?}"
+            );
+            assert!(
+                stats.cached_bytes <= keep,
+                "op {step}: trim({keep}) left {stats:?}"
+            );
+        }
     }
 
     /// The outcome of an allocation of `size` (`Ok` recorded by the caller) is consistent:
@@ -481,50 +632,92 @@ impl Model {
                 assert_eq!(s, size, "op {step}");
                 assert_eq!(class_size, self.class_of(size), "op {step}");
                 assert_eq!(Some(limit), self.limit, "op {step}: no limit configured");
-                assert!(
-                    self.live_bytes() + class_size > limit,
-                    "op {step}: LimitExceeded with room: live {} + {class_size} <= {limit}",
-                    self.live_bytes()
-                );
                 assert!(reserved + class_size > limit, "op {step}");
-                // Live bytes alone leave no room, so evicting could not help: the request is
-                // refused before anything is evicted, and nothing changes.
-                assert_eq!(
-                    *after, *before,
-                    "op {step}: LimitExceeded changed the books"
-                );
+                // Today any arena chunk keeps its idle bytes, even one with nothing live in it
+                // (`tests/arena.rs`, `an_idle_chunk_makes_room_under_the_limit`, ignored);
+                // once that holds, only a chunk in use may (`arena_chunk_may_stay`).
+                if before.arena_chunks > 0 {
+                    // An arena chunk in use keeps its idle bytes (only its owner may give it
+                    // back), so they cannot make room; how many they are, the model does not
+                    // know. Idle blocks may have been evicted first, but nothing live changed.
+                    let live = |s: &Stats| (s.live_blocks, s.live_bytes, s.misses);
+                    assert_eq!(live(after), live(before), "op {step}: LimitExceeded");
+                } else {
+                    assert!(
+                        self.live_bytes() + class_size > limit,
+                        "op {step}: LimitExceeded with room: live {} + {class_size} <= {limit}: \
+                         {after:?}",
+                        self.live_bytes()
+                    );
+                    // Live bytes alone leave no room, so evicting could not help: the request
+                    // is refused before anything is evicted, and nothing changes.
+                    assert_unchanged(before, after, &format!("op {step}: LimitExceeded"));
+                }
             }
             ref other => panic!("op {step}: allocate({size}) failed unexpectedly: {other}"),
         }
     }
 }
 
-/// An address that is not a live block start: inside a live block, or a stale one.
+/// Asserts that a call which failed (or asked for nothing) changed no books. It may have
+/// rewound the thread's arena after a reset (an owner rewinds on its next call, whatever the
+/// call), which moves the arena's old chunk into the idle blocks: where idle bytes sit changes,
+/// not how many there are.
+fn assert_unchanged(before: &Stats, after: &Stats, what: &str) {
+    let mut expected = *before;
+    if after.arena_chunks + 1 == before.arena_chunks
+        && after.cached_blocks == before.cached_blocks + 1
+    {
+        expected.arena_chunks -= 1;
+        expected.cached_blocks += 1;
+    }
+    assert_eq!(*after, expected, "{what} changed the books");
+}
+
+/// An address that is not a live block start: inside a live block, a stale one, or one in
+/// memory the allocator never handed out.
 fn unknown_addr(model: &Model, index: u16, offset: u8) -> Option<usize> {
-    if index.is_multiple_of(2) {
-        let b = model.nth(index / 2, |_| true)?;
-        // Inside the block, 8..=2040 bytes in, not 64-aligned: never a block start.
-        let off = 8 + (offset as usize % 255) * 8;
-        let off = if off.is_multiple_of(64) { off + 8 } else { off };
-        Some(b.addr + off.min(b.class - 8))
-    } else {
-        let stale = *model.stale.get(index as usize % model.stale.len().max(1))?;
-        (!model.live.contains_key(&stale)).then_some(stale)
+    match index % 4 {
+        0 | 2 => {
+            let b = model.nth(index / 4, |_| true)?;
+            // Inside the block, 8..=2040 bytes in, not 64-aligned: never a block start.
+            let off = 8 + (offset as usize % 255) * 8;
+            let off = if off.is_multiple_of(64) { off + 8 } else { off };
+            Some(b.addr + off.min(b.class - 8))
+        }
+        1 => {
+            let stale = *model
+                .stale
+                .get(index as usize / 4 % model.stale.len().max(1))?;
+            (!model.live.contains_key(&stale)).then_some(stale)
+        }
+        _ => Some(model.foreign.as_ptr() as usize + (offset as usize % 64) * 8),
     }
 }
 
-/// Applies every op of `input` to a fresh allocator and the model; panics on a violation.
-pub fn run(input: &Input) {
+/// The arena modes an input runs in: every one, except with debug checks, which turn the
+/// arena off (so the other modes would repeat the first).
+pub fn modes(input: &Input) -> &'static [ArenaMode] {
+    if input.config.debug {
+        &ArenaMode::ALL[..1]
+    } else {
+        &ArenaMode::ALL
+    }
+}
+
+/// Applies every op of `input` to a fresh allocator with the arena in `mode` and to the
+/// model; panics on a violation.
+pub fn run(input: &Input, mode: ArenaMode) {
     let cfg = input.config;
     let counting = Arc::new(Counting::default());
-    let cap = cfg.cap_units as usize * 256;
+    // With the arena on, a cap below one chunk would turn it off: the cap starts there.
+    let cap = cfg.cap_units as usize * 256 + if mode == ArenaMode::Off { 0 } else { MIN_CHUNK };
     let limit = cfg.limit_units.map(|u| u as usize * 4096);
     // The model books every scope request as a block of its own: scope chunks off (chunked
     // scopes have their own tests in `api.rs` and `stress.rs`).
     let mut config = Config::default()
         .scope_chunk_bytes(0)
-        // The model predicts size classes; the arena has its own model (tests/arena.rs).
-        .arena_max_bytes(0)
+        .arena_max_bytes(mode.max_bytes())
         .max_cached_bytes(cap)
         .debug_checks(cfg.debug)
         // Working-set retention (a budget and wide fit) on half the inputs.
@@ -538,8 +731,13 @@ pub fn run(input: &Input) {
         cap,
         limit,
         debug: cfg.debug,
+        arena_max: if cfg.debug { 0 } else { mode.max_bytes() },
+        hits_exact: cfg.debug || mode == ArenaMode::Off,
         live: BTreeMap::new(),
         stale: Vec::new(),
+        foreign: Box::new([0; 64]),
+        interval_peak: 0,
+        foreign_arena: false,
         served: 0,
         corrupted: 0,
         next_tag: 0,
@@ -577,36 +775,50 @@ pub fn run(input: &Input) {
                 alloc.reset();
             }
             // The blocks are the cache's now (some may even be freed): forget them unread.
+            let taken: Vec<usize> = model.live.keys().copied().collect();
             model.live.clear();
             let stats = alloc.stats();
-            assert_eq!(stats.live_blocks, 0, "op {i}: {stats:?}");
+            assert_nothing_live(&stats, &format!("op {i}: after the reset"));
             assert_eq!(
                 stats.system_allocs, before.system_allocs,
                 "op {i}: reset allocated"
             );
+            assert_eq!(
+                (
+                    stats.last_interval_peak_bytes >= model.interval_peak,
+                    stats.interval_peak_bytes
+                ),
+                (true, 0),
+                "op {i}: the interval's peak ({} seen) did not move to the last one: {stats:?}",
+                model.interval_peak
+            );
+            model.interval_peak = 0;
+            model.foreign_arena = false;
+            // Every block the reset took is unknown now (nothing was handed out since).
+            for &addr in taken.iter().take(8) {
+                // SAFETY: the reset took the block: `release` refuses it without reading it.
+                let r = unsafe { alloc.release(NonNull::new(addr as *mut u8).unwrap()) };
+                assert_eq!(
+                    r,
+                    Err(AllocError::UnknownPointer { addr }),
+                    "op {i}: a block the reset took"
+                );
+                assert_unchanged(&stats, &alloc.stats(), &format!("op {i}: refused release"));
+            }
+            for addr in taken {
+                model.forget(addr);
+            }
             model.check(&stats, &counting);
             i += 1;
         }
     }
     alloc.free_cached();
     let stats = alloc.stats();
-    assert_eq!(
-        (stats.cached_bytes, stats.cached_blocks),
-        (0, 0),
-        "{stats:?}"
-    );
+    model.check_freed(&stats, 0);
     model.check(&stats, &counting);
     drop(alloc);
-    assert_eq!(
-        counting.bytes.load(SeqCst),
-        0,
-        "bytes not given back at drop"
-    );
-    assert_eq!(
-        counting.blocks.load(SeqCst),
-        0,
-        "blocks not given back at drop"
-    );
+    let held = (counting.bytes.load(SeqCst), counting.blocks.load(SeqCst));
+    assert_all_given_back(held.0, held.1, "the end");
 }
 
 fn close_all(model: &mut Model, scopes: &mut Vec<(u64, Scope<'_>)>) {
@@ -647,11 +859,7 @@ fn apply<'a>(
             match alloc.allocate(size, align) {
                 Ok(p) if size == 0 => {
                     assert_eq!(p.as_ptr() as usize % align, 0, "op {step}");
-                    assert_eq!(
-                        alloc.stats(),
-                        before,
-                        "op {step}: zero-size touched the books"
-                    );
+                    assert_unchanged(&before, &alloc.stats(), &format!("op {step}: zero size"));
                     // SAFETY: a zero-size pointer from `allocate`; releasing it is always Ok.
                     assert_eq!(unsafe { alloc.release(p) }, Ok(()), "op {step}");
                 }
@@ -686,10 +894,10 @@ fn apply<'a>(
             // SAFETY: `addr` is not live: `release` must refuse it without touching memory.
             let r = unsafe { alloc.release(NonNull::new(addr as *mut u8).unwrap()) };
             assert_eq!(r, Err(AllocError::UnknownPointer { addr }), "op {step}");
-            assert_eq!(
-                alloc.stats(),
-                before,
-                "op {step}: a refused release changed stats"
+            assert_unchanged(
+                &before,
+                &alloc.stats(),
+                &format!("op {step}: refused release"),
             );
         }
         Op::ReleaseScoped { index } => {
@@ -704,7 +912,7 @@ fn apply<'a>(
                 Err(AllocError::UnknownPointer { addr: b.addr }),
                 "op {step}"
             );
-            assert_eq!(alloc.stats(), before, "op {step}");
+            assert_unchanged(&before, &alloc.stats(), &format!("op {step}"));
         }
         Op::BadAlign { pick } => {
             let align = match pick % 8 {
@@ -720,7 +928,7 @@ fn apply<'a>(
             let before = alloc.stats();
             let r = alloc.allocate(64, align);
             assert_eq!(r, Err(AllocError::InvalidAlignment { align }), "op {step}");
-            assert_eq!(alloc.stats(), before, "op {step}");
+            assert_unchanged(&before, &alloc.stats(), &format!("op {step}"));
         }
         Op::Oversize { less } => {
             let size = usize::MAX - less as usize;
@@ -731,7 +939,7 @@ fn apply<'a>(
                 Err(AllocError::SizeOverflow { size, align: 64 }),
                 "op {step}"
             );
-            assert_eq!(alloc.stats(), before, "op {step}");
+            assert_unchanged(&before, &alloc.stats(), &format!("op {step}"));
         }
         Op::ScopeOpen => {
             if scopes.len() < 8 {
@@ -756,20 +964,11 @@ fn apply<'a>(
         Op::Trim { keep } => {
             let keep = keep as usize * 64;
             alloc.trim(keep);
-            let stats = alloc.stats();
-            assert!(
-                stats.cached_bytes <= keep,
-                "op {step}: trim({keep}) left {stats:?}"
-            );
+            model.check_freed(&alloc.stats(), keep);
         }
         Op::FreeCached => {
             alloc.free_cached();
-            let stats = alloc.stats();
-            assert_eq!(
-                (stats.cached_bytes, stats.cached_blocks),
-                (0, 0),
-                "op {step}"
-            );
+            model.check_freed(&alloc.stats(), 0);
         }
         Op::Reset { .. } => unreachable!("handled by `run`"),
         Op::ForeignAlloc { size } => {
@@ -787,7 +986,8 @@ fn apply<'a>(
                 Ok(addr) if size == 0 => assert_ne!(addr, 0, "op {step}"),
                 Ok(addr) => {
                     let after = alloc.stats();
-                    model.add(addr, size, 64, Owner::Raw, &before, &after)
+                    model.add(addr, size, 64, Owner::Raw, &before, &after);
+                    model.foreign_arena |= after.arena_live_blocks > before.arena_live_blocks;
                 }
                 Err(e) => model.check_alloc_error(&e, size, &before, &alloc.stats()),
             }
@@ -797,6 +997,13 @@ fn apply<'a>(
                 return;
             };
             model.remove(b.addr);
+            if b.in_arena {
+                // Not offered to `ReleaseUnknown`: a second release of an arena block on its
+                // owner's thread, while the first (from another thread) waits in the inbox,
+                // is accepted today (`tests/arena.rs`,
+                // `a_block_released_on_another_thread_cannot_be_released_again_by_its_owner`).
+                model.stale.retain(|&a| a != b.addr);
+            }
             let r = std::thread::scope(|s| {
                 s.spawn(|| {
                     // SAFETY: a live raw block the model releases once and forgets.
@@ -905,7 +1112,7 @@ fn scope_alloc(model: &mut Model, id: u64, scope: &Scope<'_>, len: usize, kind: 
     match r {
         Ok(addr) if bytes == 0 => {
             assert_eq!(addr % align, 0, "op {step}");
-            assert_eq!(scope.allocator().stats(), before, "op {step}");
+            assert_unchanged(&before, &scope.allocator().stats(), &format!("op {step}"));
         }
         Ok(addr) => {
             let after = scope.allocator().stats();
@@ -940,10 +1147,11 @@ fn vec_op(alloc: &CachingAllocator, model: &mut Model, len: usize) {
         );
     }
     let served = u64::from(len > 0) + u64::from(grown);
-    assert_eq!(
-        alloc.stats().hits + alloc.stats().misses - before.hits - before.misses,
-        served,
-        "op {step}: Vec took another number of blocks than it allocated"
+    let taken =
+        (alloc.stats().hits + alloc.stats().misses).wrapping_sub(before.hits + before.misses);
+    assert!(
+        !model.hits_exact || taken == served,
+        "op {step}: Vec took {taken} blocks, not the {served} it allocated"
     );
     for (i, x) in v.iter().take(len).enumerate() {
         assert_eq!(
@@ -955,9 +1163,17 @@ fn vec_op(alloc: &CachingAllocator, model: &mut Model, len: usize) {
     for b in model.live.values() {
         model.check_tag_sampled(b);
     }
+    let full = alloc.stats();
     drop(v);
     model.served += served;
     let stats = alloc.stats();
+    if model.hits_exact {
+        assert_eq!(
+            stats.hits + stats.misses,
+            full.hits + full.misses,
+            "op {step}: dropping the Vec changed the requests served: {full:?} -> {stats:?}"
+        );
+    }
     assert_eq!(
         stats.live_blocks,
         model.live.len(),
@@ -965,9 +1181,11 @@ fn vec_op(alloc: &CachingAllocator, model: &mut Model, len: usize) {
     );
 }
 
-/// Decodes and runs raw fuzzer bytes.
+/// Decodes raw fuzzer bytes and runs them in every arena mode.
 pub fn run_bytes(data: &[u8]) {
     if let Some(input) = Input::from_bytes(data) {
-        run(&input);
+        for &mode in modes(&input) {
+            run(&input, mode);
+        }
     }
 }
