@@ -200,4 +200,62 @@ unsafe impl Simd for Avx2 {
     fn bits_to_f32(self, a: __m256i) -> __m256 {
         feat!(_mm256_castsi256_ps(a))
     }
+    #[inline(always)]
+    unsafe fn load_i32(self, p: *const i32) -> __m256i {
+        // SAFETY: the features (token) and 8 readable i32 at `p` (caller).
+        unsafe { _mm256_loadu_si256(p.cast()) }
+    }
+    #[inline(always)]
+    unsafe fn store_i32(self, p: *mut i32, v: __m256i) {
+        // SAFETY: the features (token) and 8 writable i32 at `p` (caller).
+        unsafe { _mm256_storeu_si256(p.cast(), v) }
+    }
+    #[inline(always)]
+    unsafe fn load_i16(self, p: *const i16) -> __m256i {
+        // SAFETY: the features (token) and 8 readable i16 (16 bytes) at `p` (caller).
+        unsafe { _mm256_cvtepi16_epi32(_mm_loadu_si128(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn store_i16(self, p: *mut i16, v: __m256i) {
+        // SAFETY: the features (token) and 8 writable i16 (16 bytes) at `p` (caller).
+        unsafe {
+            let lo = _mm256_castsi256_si128(v);
+            let hi = _mm256_extracti128_si256::<1>(v);
+            _mm_storeu_si128(p.cast(), _mm_packs_epi32(lo, hi));
+        }
+    }
+    #[inline(always)]
+    unsafe fn madd_i16_i8(self, acc: __m256i, q: *const i16, k: *const i8) -> __m256i {
+        // SAFETY: the features (token); 16 readable i16 at `q`, 16 bytes at `k` (caller).
+        unsafe {
+            let kv = _mm256_cvtepi8_epi16(_mm_loadu_si128(k.cast()));
+            let qv = _mm256_loadu_si256(q.cast());
+            _mm256_add_epi32(acc, _mm256_madd_epi16(qv, kv))
+        }
+    }
+    #[inline(always)]
+    unsafe fn madd_rows_i8(
+        self,
+        acc: [__m256i; 2],
+        w: __m256i,
+        a: *const i8,
+        b: *const i8,
+    ) -> [__m256i; 2] {
+        // SAFETY: the features (token); 16 readable bytes at `a` and at `b` (caller).
+        unsafe {
+            let (x, y) = (_mm_loadu_si128(a.cast()), _mm_loadu_si128(b.cast()));
+            // Bytes interleaved `a[j], b[j]` and widened: each i16 pair meets `(w0, w1)`.
+            let lo = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(x, y));
+            let hi = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(x, y));
+            [
+                _mm256_add_epi32(acc[0], _mm256_madd_epi16(lo, w)),
+                _mm256_add_epi32(acc[1], _mm256_madd_epi16(hi, w)),
+            ]
+        }
+    }
+    #[inline(always)]
+    fn madd_rows_order(self, acc: [__m256i; 2]) -> [__m256i; 2] {
+        // The 128-bit unpacks keep column order: columns 0..8, then 8..16.
+        acc
+    }
 }
