@@ -17,6 +17,21 @@ macro_rules! feat {
     };
 }
 
+/// `op` over the 8 lanes: the two halves, then the pairs of 64-bit halves, then the last two
+/// lanes (`op` works lane-wise on `__m128`).
+///
+/// # Safety
+/// The CPU has AVX (the caller's token).
+#[inline(always)]
+unsafe fn reduce(v: __m256, op: impl Fn(__m128, __m128) -> __m128) -> f32 {
+    // SAFETY: the caller's token proves AVX (and SSE, its predecessor).
+    unsafe {
+        let x = op(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let x = op(x, _mm_movehl_ps(x, x));
+        _mm_cvtss_f32(op(x, _mm_shuffle_ps::<1>(x, x)))
+    }
+}
+
 // SAFETY: a value of `Avx2` exists only when `Level::Avx2.is_available()` (or its caller
 // promised so); every primitive uses only AVX2, FMA, F16C and their predecessors.
 unsafe impl Simd for Avx2 {
@@ -103,21 +118,11 @@ unsafe impl Simd for Avx2 {
     }
     #[inline(always)]
     fn reduce_sum(self, v: __m256) -> f32 {
-        feat!({
-            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-            _mm_cvtss_f32(s)
-        })
+        feat!(reduce(v, |a, b| _mm_add_ps(a, b)))
     }
     #[inline(always)]
     fn reduce_max(self, v: __m256) -> f32 {
-        feat!({
-            let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-            let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
-            _mm_cvtss_f32(m)
-        })
+        feat!(reduce(v, |a, b| _mm_max_ps(a, b)))
     }
     #[inline(always)]
     fn exp2_neg(self, x: __m256) -> __m256 {

@@ -24,12 +24,17 @@ macro_rules! feat {
     };
 }
 
-/// Per lane `if a > b { a } else { b }` (`b` when either is NaN), as `vmaxps` defines it.
+/// Per lane `if a > b { a } else { b }` (`MAX`) or `if a < b { a } else { b }`: `b` when
+/// either is NaN, as `vmaxps` / `vminps` define it.
 #[inline(always)]
-fn max_ps(a: __m512, b: __m512) -> __m512 {
+fn pick_ps<const MAX: bool>(a: __m512, b: __m512) -> __m512 {
     #[cfg(not(miri))]
     {
-        feat!(_mm512_max_ps(a, b))
+        if MAX {
+            feat!(_mm512_max_ps(a, b))
+        } else {
+            feat!(_mm512_min_ps(a, b))
+        }
     }
     #[cfg(miri)]
     {
@@ -37,25 +42,14 @@ fn max_ps(a: __m512, b: __m512) -> __m512 {
         // in both.
         let (a, b): ([f32; 16], [f32; 16]) =
             unsafe { (core::mem::transmute(a), core::mem::transmute(b)) };
-        let m: [f32; 16] = core::array::from_fn(|i| if a[i] > b[i] { a[i] } else { b[i] });
-        // SAFETY: as above.
-        unsafe { core::mem::transmute(m) }
-    }
-}
-
-/// Per lane `if a < b { a } else { b }`, as `vminps` defines it.
-#[inline(always)]
-fn min_ps(a: __m512, b: __m512) -> __m512 {
-    #[cfg(not(miri))]
-    {
-        feat!(_mm512_min_ps(a, b))
-    }
-    #[cfg(miri)]
-    {
-        // SAFETY: as in `max_ps`.
-        let (a, b): ([f32; 16], [f32; 16]) =
-            unsafe { (core::mem::transmute(a), core::mem::transmute(b)) };
-        let m: [f32; 16] = core::array::from_fn(|i| if a[i] < b[i] { a[i] } else { b[i] });
+        let m: [f32; 16] = core::array::from_fn(|i| {
+            let keep_a = if MAX { a[i] > b[i] } else { a[i] < b[i] };
+            if keep_a {
+                a[i]
+            } else {
+                b[i]
+            }
+        });
         // SAFETY: as above.
         unsafe { core::mem::transmute(m) }
     }
@@ -140,11 +134,11 @@ unsafe impl Simd for Avx512 {
     }
     #[inline(always)]
     fn max(self, a: __m512, b: __m512) -> __m512 {
-        max_ps(a, b)
+        pick_ps::<true>(a, b)
     }
     #[inline(always)]
     fn min(self, a: __m512, b: __m512) -> __m512 {
-        min_ps(a, b)
+        pick_ps::<false>(a, b)
     }
     #[inline(always)]
     fn reduce_sum(self, v: __m512) -> f32 {
@@ -160,7 +154,7 @@ unsafe impl Simd for Avx512 {
         // constant's plus `n` (its unit in the last place is 1), and subtracting the constant
         // back gives `n` as a float (no `vrndscaleps`, which Miri lacks).
         const MAGIC: f32 = 12_582_912.0;
-        let x = max_ps(x, self.splat(-127.0));
+        let x = pick_ps::<true>(x, self.splat(-127.0));
         feat!({
             let big = _mm512_add_ps(x, _mm512_set1_ps(MAGIC));
             let n = _mm512_sub_ps(big, _mm512_set1_ps(MAGIC));

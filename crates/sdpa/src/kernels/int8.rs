@@ -38,14 +38,16 @@ fn q16_check(q: &[f32], d: usize, q16: &[i16], scale: &[f32], sum: &[i32]) -> us
     heads
 }
 
-/// A head's i16 scale and its inverse, from its largest magnitude and whether it holds a NaN
-/// or an infinity.
-fn q16_scale(mx: f32, non_finite: bool) -> (f32, f32) {
+/// A head's i16 step and its inverse, from its largest magnitude and whether it holds a NaN
+/// or an infinity; for the latter (or an infinite maximum) `None`, the step is NaN and `out`
+/// is zeroed (NaN * 0 rounds to 0).
+fn q16_step(mx: f32, non_finite: bool, out: &mut [i16]) -> Option<(f32, f32)> {
     if non_finite || !mx.is_finite() {
-        return (f32::NAN, 0.0);
+        out.fill(0);
+        return None;
     }
     let sc = mx / 32767.0;
-    (sc, if sc > 0.0 { 1.0 / sc } else { 0.0 })
+    Some((sc, if sc > 0.0 { 1.0 / sc } else { 0.0 }))
 }
 
 /// `y` rounded half to even, clamped to +-32767; NaN gives 0. Adding and subtracting 1.5 *
@@ -92,14 +94,11 @@ fn quantize_q16_body<S: Simd>(
             mx = mx.max(x.abs());
             nan |= !x.is_finite();
         }
-        let (sc, inv) = q16_scale(mx, nan);
         let out = &mut q16[h * d..(h + 1) * d];
-        if sc.is_nan() {
-            // NaN * 0 rounds to 0.
-            out.fill(0);
-            (scale[h], sum[h]) = (sc, 0);
+        let Some((sc, inv)) = q16_step(mx, nan, out) else {
+            (scale[h], sum[h]) = (f32::NAN, 0);
             continue;
-        }
+        };
         let iv = s.splat(inv);
         let mut sv = s.splat_i32(0);
         for j in (0..d1).step_by(l) {
@@ -320,14 +319,12 @@ fn pv_weights_body<S: Simd>(
             mv = s.max(mv, abs(s, x));
             bad = s.add(bad, non_finite(s, x));
         }
-        let (sc, inv) = q16_scale(s.reduce_max(mv), s.reduce_sum(bad).is_nan());
         let out = &mut w16[h * ldw..(h + 1) * ldw];
-        if sc.is_nan() {
-            // NaN * 0 rounds to 0.
-            out.fill(0);
-            (step[h], zterm[h]) = (sc, 0);
+        let bad = s.reduce_sum(bad).is_nan();
+        let Some((sc, inv)) = q16_step(s.reduce_max(mv), bad, out) else {
+            (step[h], zterm[h]) = (f32::NAN, 0);
             continue;
-        }
+        };
         let iv = s.splat(inv);
         let mut buf = [0i16; T];
         let mut zv = s.splat_i32(0);

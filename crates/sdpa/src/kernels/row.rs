@@ -53,31 +53,25 @@ impl Lane for f32 {
     }
 }
 
-impl Lane for Bf16 {
-    const KIND: LaneKind = LaneKind::Bf16;
-    #[inline(always)]
-    unsafe fn load<S: Simd>(s: S, p: *const Self) -> S::F32 {
-        // SAFETY: `p` is readable for LANES elements (caller).
-        unsafe { s.load_bf16(p.cast()) }
-    }
-    #[inline]
-    fn widen(self, _: i32) -> f32 {
-        self.to_f32()
-    }
+/// The 16-bit float storages: loaded by the token's widening load of the same name, widened
+/// exactly by `to_f32`.
+macro_rules! half_lane {
+    ($($t:ident: $load:ident),*) => {$(
+        impl Lane for $t {
+            const KIND: LaneKind = LaneKind::$t;
+            #[inline(always)]
+            unsafe fn load<S: Simd>(s: S, p: *const Self) -> S::F32 {
+                // SAFETY: `p` is readable for LANES elements (caller).
+                unsafe { s.$load(p.cast()) }
+            }
+            #[inline]
+            fn widen(self, _: i32) -> f32 {
+                self.to_f32()
+            }
+        }
+    )*};
 }
-
-impl Lane for F16 {
-    const KIND: LaneKind = LaneKind::F16;
-    #[inline(always)]
-    unsafe fn load<S: Simd>(s: S, p: *const Self) -> S::F32 {
-        // SAFETY: `p` is readable for LANES elements (caller).
-        unsafe { s.load_f16(p.cast()) }
-    }
-    #[inline]
-    fn widen(self, _: i32) -> f32 {
-        self.to_f32()
-    }
-}
+half_lane!(Bf16: load_bf16, F16: load_f16);
 
 impl Lane for i8 {
     const KIND: LaneKind = LaneKind::I8;
