@@ -144,20 +144,21 @@ fn dense<T: Element>() {
     });
 }
 
-#[test]
-fn f32_matrix() {
-    dense::<f32>();
+/// One `#[test]` per element type, each running a whole matrix (so a failure names its type).
+macro_rules! per_dtype {
+    ($($name:ident => $run:expr),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            $run;
+        }
+    )*};
 }
 
-#[test]
-fn bf16_matrix() {
-    dense::<Bf16>();
-}
-
-#[test]
-fn f16_matrix() {
-    dense::<F16>();
-}
+per_dtype!(
+    f32_matrix => dense::<f32>(),
+    bf16_matrix => dense::<Bf16>(),
+    f16_matrix => dense::<F16>(),
+);
 
 /// An int8 cache `[batch, cap, kv_heads, d]` with NaN scales everywhere (so a position never
 /// written would poison any output that read it).
@@ -319,20 +320,11 @@ fn quantized<T: Element>() {
     });
 }
 
-#[test]
-fn int8_kv_f32_matrix() {
-    quantized::<f32>();
-}
-
-#[test]
-fn int8_kv_bf16_matrix() {
-    quantized::<Bf16>();
-}
-
-#[test]
-fn int8_kv_f16_matrix() {
-    quantized::<F16>();
-}
+per_dtype!(
+    int8_kv_f32_matrix => quantized::<f32>(),
+    int8_kv_bf16_matrix => quantized::<Bf16>(),
+    int8_kv_f16_matrix => quantized::<F16>(),
+);
 
 /// Long prefill and long decode through the conversion paths (several tiles and chunks).
 #[test]

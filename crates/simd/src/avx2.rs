@@ -206,16 +206,6 @@ unsafe impl Simd for Avx2 {
         feat!(_mm256_castsi256_ps(a))
     }
     #[inline(always)]
-    unsafe fn load_i32(self, p: *const i32) -> __m256i {
-        // SAFETY: the features (token) and 8 readable i32 at `p` (caller).
-        unsafe { _mm256_loadu_si256(p.cast()) }
-    }
-    #[inline(always)]
-    unsafe fn store_i32(self, p: *mut i32, v: __m256i) {
-        // SAFETY: the features (token) and 8 writable i32 at `p` (caller).
-        unsafe { _mm256_storeu_si256(p.cast(), v) }
-    }
-    #[inline(always)]
     unsafe fn load_i16(self, p: *const i16) -> __m256i {
         // SAFETY: the features (token) and 8 readable i16 (16 bytes) at `p` (caller).
         unsafe { _mm256_cvtepi16_epi32(_mm_loadu_si128(p.cast())) }

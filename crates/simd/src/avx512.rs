@@ -232,16 +232,6 @@ unsafe impl Simd for Avx512 {
         feat!(_mm512_castsi512_ps(a))
     }
     #[inline(always)]
-    unsafe fn load_i32(self, p: *const i32) -> __m512i {
-        // SAFETY: the features (token) and 16 readable i32 at `p` (caller).
-        unsafe { _mm512_loadu_si512(p.cast()) }
-    }
-    #[inline(always)]
-    unsafe fn store_i32(self, p: *mut i32, v: __m512i) {
-        // SAFETY: the features (token) and 16 writable i32 at `p` (caller).
-        unsafe { _mm512_storeu_si512(p.cast(), v) }
-    }
-    #[inline(always)]
     unsafe fn load_i16(self, p: *const i16) -> __m512i {
         // SAFETY: the features (token) and 16 readable i16 (32 bytes) at `p` (caller).
         unsafe { _mm512_cvtepi16_epi32(_mm256_loadu_si256(p.cast())) }

@@ -226,16 +226,25 @@ pub unsafe trait Simd: Copy + Send + Sync + 'static {
     /// Each lane's bits as an f32.
     fn bits_to_f32(self, a: Self::I32) -> Self::F32;
 
-    /// `LANES` i32 from `p` (any alignment).
+    /// `LANES` i32 from `p` (any alignment): the float load and a bit cast, which moves the
+    /// bits unchanged on every level.
     ///
     /// # Safety
     /// `p` is readable for `LANES` i32.
-    unsafe fn load_i32(self, p: *const i32) -> Self::I32;
-    /// Writes the lanes to `p` (any alignment).
+    #[inline(always)]
+    unsafe fn load_i32(self, p: *const i32) -> Self::I32 {
+        // SAFETY: `p` is readable for LANES 4-byte lanes (caller).
+        self.f32_to_bits(unsafe { self.load(p.cast()) })
+    }
+    /// Writes the lanes to `p` (any alignment), as [`Simd::load_i32`] reads them.
     ///
     /// # Safety
     /// `p` is writable for `LANES` i32.
-    unsafe fn store_i32(self, p: *mut i32, v: Self::I32);
+    #[inline(always)]
+    unsafe fn store_i32(self, p: *mut i32, v: Self::I32) {
+        // SAFETY: `p` is writable for LANES 4-byte lanes (caller).
+        unsafe { self.store(p.cast(), self.bits_to_f32(v)) }
+    }
     /// `LANES` i16 from `p`, each sign-extended to an i32 lane.
     ///
     /// # Safety

@@ -197,14 +197,6 @@ unsafe impl Simd for Neon {
         feat!(vreinterpretq_f32_s32(a))
     }
     #[inline(always)]
-    unsafe fn load_i32(self, p: *const i32) -> int32x4_t {
-        feat!(vld1q_s32(p))
-    }
-    #[inline(always)]
-    unsafe fn store_i32(self, p: *mut i32, v: int32x4_t) {
-        feat!(vst1q_s32(p, v))
-    }
-    #[inline(always)]
     unsafe fn load_i16(self, p: *const i16) -> int32x4_t {
         feat!(vmovl_s16(vld1_s16(p)))
     }

@@ -179,16 +179,6 @@ unsafe impl Simd for Portable {
         map(a, |x| f32::from_bits(x as u32))
     }
     #[inline(always)]
-    unsafe fn load_i32(self, p: *const i32) -> [i32; L] {
-        // SAFETY: `p` is readable for LANES i32 (caller).
-        unsafe { p.cast::<[i32; L]>().read_unaligned() }
-    }
-    #[inline(always)]
-    unsafe fn store_i32(self, p: *mut i32, v: [i32; L]) {
-        // SAFETY: `p` is writable for LANES i32 (caller).
-        unsafe { p.cast::<[i32; L]>().write_unaligned(v) }
-    }
-    #[inline(always)]
     unsafe fn load_i16(self, p: *const i16) -> [i32; L] {
         // SAFETY: `p` is readable for LANES i16 (caller).
         let h = unsafe { p.cast::<[i16; L]>().read_unaligned() };

@@ -19,6 +19,13 @@ pub(crate) fn data(n: usize, seed: u32) -> Vec<f32> {
         .collect()
 }
 
+/// `n` int8 values `(j * step + offset) mod 256` (every byte for `step` odd, over 256 of them).
+fn bytes(n: usize, step: usize, offset: usize) -> Vec<i8> {
+    (0..n)
+        .map(|j| ((j * step + offset) % 256) as u8 as i8)
+        .collect()
+}
+
 /// The lengths of `r`; under Miri (minutes per level otherwise) only those next to the
 /// vector widths 8, 16 and 32, where the kernels' loops and tails change.
 fn lengths(r: impl Iterator<Item = usize>) -> impl Iterator<Item = usize> {
@@ -113,13 +120,7 @@ fn int_pv_matches_model(f: Kernels) {
     for (d, kvh, group, n) in cases {
         let heads = kvh * group;
         let nr = n.div_ceil(PV_ROWS) * PV_ROWS;
-        let vals: Vec<Vec<i8>> = (0..nr)
-            .map(|t| {
-                (0..kvh * d)
-                    .map(|j| ((j * 37 + t * 101 + d) % 256) as u8 as i8)
-                    .collect()
-            })
-            .collect();
+        let vals: Vec<Vec<i8>> = (0..nr).map(|t| bytes(kvh * d, 37, t * 101 + d)).collect();
         let scales: Vec<Vec<f32>> = (0..nr)
             .map(|t| {
                 data(kvh, 70 + t as u32)
@@ -128,13 +129,7 @@ fn int_pv_matches_model(f: Kernels) {
                     .collect()
             })
             .collect();
-        let zps: Vec<Vec<i8>> = (0..nr)
-            .map(|t| {
-                (0..kvh)
-                    .map(|g| ((g * 53 + t * 7) % 256) as u8 as i8)
-                    .collect()
-            })
-            .collect();
+        let zps: Vec<Vec<i8>> = (0..nr).map(|t| bytes(kvh, 53, t * 7)).collect();
         let row = |t: usize| KvRow {
             x: &vals[t.min(n - 1)][..],
             scales: &scales[t.min(n - 1)][..],
@@ -312,7 +307,7 @@ fn conversions_match_scalar(f: Kernels) {
     let x = data(40, 21);
     let bf: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v * 300.0)).collect();
     let hf: Vec<F16> = x.iter().map(|&v| F16::from_f32(v * 300.0)).collect();
-    let q: Vec<i8> = (0..40).map(|i| (i * 37 % 256) as u8 as i8).collect();
+    let q = bytes(40, 37, 0);
     for n in lengths(0..40) {
         let (mut a, mut b) = (vec![f32::NAN; n + 1], vec![f32::NAN; n + 1]);
         // SAFETY: slice-based kernels on a CPU that runs `f`'s level.
@@ -408,21 +403,9 @@ fn row_kernels_match_scalar(f: Kernels) {
             .iter()
             .map(|r| r.iter().map(|&x| Bf16::from_f32(x)).collect())
             .collect();
-        let i8s: Vec<Vec<i8>> = (0..4)
-            .map(|u| {
-                (0..n)
-                    .map(|j| ((j * 37 + u * 11) % 256) as u8 as i8)
-                    .collect()
-            })
-            .collect();
+        let i8s: Vec<Vec<i8>> = (0..4).map(|u| bytes(n, 37, u * 11)).collect();
         let scales: Vec<Vec<f32>> = (0..4).map(|u| data(kvh, 40 + u)).collect();
-        let zps: Vec<Vec<i8>> = (0..4)
-            .map(|u| {
-                (0..kvh)
-                    .map(|g| ((g * 53 + u * 7) % 256) as u8 as i8)
-                    .collect()
-            })
-            .collect();
+        let zps: Vec<Vec<i8>> = (0..4).map(|u| bytes(kvh, 53, u * 7)).collect();
         let rf = |u: usize| KvRow::dense(&fl[u][..]);
         let rb = |u: usize| KvRow::dense(&bf[u][..]);
         let ri = |u: usize| KvRow {
