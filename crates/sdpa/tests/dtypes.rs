@@ -119,6 +119,16 @@ fn each_level(mut f: impl FnMut(&str)) {
     }
 }
 
+/// The call asked `temp` for one buffer, of the documented scratch size.
+fn assert_one_request(temp: &PoisonAlloc, sh: &Shape, dtype: Dtype, cache: KvCache, what: &str) {
+    let bytes = scratch_bytes_for(sh, rayon::current_num_threads(), dtype, cache).unwrap();
+    assert_eq!(
+        *temp.requests.lock().unwrap(),
+        vec![(bytes, SCRATCH_ALIGN)],
+        "{what}"
+    );
+}
+
 fn dense<T: Element>() {
     each_level(|level| {
         for (name, sh) in shapes() {
@@ -131,14 +141,7 @@ fn dense<T: Element>() {
                 attention_typed(&q, &k, &v, &mut out, &sh, &p, &temp).unwrap();
                 let what = format!("{} {level} {name} causal={}", T::DTYPE, p.causal);
                 check_out(&out, &want, &what);
-                let bytes =
-                    scratch_bytes_for(&sh, rayon::current_num_threads(), T::DTYPE, KvCache::Dense)
-                        .unwrap();
-                assert_eq!(
-                    *temp.requests.lock().unwrap(),
-                    vec![(bytes, SCRATCH_ALIGN)],
-                    "{what}"
-                );
+                assert_one_request(&temp, &sh, T::DTYPE, KvCache::Dense, &what);
             }
         }
     });
@@ -299,14 +302,7 @@ fn quantized<T: Element>() {
                 let what = format!("int8 kv, {} {level} {name} causal={}", T::DTYPE, p.causal);
                 let extra = q16_bound(&widen(&q), &kc, &vd, &sh, &p) + pv16_bound(&vc, &sh);
                 check_out_plus(&out, &want, &what, extra);
-                let bytes =
-                    scratch_bytes_for(&sh, rayon::current_num_threads(), T::DTYPE, KvCache::Int8)
-                        .unwrap();
-                assert_eq!(
-                    *temp.requests.lock().unwrap(),
-                    vec![(bytes, SCRATCH_ALIGN)],
-                    "{what}"
-                );
+                assert_one_request(&temp, &sh, T::DTYPE, KvCache::Int8, &what);
                 // The quantized cache is close to the f32 one it came from (half a step).
                 let kv_len = sh.kv_len() * sh.kv_heads * sh.head_dim;
                 for (a, b) in kd[..kv_len].iter().zip(&k[..kv_len]) {

@@ -10,6 +10,7 @@ use kernel_simd::{Avx2, Simd};
 use crate::elem::Bf16;
 use crate::kernels::int8::{pv_table_check, pv_table_from, PV_MAX_TILE};
 use crate::kernels::row::{check, KvRow};
+use crate::kernels::scalar::KTile;
 use crate::plan::NR;
 
 /// The sum of the 8 lanes (`kernel_simd`'s AVX2 reduction, in this file's `target_feature`
@@ -58,16 +59,9 @@ pub(crate) fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
 /// # Safety
 /// The CPU supports AVX2 and FMA.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn pack_k(
-    k: &[f32],
-    stride: usize,
-    nk: usize,
-    nkp: usize,
-    d: usize,
-    kp: &mut [f32],
-) {
-    assert!(nk <= nkp && nkp.is_multiple_of(NR) && kp.len() >= nkp * d);
-    assert!(nk == 0 || k.len() >= (nk - 1) * stride + d);
+pub(super) unsafe fn pack_k(k: &[f32], t: KTile, kp: &mut [f32]) {
+    t.check(k, kp);
+    let KTile { stride, nk, d, .. } = t;
     let d8 = d / 8 * 8;
     let mut j = 0;
     while j + 8 <= nk {
@@ -94,7 +88,7 @@ pub(super) unsafe fn pack_k(
         }
         j += 8;
     }
-    super::scalar::pack_k_rows(k, stride, nk, j..nkp, d, kp);
+    super::scalar::pack_k_rows(k, t, j..t.nkp, kp);
 }
 
 /// AVX2-build version of [`super::scalar::prefetch_rows`] (all counts in bytes):

@@ -52,7 +52,7 @@ pub(crate) struct Kernels {
     /// `x *= a`.
     pub scale: unsafe fn(&mut [f32], f32),
     /// Packs a K tile into panels: see [`scalar::pack_k`].
-    pub pack_k: unsafe fn(&[f32], usize, usize, usize, usize, &mut [f32]),
+    pub pack_k: unsafe fn(&[f32], scalar::KTile, &mut [f32]),
     /// Prefetches rows of a strided tensor towards L2: see [`scalar::prefetch_rows`].
     pub prefetch_rows: unsafe fn(*const u8, usize, usize, usize, usize, usize),
     /// bf16 to f32: see [`convert::widen_bf16`].

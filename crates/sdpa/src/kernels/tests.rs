@@ -584,8 +584,9 @@ fn matches_scalar(f: Kernels) {
             let (mut p1, mut p2) = (vec![f32::NAN; nkp * d], vec![f32::NAN; nkp * d]);
             // SAFETY: as above.
             unsafe {
-                (f.pack_k)(&k, stride, nk, nkp, d, &mut p1);
-                (s.pack_k)(&k, stride, nk, nkp, d, &mut p2);
+                let t = scalar::KTile { stride, nk, nkp, d };
+                (f.pack_k)(&k, t, &mut p1);
+                (s.pack_k)(&k, t, &mut p2);
             }
             assert_eq!(p1, p2, "pack_k d {d} nk {nk}");
             for j in 0..nkp {
