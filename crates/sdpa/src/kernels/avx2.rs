@@ -9,7 +9,7 @@ use kernel_simd::{Avx2, Simd};
 
 use crate::elem::Bf16;
 use crate::kernels::int8::{pv_table_check, pv_table_from, PV_MAX_TILE};
-use crate::kernels::row::{check, KvRow};
+use crate::kernels::row::{check, heads_by_group, KvRow};
 use crate::kernels::scalar::KTile;
 use crate::plan::NR;
 
@@ -141,8 +141,7 @@ pub(crate) unsafe fn scores_row_bf16_split(
     let heads = check(q.len(), d, group, &[k], s.len(), lds, 1);
     let d16 = d / 16 * 16;
     let zero = _mm256_setzero_si256();
-    for h in 0..heads {
-        let g = h / group;
+    for (h, g) in heads_by_group(heads, group) {
         // SAFETY: `h < heads`, `g < heads / group`: query row h and head vector g are
         // `d` elements inside `q` and `k.x` (checked above).
         let (qp, kp) = unsafe { (q.as_ptr().add(h * d), k.x.as_ptr().add(g * d)) };

@@ -16,7 +16,7 @@
 
 use kernel_simd::{abs, non_finite, round_small, Simd};
 
-use crate::kernels::row::{check, KvRow};
+use crate::kernels::row::{check, heads_by_group, KvRow};
 
 /// Query heads quantized to i16 for the integer int8 dot product: `q[h d + j] ~= q16[h d + j] *
 /// scale[h]`, with `sum[h] = sum_j q16[h d + j]` (exact).
@@ -135,8 +135,7 @@ fn scores_q16_body<S: Simd>(
     let step = 2 * S::LANES;
     let heads = check(q.q.len(), d, group, &[k], out.len(), lds, 1);
     let dv = d / step * step;
-    for h in 0..heads {
-        let g = h / group;
+    for (h, g) in heads_by_group(heads, group) {
         // SAFETY: `h < heads`, `g < heads / group`: query row h and head vector g are `d`
         // elements inside `q.q` and `k.x` (checked above).
         let (qp, kp) = unsafe { (q.q.as_ptr().add(h * d), k.x.as_ptr().add(g * d)) };
@@ -299,8 +298,7 @@ fn pv_weights_body<S: Simd>(
     const { assert!(T.is_multiple_of(S::LANES)) };
     let (n, heads) = pv_weights_check(a, ldw, w16, step, zterm);
     let mut pb = [0f32; T];
-    for h in 0..heads {
-        let g = h / a.group;
+    for (h, g) in heads_by_group(heads, a.group) {
         let (vs, zp) = (&a.tab.vs[g * T..][..T], &a.tab.zp[g * T..][..T]);
         let ph: &[f32] = if n == T {
             &a.p[h * a.ldp..][..T]
@@ -397,8 +395,7 @@ fn pv_madd_body<S: Simd>(
     let l = S::LANES;
     let heads = pv_check(acc32.len(), d, group, w16.len(), ldw, &v);
     let dv = d / (2 * l) * (2 * l);
-    for h in 0..heads {
-        let g = h / group;
+    for (h, g) in heads_by_group(heads, group) {
         let w = &w16[h * ldw..h * ldw + PV_ROWS];
         if w == [0; PV_ROWS] {
             continue;

@@ -154,6 +154,13 @@ pub(crate) fn check<E: Lane>(
     heads
 }
 
+/// `(h, h / group)` for every query head `h < heads` (`heads` a multiple of `group`), in order,
+/// without a division per head (the row kernels visit every head once per position row).
+#[inline(always)]
+pub(crate) fn heads_by_group(heads: usize, group: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..heads / group).flat_map(move |g| (g * group..(g + 1) * group).map(move |h| (h, g)))
+}
+
 /// Scores of one query row against one position row: for each query head `h < q.len() / d`,
 /// with `g = h / group`, `s[h * lds] = scale_g * sum_j q[h d + j] * (k[g d + j] - zp_g)`.
 /// Panics if the lengths do not fit.
@@ -169,8 +176,7 @@ pub(crate) unsafe fn scores_row<E: Lane>(
     lds: usize,
 ) {
     let heads = check(q.len(), d, group, &[k], s.len(), lds, 1);
-    for h in 0..heads {
-        let g = h / group;
+    for (h, g) in heads_by_group(heads, group) {
         let (sc, zp) = k.head(g);
         let kh = &k.x[g * d..(g + 1) * d];
         let dot: f32 = q[h * d..(h + 1) * d]
@@ -200,8 +206,7 @@ pub(crate) unsafe fn axpy_row<E: Lane>(
 ) {
     assert!((1..=4).contains(&w), "w");
     let heads = check(acc.len(), d, group, &v[..w], p.len(), ldp, w);
-    for h in 0..heads {
-        let g = h / group;
+    for (h, g) in heads_by_group(heads, group) {
         let pw = &p[h * ldp..h * ldp + w];
         if pw.iter().all(|&x| x == 0.0) {
             continue;
@@ -315,8 +320,7 @@ fn scores_body<S: Simd, E: Lane>(
     let l = S::LANES;
     let heads = check(q.len(), d, group, &[k], out.len(), lds, 1);
     let (d4, d1) = (d / (4 * l) * (4 * l), d / l * l);
-    for h in 0..heads {
-        let g = h / group;
+    for (h, g) in heads_by_group(heads, group) {
         let (sc, zp) = k.head(g);
         // SAFETY: `h < heads`, `g < heads / group`: query row h and head vector g are `d`
         // elements inside `q` and `k.x` (checked above).
@@ -368,8 +372,7 @@ fn axpy_body<S: Simd, E: Lane>(
     let l = S::LANES;
     let (heads, v) = axpy_args(acc, d, group, p, ldp, w, v);
     let d1 = d / l * l;
-    for h in 0..heads {
-        let g = h / group;
+    for (h, g) in heads_by_group(heads, group) {
         let Some((wu, zsum)) = head_weights(p, ldp, w, &v, h, g) else {
             continue;
         };
