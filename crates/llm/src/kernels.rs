@@ -113,15 +113,74 @@ pub fn linear<A: TempAllocator + ?Sized>(
             });
         return Ok(());
     }
-    // Prefill: `tasks` contiguous ranges of output rows (columns of `out`), each with its own
-    // scratch block of NB widened weight rows.
+    prefill(s, x, m, &w, n, k, bias, out, accumulate)
+}
+
+/// Weight rows as the prefill matmul reads them: f32, a block of rows at a time.
+pub(crate) trait PrefillRows: Sync {
+    /// Whether [`PrefillRows::rows`] widens into its buffer (so [`prefill`] takes a scratch
+    /// block per task) rather than borrowing f32 weights.
+    fn widens(&self) -> bool;
+    /// Rows `r .. r + nb` (`k` floats each) as f32: borrowed from the weights, or widened
+    /// into `buf` (`nb * k` floats when [`PrefillRows::widens`]).
+    fn rows<'b>(
+        &'b self,
+        isa: Level,
+        r: usize,
+        nb: usize,
+        k: usize,
+        buf: &'b mut [f32],
+    ) -> &'b [f32];
+}
+
+impl PrefillRows for TensorData<'_> {
+    fn widens(&self) -> bool {
+        !matches!(self, TensorData::F32(_))
+    }
+
+    fn rows<'b>(
+        &'b self,
+        isa: Level,
+        r: usize,
+        nb: usize,
+        k: usize,
+        buf: &'b mut [f32],
+    ) -> &'b [f32] {
+        let span = r * k..(r + nb) * k;
+        match *self {
+            TensorData::F32(d) => &d[span],
+            TensorData::BF16(d) | TensorData::F16(d) => {
+                let bf16 = matches!(self, TensorData::BF16(_));
+                simd::widen::run(isa, &d[span], bf16, &mut buf[..nb * k]);
+                &buf[..nb * k]
+            }
+        }
+    }
+}
+
+/// The prefill matmul `out[i, r] (+)= x[i] . w[r] + bias[r]` (`m` rows of `x`, `n` of `w`,
+/// shapes checked by the caller): `tasks` contiguous ranges of output rows (columns of
+/// `out`), each widening [`NB`] weight rows at a time into its own scratch block and
+/// multiplying every input row against them.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn prefill<A: TempAllocator + ?Sized, R: PrefillRows>(
+    s: &Scratch<'_, A>,
+    x: &[f32],
+    m: usize,
+    w: &R,
+    n: usize,
+    k: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    accumulate: bool,
+) -> Result<()> {
+    let isa = isa();
     let threads = rayon::current_num_threads().max(1);
     let tasks = (threads * 4).min(n.div_ceil(NB)).max(1);
     let per_task = n.div_ceil(tasks).next_multiple_of(4);
     let tasks = n.div_ceil(per_task);
-    let widen = !matches!(w, TensorData::F32(_));
-    // f32 weights are used in place: a 1-float placeholder block per task.
-    let block = if widen { NB * k } else { 1 };
+    // Borrowed f32 weights need no block: a 1-float placeholder per task.
+    let block = if w.widens() { NB * k } else { 1 };
     let scratch = s.f32s(tasks * block)?;
     let outp = SharedOut(out.as_mut_ptr());
     scratch
@@ -134,25 +193,10 @@ pub fn linear<A: TempAllocator + ?Sized>(
             let mut rb = r_begin;
             while rb < r_end {
                 let nb = NB.min(r_end - rb);
-                let rows: &[f32] = match w {
-                    TensorData::F32(d) => &d[rb * k..(rb + nb) * k],
-                    TensorData::BF16(d) => {
-                        simd::widen::run(isa, &d[rb * k..(rb + nb) * k], true, &mut wbuf[..nb * k]);
-                        &wbuf[..nb * k]
-                    }
-                    TensorData::F16(d) => {
-                        simd::widen::run(
-                            isa,
-                            &d[rb * k..(rb + nb) * k],
-                            false,
-                            &mut wbuf[..nb * k],
-                        );
-                        &wbuf[..nb * k]
-                    }
-                };
+                let rows = w.rows(isa, rb, nb, k, wbuf);
                 // SAFETY: this task writes only columns rb..rb + nb of rows 0..m of `out`
-                // (which holds m * n floats, checked above); the column ranges of tasks are
-                // disjoint, and `out` outlives the parallel loop.
+                // (which holds m * n floats, the caller's check); the column ranges of tasks
+                // are disjoint, and `out` outlives the parallel loop.
                 unsafe { gemm_block(isa, x, m, k, rows, nb, outp, n, rb, bias, accumulate) };
                 rb += nb;
             }
