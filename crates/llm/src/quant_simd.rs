@@ -46,22 +46,27 @@ unsafe fn group_dots<S: Simd>(
             let mut c = [[s.zero(); 4]; MAX_VECS];
             match t {
                 QType::Q4_0 | QType::Q4_1 => {
-                    for j in 0..QK / 2 {
-                        let (xl, xh) = (s.splat(*xb.add(j)), s.splat(*xb.add(j + 16)));
-                        let p = 2 * (j & 1);
+                    // Two byte positions a step, so every chain index is a constant and the
+                    // chains stay in registers.
+                    for j in (0..QK / 2).step_by(2) {
                         for (v, cv) in c.iter_mut().enumerate().take(vecs) {
-                            let (lo, hi) = load_nibbles(s, q.add(j * GROUP + v * l));
-                            cv[p] = s.fma(s.i32_to_f32(lo), xl, cv[p]);
-                            cv[p + 1] = s.fma(s.i32_to_f32(hi), xh, cv[p + 1]);
+                            for (u, [lo_c, hi_c]) in [(0, [0, 1]), (1, [2, 3])] {
+                                let (lo, hi) = load_nibbles(s, q.add((j + u) * GROUP + v * l));
+                                let (xl, xh) = (*xb.add(j + u), *xb.add(j + u + 16));
+                                cv[lo_c] = s.fma(s.i32_to_f32(lo), s.splat(xl), cv[lo_c]);
+                                cv[hi_c] = s.fma(s.i32_to_f32(hi), s.splat(xh), cv[hi_c]);
+                            }
                         }
                     }
                 }
                 QType::Q8_0 => {
-                    for j in 0..QK {
-                        let xj = s.splat(*xb.add(j));
+                    for j in (0..QK).step_by(4) {
                         for (v, cv) in c.iter_mut().enumerate().take(vecs) {
-                            let w = s.i32_to_f32(s.load_i8(q.add(j * GROUP + v * l).cast()));
-                            cv[j & 3] = s.fma(w, xj, cv[j & 3]);
+                            for (u, cu) in cv.iter_mut().enumerate() {
+                                let p = q.add((j + u) * GROUP + v * l).cast::<i8>();
+                                let w = s.i32_to_f32(s.load_i8(p));
+                                *cu = s.fma(w, s.splat(*xb.add(j + u)), *cu);
+                            }
                         }
                     }
                 }
