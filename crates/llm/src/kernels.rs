@@ -18,9 +18,13 @@ use crate::runtime::Scratch;
 use crate::safetensors::TensorData;
 use caching_allocator::TempAllocator;
 pub use kernel_simd::{available_levels, Level};
+pub use row_jobs::LinearJob;
 use simd::{deinterleave, pair_block, Rows};
 
+pub(crate) mod row_jobs;
 mod simd;
+#[cfg(test)]
+pub(crate) mod test_data;
 
 /// Rows of the weight matrix widened at a time per task by the prefill matmul.
 const NB: usize = 16;
@@ -28,11 +32,18 @@ const NB: usize = 16;
 /// A `*mut f32` shared by tasks that write disjoint elements.
 #[derive(Clone, Copy)]
 struct SharedOut(*mut f32);
-// SAFETY: only used by `linear`, whose tasks write disjoint elements (distinct output
-// columns) of one buffer that outlives the parallel section.
+// SAFETY: only used by `prefill` and `row_jobs::run`, whose tasks write disjoint elements
+// (distinct output columns or row chunks) of buffers that outlive the parallel section.
 unsafe impl Send for SharedOut {}
 // SAFETY: as above.
 unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// The pointer (a method, so closures capture the `Send` wrapper, not the raw field).
+    fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
 
 /// The process-wide cap of [`set_max_level`], as a rank (`u8::MAX`: none).
 static MAX_RANK: AtomicU8 = AtomicU8::new(u8::MAX);
@@ -96,21 +107,18 @@ pub fn linear<A: TempAllocator + ?Sized>(
     let isa = isa();
     if m == 1 {
         // Decode: chunks of output rows in parallel, one row at a time per task.
-        let chunk = decode_chunk(n);
         let x = &x[..k];
         let xd = deinterleave_into(s, isa, matches!(w, TensorData::BF16(_)), x)?;
-        out[..n]
-            .par_chunks_mut(chunk)
-            .enumerate()
-            .for_each(|(ci, o)| {
-                let r0 = ci * chunk;
-                simd::matvec::run(isa, rows(w), r0, x, xd, o, accumulate);
-                if let Some(b) = bias {
-                    for (oi, bi) in o.iter_mut().zip(&b[r0..]) {
-                        *oi += bi;
-                    }
-                }
-            });
+        let job = LinearJob {
+            w,
+            n,
+            bias,
+            out,
+            accumulate,
+        };
+        row_jobs::run([job], decode_chunk, |w, r0, o, add| {
+            simd::matvec::run(isa, rows(*w), r0, x, xd, o, add)
+        });
         return Ok(());
     }
     prefill(s, x, m, &w, n, k, bias, out, accumulate)
@@ -204,20 +212,6 @@ pub(crate) fn prefill<A: TempAllocator + ?Sized, R: PrefillRows>(
     Ok(())
 }
 
-/// One matrix of [`linear_many`]: `out (+)= w x + bias`, `w` of `n` rows.
-pub struct LinearJob<'a> {
-    /// The weights, `[n, k]`.
-    pub w: TensorData<'a>,
-    /// Output rows.
-    pub n: usize,
-    /// Optional bias of `n`.
-    pub bias: Option<&'a [f32]>,
-    /// `n` outputs.
-    pub out: &'a mut [f32],
-    /// Add to `out` instead of overwriting it.
-    pub accumulate: bool,
-}
-
 /// Rows of one parallel task of the decode matvec over `n` rows.
 fn decode_chunk(n: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
@@ -247,7 +241,7 @@ pub fn linear_many<A: TempAllocator + ?Sized, const J: usize>(
     s: &Scratch<'_, A>,
     x: &[f32],
     k: usize,
-    jobs: [LinearJob<'_>; J],
+    jobs: [LinearJob<'_, TensorData<'_>>; J],
 ) -> Result<()> {
     let x = x.get(..k).ok_or_else(|| LlmError::InvalidArgument {
         message: format!("linear_many: x has {} floats, want {k}", x.len()),
@@ -271,31 +265,8 @@ pub fn linear_many<A: TempAllocator + ?Sized, const J: usize>(
     }
     let isa = isa();
     let xd = deinterleave_into(s, isa, bf16, x)?;
-    let chunk: [usize; J] = core::array::from_fn(|i| decode_chunk(jobs[i].n));
-    let counts: [usize; J] = core::array::from_fn(|i| jobs[i].n.div_ceil(chunk[i]));
-    let total: usize = counts.iter().sum();
-    let outs: [SharedOut; J] = core::array::from_fn(|i| SharedOut(jobs[i].out.as_ptr().cast_mut()));
-    let jobs = &jobs;
-    (0..total).into_par_iter().for_each(|mut ci| {
-        let mut j = 0;
-        while ci >= counts[j] {
-            ci -= counts[j];
-            j += 1;
-        }
-        let job = &jobs[j];
-        let r0 = ci * chunk[j];
-        let len = chunk[j].min(job.n - r0);
-        // SAFETY: `outs[j]` points to job j's output of at least `n` floats (checked above),
-        // borrowed mutably by `jobs` for the whole call and not otherwise accessed during the
-        // parallel section; task (j, ci) writes only rows r0 .. r0 + len < n, and the row
-        // ranges of the tasks of one job are disjoint.
-        let o = unsafe { core::slice::from_raw_parts_mut(outs[j].0.add(r0), len) };
-        simd::matvec::run(isa, rows(job.w), r0, x, xd, o, job.accumulate);
-        if let Some(b) = job.bias {
-            for (oi, bi) in o.iter_mut().zip(&b[r0..]) {
-                *oi += bi;
-            }
-        }
+    row_jobs::run(jobs, decode_chunk, |w, r0, o, add| {
+        simd::matvec::run(isa, rows(*w), r0, x, xd, o, add)
     });
     Ok(())
 }

@@ -17,29 +17,13 @@
 use rayon::prelude::*;
 
 use crate::error::{LlmError, Result};
-use crate::kernels::{self, Level, PrefillRows};
+use crate::kernels::{self, row_jobs, Level, LinearJob, PrefillRows};
 use crate::matrix::Matrix;
 use crate::quant::{dequantize_row, QTensor, QK};
 use crate::quant_groups::GROUP;
 use crate::quant_simd::{self, GateUp};
 use crate::runtime::Scratch;
 use caching_allocator::TempAllocator;
-
-/// A `*mut f32` shared by tasks that write disjoint elements.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: used only by the kernels below, whose tasks write disjoint elements of a buffer that
-// outlives the parallel section.
-unsafe impl Send for Out {}
-// SAFETY: as above.
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// The pointer (a method, so closures capture the `Send` wrapper, not the raw field).
-    fn ptr(self) -> *mut f32 {
-        self.0
-    }
-}
 
 /// Sums of `x` per block of 32 (`x.len()` a multiple of 32), into scratch.
 fn block_sums<'t, A: TempAllocator + ?Sized>(s: &Scratch<'t, A>, x: &[f32]) -> Result<&'t [f32]> {
@@ -136,32 +120,17 @@ pub fn linear<A: TempAllocator + ?Sized>(
     let isa = kernels::isa();
     let x = &x[..k];
     let xsum = block_sums(s, x)?;
-    let chunk = decode_chunk(n);
-    out[..n]
-        .par_chunks_mut(chunk)
-        .enumerate()
-        .for_each(|(ci, o)| {
-            let r0 = ci * chunk;
-            matvec_rows(isa, w, r0, x, xsum, o, accumulate);
-            if let Some(b) = bias {
-                for (oi, bi) in o.iter_mut().zip(&b[r0..]) {
-                    *oi += bi;
-                }
-            }
-        });
+    let job = LinearJob {
+        w,
+        n,
+        bias,
+        out,
+        accumulate,
+    };
+    row_jobs::run([job], decode_chunk, |w, r0, o, add| {
+        matvec_rows(isa, w, r0, x, xsum, o, add)
+    });
     Ok(())
-}
-
-/// One matrix of [`linear_many`]: `out (+)= w x + bias`.
-pub struct QJob<'a> {
-    /// The weights (a [`Matrix::Quant`]; a dense matrix is refused).
-    pub w: &'a Matrix,
-    /// Optional bias of `w.rows()`.
-    pub bias: Option<&'a [f32]>,
-    /// `w.rows()` outputs.
-    pub out: &'a mut [f32],
-    /// Add to `out` instead of overwriting it.
-    pub accumulate: bool,
 }
 
 /// Several decode matvecs over the same `x` (`k` floats) in one parallel section.
@@ -169,55 +138,35 @@ pub fn linear_many<A: TempAllocator + ?Sized, const J: usize>(
     s: &Scratch<'_, A>,
     x: &[f32],
     k: usize,
-    jobs: [QJob<'_>; J],
+    jobs: [LinearJob<'_, &Matrix>; J],
 ) -> Result<()> {
     let x = x.get(..k).ok_or_else(|| LlmError::InvalidArgument {
         message: format!("quantized linear_many: x has {} floats, want {k}", x.len()),
     })?;
-    let mut mats: [Option<&QTensor>; J] = [None; J];
-    for (j, slot) in jobs.iter().zip(&mut mats) {
+    for j in &jobs {
         let Matrix::Quant(w) = j.w else {
             return Err(LlmError::InvalidArgument {
                 message: "quantized linear_many: a dense matrix".into(),
             });
         };
-        *slot = Some(w);
         check(w, k, "quantized linear_many")?;
         let n = w.rows();
-        if j.out.len() < n || j.bias.is_some_and(|b| b.len() != n) {
+        if j.n != n || j.out.len() < n || j.bias.is_some_and(|b| b.len() != n) {
             return Err(LlmError::InvalidArgument {
-                message: format!("quantized linear_many: out {} for {n} rows", j.out.len()),
+                message: format!(
+                    "quantized linear_many: {} rows, out {} for {n} rows",
+                    j.n,
+                    j.out.len()
+                ),
             });
         }
     }
     let isa = kernels::isa();
     let xsum = block_sums(s, x)?;
-    let rows: [usize; J] = core::array::from_fn(|i| mats[i].map_or(0, |w| w.rows()));
-    let chunk: [usize; J] = core::array::from_fn(|i| decode_chunk(rows[i]));
-    let counts: [usize; J] = core::array::from_fn(|i| rows[i].div_ceil(chunk[i]));
-    let total: usize = counts.iter().sum();
-    let outs: [Out; J] = core::array::from_fn(|i| Out(jobs[i].out.as_ptr().cast_mut()));
-    let jobs = &jobs;
-    (0..total).into_par_iter().for_each(|mut ci| {
-        let mut j = 0;
-        while ci >= counts[j] {
-            ci -= counts[j];
-            j += 1;
-        }
-        let job = &jobs[j];
-        let Some(w) = mats[j] else { return };
-        let r0 = ci * chunk[j];
-        let len = chunk[j].min(rows[j] - r0);
-        // SAFETY: `outs[j]` points to job j's output of at least `rows` floats (checked
-        // above), mutably borrowed by `jobs` for the whole call and not otherwise accessed in
-        // the parallel section; task (j, ci) writes only rows r0 .. r0 + len, disjoint from
-        // every other task's.
-        let o = unsafe { core::slice::from_raw_parts_mut(outs[j].ptr().add(r0), len) };
-        matvec_rows(isa, w, r0, x, xsum, o, job.accumulate);
-        if let Some(b) = job.bias {
-            for (oi, bi) in o.iter_mut().zip(&b[r0..]) {
-                *oi += bi;
-            }
+    row_jobs::run(jobs, decode_chunk, |w, r0, o, add| {
+        // Every matrix is quantized (checked above).
+        if let Matrix::Quant(w) = w {
+            matvec_rows(isa, w, r0, x, xsum, o, add)
         }
     });
     Ok(())
@@ -285,22 +234,10 @@ pub fn embed(table: &QTensor, tokens: &[u32], out: &mut [f32]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::test_data::{close, data};
     use crate::quant::{quantize_row, QType};
     use crate::quant_simd::{matvec, swiglu};
     use kernel_simd::available_levels;
-
-    /// Deterministic values in `[-1, 1)`.
-    fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-            })
-            .collect()
-    }
 
     /// Every level's group matvec and SwiGLU, in every format, against f64 dot products of
     /// the exactly dequantized rows, for row counts around a group (padding rows) and
@@ -328,12 +265,6 @@ mod tests {
                             .sum()
                     })
                     .collect();
-                let close = |got: f32, want: f64, what: &str| {
-                    assert!(
-                        (f64::from(got) - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                        "{what}: {got} vs {want}"
-                    );
-                };
                 let g = w.groups();
                 for level in available_levels() {
                     let what = format!("{level} {t:?} rows {rows} blocks {blocks}");
