@@ -104,11 +104,12 @@ pub fn linear<A: TempAllocator + ?Sized>(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let isa = isa();
     if m == 1 {
         // Decode: chunks of output rows in parallel, one row at a time per task.
         let x = &x[..k];
-        let xd = deinterleave_into(s, isa, matches!(w, TensorData::BF16(_)), x)?;
+        let bf16 = matches!(w, TensorData::BF16(_));
+        let isa = decode_level(bf16);
+        let xd = deinterleave_into(s, isa, bf16, x)?;
         let job = LinearJob {
             w,
             n,
@@ -218,6 +219,17 @@ fn decode_chunk(n: usize) -> usize {
     (n / (threads * 8)).clamp(4, 256).next_multiple_of(4)
 }
 
+/// The level of a decode matvec: [`isa`], but at most AVX2 when weights are bf16. Those
+/// rows are memory-bound, and the AVX-512 instantiation decoded slower than the AVX2 one on
+/// this project's AVX-512 machines (measured interleaved in one run: 0.5-0.9x on 2 threads,
+/// 0.88-0.99x on 1), so AVX-512 buys nothing there.
+fn decode_level(bf16: bool) -> Level {
+    match isa() {
+        Level::Avx512 if bf16 => Level::Avx2,
+        level => level,
+    }
+}
+
 /// `x` de-interleaved into pair blocks ([`simd::deinterleave`]) in scratch, for the bf16
 /// row kernels; empty (and no scratch taken) when no weights are bf16.
 fn deinterleave_into<'t, A: TempAllocator + ?Sized>(
@@ -263,7 +275,7 @@ pub fn linear_many<A: TempAllocator + ?Sized, const J: usize>(
             });
         }
     }
-    let isa = isa();
+    let isa = decode_level(bf16);
     let xd = deinterleave_into(s, isa, bf16, x)?;
     row_jobs::run(jobs, decode_chunk, |w, r0, o, add| {
         simd::matvec::run(isa, rows(*w), r0, x, xd, o, add)
@@ -291,9 +303,9 @@ pub fn linear_swiglu<A: TempAllocator + ?Sized>(
             message: "linear_swiglu: length mismatch".into(),
         });
     }
-    let isa = isa();
     let x = &x[..k];
     let bf16 = matches!(gate, TensorData::BF16(_)) || matches!(up, TensorData::BF16(_));
+    let isa = decode_level(bf16);
     let xd = deinterleave_into(s, isa, bf16, x)?;
     let chunk = decode_chunk(n);
     out[..n]
