@@ -92,15 +92,12 @@ pub fn linear<A: TempAllocator + ?Sized>(
         TensorData::F32(d) => d.len(),
         TensorData::BF16(d) | TensorData::F16(d) => d.len(),
     };
-    if wlen != n * k || x.len() < m * k || out.len() < m * n || bias.is_some_and(|b| b.len() != n) {
+    if wlen != n * k {
         return Err(LlmError::InvalidArgument {
-            message: format!(
-                "linear: weights {wlen} (want {n}x{k}), x {} (want {m}x{k}), out {} (want {m}x{n})",
-                x.len(),
-                out.len()
-            ),
+            message: format!("linear: weights of {wlen} elements, want {n}x{k}"),
         });
     }
+    check_buffers("linear", [m, n, k], x, out, bias)?;
     if m == 0 || n == 0 {
         return Ok(());
     }
@@ -123,6 +120,29 @@ pub fn linear<A: TempAllocator + ?Sized>(
         return Ok(());
     }
     prefill(s, x, m, &w, n, k, bias, out, accumulate)
+}
+
+/// Checks the buffers of a linear layer of `[m, n, k]` (rows of `x`, outputs, inputs): `x`
+/// of at least `m * k` floats, `out` of `m * n`, a bias of exactly `n`. The error names
+/// `what`.
+pub(crate) fn check_buffers(
+    what: &str,
+    [m, n, k]: [usize; 3],
+    x: &[f32],
+    out: &[f32],
+    bias: Option<&[f32]>,
+) -> Result<()> {
+    if x.len() < m * k || out.len() < m * n || bias.is_some_and(|b| b.len() != n) {
+        return Err(LlmError::InvalidArgument {
+            message: format!(
+                "{what}: x {} (want {m}x{k}), out {} (want {m}x{n}), bias {:?} (want {n})",
+                x.len(),
+                out.len(),
+                bias.map(<[f32]>::len)
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Weight rows as the prefill matmul reads them: f32, a block of rows at a time.

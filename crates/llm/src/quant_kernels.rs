@@ -21,7 +21,7 @@ use crate::kernels::{self, row_jobs, Level, LinearJob, PrefillRows};
 use crate::matrix::Matrix;
 use crate::quant::{dequantize_row, QTensor, QK};
 use crate::quant_groups::GROUP;
-use crate::quant_simd::{self, GateUp};
+use crate::quant_simd::{self, Activation, Groups};
 use crate::runtime::Scratch;
 use caching_allocator::TempAllocator;
 
@@ -41,19 +41,14 @@ fn decode_chunk(n: usize) -> usize {
     n.div_ceil(GROUP).div_ceil(threads * 4).clamp(1, 16) * GROUP
 }
 
-/// `o (+)= rows r0 .. r0 + o.len() of w . x` (`r0` a multiple of [`GROUP`]).
-fn matvec_rows(
-    isa: Level,
-    w: &QTensor,
-    r0: usize,
-    x: &[f32],
-    xsum: &[f32],
-    o: &mut [f32],
-    add: bool,
-) {
+/// The groups of rows `r0 .. r0 + rows` of `w` (`r0` a multiple of [`GROUP`]).
+fn groups(w: &QTensor, r0: usize, rows: usize) -> Groups<'_> {
     let g = w.groups();
-    let groups = g.groups(r0 / GROUP, o.len().div_ceil(GROUP));
-    quant_simd::matvec::run(isa, w.qtype(), groups, g.blocks(), x, xsum, o, add);
+    Groups {
+        qtype: w.qtype(),
+        bytes: g.groups(r0 / GROUP, rows.div_ceil(GROUP)),
+        blocks: g.blocks(),
+    }
 }
 
 impl PrefillRows for QTensor {
@@ -102,15 +97,7 @@ pub fn linear<A: TempAllocator + ?Sized>(
     accumulate: bool,
 ) -> Result<()> {
     let (n, k) = (w.rows(), w.cols());
-    if x.len() < m * k || out.len() < m * n || bias.is_some_and(|b| b.len() != n) {
-        return Err(LlmError::InvalidArgument {
-            message: format!(
-                "quantized linear: x {} (want {m}x{k}), out {} (want {m}x{n})",
-                x.len(),
-                out.len()
-            ),
-        });
-    }
+    kernels::check_buffers("quantized linear", [m, n, k], x, out, bias)?;
     if m == 0 || n == 0 {
         return Ok(());
     }
@@ -127,8 +114,9 @@ pub fn linear<A: TempAllocator + ?Sized>(
         out,
         accumulate,
     };
+    let x = Activation { x, sums: xsum };
     row_jobs::run([job], decode_chunk, |w, r0, o, add| {
-        matvec_rows(isa, w, r0, x, xsum, o, add)
+        quant_simd::matvec::run(isa, groups(w, r0, o.len()), x, o, add)
     });
     Ok(())
 }
@@ -163,10 +151,11 @@ pub fn linear_many<A: TempAllocator + ?Sized, const J: usize>(
     }
     let isa = kernels::isa();
     let xsum = block_sums(s, x)?;
+    let x = Activation { x, sums: xsum };
     row_jobs::run(jobs, decode_chunk, |w, r0, o, add| {
         // Every matrix is quantized (checked above).
         if let Matrix::Quant(w) = w {
-            matvec_rows(isa, w, r0, x, xsum, o, add)
+            quant_simd::matvec::run(isa, groups(w, r0, o.len()), x, o, add)
         }
     });
     Ok(())
@@ -194,19 +183,13 @@ pub fn linear_swiglu<A: TempAllocator + ?Sized>(
     let x = &x[..k];
     let xsum = block_sums(s, x)?;
     let chunk = decode_chunk(n);
-    let (gg, ug) = (gate.groups(), up.groups());
+    let x = Activation { x, sums: xsum };
     out[..n]
         .par_chunks_mut(chunk)
         .enumerate()
         .for_each(|(ci, o)| {
-            let (g0, count) = (ci * chunk / GROUP, o.len().div_ceil(GROUP));
-            let w = GateUp {
-                gate_type: gate.qtype(),
-                gate: gg.groups(g0, count),
-                up_type: up.qtype(),
-                up: ug.groups(g0, count),
-            };
-            quant_simd::swiglu::run(isa, w, gg.blocks(), x, xsum, o);
+            let (r0, rows) = (ci * chunk, o.len());
+            quant_simd::swiglu::run(isa, groups(gate, r0, rows), groups(up, r0, rows), x, o);
         });
     Ok(())
 }
@@ -236,7 +219,7 @@ mod tests {
     use super::*;
     use crate::kernels::test_data::{close, data};
     use crate::quant::{quantize_row, QType};
-    use crate::quant_simd::{matvec, swiglu};
+    use crate::quant_simd::{matvec, swiglu, Activation};
     use kernel_simd::available_levels;
 
     /// Every level's group matvec and SwiGLU, in every format, against f64 dot products of
@@ -265,31 +248,15 @@ mod tests {
                             .sum()
                     })
                     .collect();
-                let g = w.groups();
+                let (wg, xa) = (groups(&w, 0, rows), Activation { x: &x, sums: &xsum });
                 for level in available_levels() {
                     let what = format!("{level} {t:?} rows {rows} blocks {blocks}");
                     let mut o = vec![1.0f32; rows];
-                    matvec::run(
-                        level,
-                        t,
-                        g.groups(0, rows.div_ceil(GROUP)),
-                        blocks,
-                        &x,
-                        &xsum,
-                        &mut o,
-                        true,
-                    );
+                    matvec::run(level, wg, xa, &mut o, true);
                     for (r, &got) in o.iter().enumerate() {
                         close(got, 1.0 + want[r], &format!("{what} matvec row {r}"));
                     }
-                    let all = g.groups(0, rows.div_ceil(GROUP));
-                    let gu = GateUp {
-                        gate_type: t,
-                        gate: all,
-                        up_type: t,
-                        up: all,
-                    };
-                    swiglu::run(level, gu, blocks, &x, &xsum, &mut o);
+                    swiglu::run(level, wg, wg, xa, &mut o);
                     for (r, &got) in o.iter().enumerate() {
                         let v = want[r];
                         close(
@@ -311,16 +278,11 @@ mod tests {
         let x = data(32, 2); // one block of the two
         let mut o = [0f32; 1];
         for level in available_levels() {
-            matvec::run(
-                level,
-                QType::Q4_1,
-                w.groups().groups(0, 1),
-                2,
-                &x,
-                &[0.0; 2],
-                &mut o,
-                false,
-            );
+            let xa = Activation {
+                x: &x,
+                sums: &[0.0; 2],
+            };
+            matvec::run(level, groups(&w, 0, 1), xa, &mut o, false);
             assert!(o[0].is_nan(), "{level}");
         }
     }

@@ -94,95 +94,78 @@ unsafe fn group_dots<S: Simd>(
     out
 }
 
-/// Whether `groups` (group-blocks of `t`) covers the groups of `rows` rows of `blocks`
-/// blocks, and `x` / `xsum` the blocks.
-fn fits(t: QType, groups: &[u8], rows: usize, blocks: usize, x: &[f32], xsum: &[f32]) -> bool {
-    groups.len() >= rows.div_ceil(GROUP) * blocks * group_block_bytes(t)
-        && x.len() >= blocks * QK
-        && xsum.len() >= blocks
+/// A run of groups of one quantized matrix, as the group kernels read it.
+#[derive(Clone, Copy)]
+pub struct Groups<'a> {
+    /// The format.
+    pub qtype: QType,
+    /// Whole groups ([`crate::quant_groups::RowGroups::groups`]).
+    pub bytes: &'a [u8],
+    /// Blocks per row.
+    pub blocks: usize,
 }
 
-/// `o[i] (+)= row i . x` for the rows of `groups` (the group layout of `t`, `blocks` blocks
-/// a row; the last group may be partly used). Writes NaN if the lengths do not fit (the
-/// kernels check the shapes, so this does not happen).
+impl Groups<'_> {
+    /// Whether the groups cover `rows` rows and `x` their blocks.
+    fn fit(&self, rows: usize, x: &Activation<'_>) -> bool {
+        self.bytes.len() >= rows.div_ceil(GROUP) * self.blocks * group_block_bytes(self.qtype)
+            && x.x.len() >= self.blocks * QK
+            && x.sums.len() >= self.blocks
+    }
+
+    /// The dot products of group `g`'s 16 rows with `x` (which [`Groups::fit`] checked).
+    #[inline(always)]
+    fn dots<S: Simd>(&self, s: S, g: usize, x: &Activation<'_>) -> [f32; GROUP] {
+        let group_bytes = self.blocks * group_block_bytes(self.qtype);
+        // SAFETY: the caller checked `fit` for rows past group `g`: the group, `x` and its
+        // sums cover `blocks` blocks.
+        unsafe {
+            group_dots(
+                s,
+                self.qtype,
+                self.bytes.as_ptr().add(g * group_bytes),
+                self.blocks,
+                x.x.as_ptr(),
+                x.sums.as_ptr(),
+            )
+        }
+    }
+}
+
+/// The f32 activation of a decode matvec and its sums per block of 32 (from scratch).
+#[derive(Clone, Copy)]
+pub struct Activation<'a> {
+    /// `x`, 32 floats per block.
+    pub x: &'a [f32],
+    /// `sum(x[32 b .. 32 b + 32])` for each block `b`.
+    pub sums: &'a [f32],
+}
+
+/// `o[i] (+)= row i . x` for the rows of `w` (the last group may be partly used). Writes
+/// NaN if the lengths do not fit (the kernels check the shapes, so this does not happen).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn matvec_body<S: Simd>(
-    s: S,
-    t: QType,
-    groups: &[u8],
-    blocks: usize,
-    x: &[f32],
-    xsum: &[f32],
-    o: &mut [f32],
-    accumulate: bool,
-) {
-    if !fits(t, groups, o.len(), blocks, x, xsum) {
+fn matvec_body<S: Simd>(s: S, w: Groups<'_>, x: Activation<'_>, o: &mut [f32], accumulate: bool) {
+    if !w.fit(o.len(), &x) {
         o.fill(f32::NAN);
         return;
     }
-    let gb = blocks * group_block_bytes(t);
     for (g, og) in o.chunks_mut(GROUP).enumerate() {
-        // SAFETY: group g of `groups`, `x` and `xsum` cover `blocks` blocks (`fits`).
-        let v = unsafe {
-            group_dots(
-                s,
-                t,
-                groups.as_ptr().add(g * gb),
-                blocks,
-                x.as_ptr(),
-                xsum.as_ptr(),
-            )
-        };
-        for (oi, v) in og.iter_mut().zip(v) {
+        for (oi, v) in og.iter_mut().zip(w.dots(s, g, &x)) {
             *oi = if accumulate { *oi + v } else { v };
         }
     }
 }
 
-/// The group layouts of the gate and up matrices of an MLP, with their formats.
-#[derive(Clone, Copy)]
-pub struct GateUp<'a> {
-    /// The gate matrix's format.
-    pub gate_type: QType,
-    /// The gate matrix's groups.
-    pub gate: &'a [u8],
-    /// The up matrix's format.
-    pub up_type: QType,
-    /// The up matrix's groups.
-    pub up: &'a [u8],
-}
-
-/// `o[i] = silu(gate_i . x) * (up_i . x)` for the rows of `w`'s groups (NaN if the lengths
-/// do not fit, as for [`matvec_body`]).
+/// `o[i] = silu(gate_i . x) * (up_i . x)` for the rows of the MLP's `gate` and `up` (NaN
+/// if the lengths do not fit, as for [`matvec_body`]).
 #[inline(always)]
-fn swiglu_body<S: Simd>(
-    s: S,
-    w: GateUp<'_>,
-    blocks: usize,
-    x: &[f32],
-    xsum: &[f32],
-    o: &mut [f32],
-) {
-    if !fits(w.gate_type, w.gate, o.len(), blocks, x, xsum)
-        || !fits(w.up_type, w.up, o.len(), blocks, x, xsum)
-    {
+fn swiglu_body<S: Simd>(s: S, gate: Groups<'_>, up: Groups<'_>, x: Activation<'_>, o: &mut [f32]) {
+    if !gate.fit(o.len(), &x) || !up.fit(o.len(), &x) {
         o.fill(f32::NAN);
         return;
     }
-    let (ggb, ugb) = (
-        blocks * group_block_bytes(w.gate_type),
-        blocks * group_block_bytes(w.up_type),
-    );
     for (g, og) in o.chunks_mut(GROUP).enumerate() {
-        // SAFETY: group g of both layouts, `x` and `xsum` cover `blocks` blocks (`fits`).
-        let (gv, uv) = unsafe {
-            let (xp, sp) = (x.as_ptr(), xsum.as_ptr());
-            (
-                group_dots(s, w.gate_type, w.gate.as_ptr().add(g * ggb), blocks, xp, sp),
-                group_dots(s, w.up_type, w.up.as_ptr().add(g * ugb), blocks, xp, sp),
-            )
-        };
+        let (gv, uv) = (gate.dots(s, g, &x), up.dots(s, g, &x));
         for ((oi, gi), ui) in og.iter_mut().zip(gv).zip(uv) {
             *oi = gi / (1.0 + (-gi).exp()) * ui;
         }
@@ -191,21 +174,7 @@ fn swiglu_body<S: Simd>(
 
 kernel_simd::instantiate! {
     /// The decode matvec over a run of groups.
-    pub fn matvec(
-        t: QType,
-        groups: &[u8],
-        blocks: usize,
-        x: &[f32],
-        xsum: &[f32],
-        o: &mut [f32],
-        accumulate: bool
-    ) = matvec_body;
+    pub fn matvec(w: Groups<'_>, x: Activation<'_>, o: &mut [f32], accumulate: bool) = matvec_body;
     /// The decode MLP's gate/up matvecs and SwiGLU over a run of groups.
-    pub fn swiglu(
-        w: GateUp<'_>,
-        blocks: usize,
-        x: &[f32],
-        xsum: &[f32],
-        o: &mut [f32]
-    ) = swiglu_body;
+    pub fn swiglu(gate: Groups<'_>, up: Groups<'_>, x: Activation<'_>, o: &mut [f32]) = swiglu_body;
 }
