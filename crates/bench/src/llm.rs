@@ -20,20 +20,21 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use comfy_table::Table;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::harness::Measurement;
 use crate::measure::{best, interleaved, median, sgemm, stream_read};
 use crate::report::{
-    comparison_table, efficiency_check, goal, markdown_table, pct, within_static, Column, RunInfo,
-    TargetCheck, CACHING,
+    align_right, comparison_table, efficiency_check, goal, markdown_table, pct, within_static,
+    Column, RunInfo, Section, TargetCheck, CACHING,
 };
-use crate::source::{ScratchSource, ScratchWorker, SourceConfig, SourceKind, LLM_ONLY, SOURCES};
+use crate::source::{
+    ScratchSource, ScratchWorker, SourceConfig, SourceKind, LLM_ONLY, RUNNER_CAP, SOURCES,
+};
 use crate::steps::Steps;
 use llm::safetensors::DType;
+use llm::scratch_profile::ScratchProfile;
 use llm::{Llama, ModelOptions, Module, Sampler, TempRef, Weights};
-
-use crate::source::RUNNER_CAP;
 
 /// The temp-memory sources of the llm comparison, in table order: [`SOURCES`] entries and
 /// [`LLM_ONLY`]'s, all built with [`llm_source_config`] (caps at the runner's 10 MiB).
@@ -158,19 +159,9 @@ pub struct ModelPrefillEfficiency {
     pub ratio_median: f64,
 }
 
-/// A whole `allocbench llm` run.
-#[derive(Clone, Debug)]
-pub struct LlmReport {
-    /// Where and how it ran (`threads`: rayon threads).
-    pub info: RunInfo,
-    /// What ran.
-    pub config: LlmConfig,
-    /// The model's architecture, as a one-line description.
-    pub arch: String,
-    /// matrixmultiply's threads, if known.
-    pub sgemm_threads: Option<usize>,
-    /// The kernels' SIMD path.
-    pub isa: String,
+/// What one `allocbench llm` run measured.
+#[derive(Clone, Debug, Default)]
+pub struct LlmRun {
     /// Prefill then decode, every source: time per prefill or per decode token; faults,
     /// system allocations and temp bytes per token; peaks over both phases (one temp
     /// allocator serves both).
@@ -179,6 +170,9 @@ pub struct LlmReport {
     pub decode_eff: Option<WeightReadEfficiency>,
     /// Prefill efficiency.
     pub prefill_eff: Option<ModelPrefillEfficiency>,
+    /// The kernels' scratch per phase and kernel name over one prefill of the prompt and the
+    /// round's decode tokens, with the runner's default temp allocator.
+    pub profile: Option<ScratchProfile>,
     /// What could not be measured, with why.
     pub errors: Vec<String>,
 }
@@ -209,199 +203,235 @@ pub fn weights(cfg: &LlmConfig) -> Result<Arc<Weights>, String> {
     Ok(Arc::new(w))
 }
 
-/// Runs the comparison on `kinds` and the efficiency figures; `tick` after every step.
+/// The prompt: `prompt_tokens` random ids (seeded).
+fn prompt(cfg: &LlmConfig, weights: &Weights) -> Vec<u32> {
+    let vocab = weights.config.vocab_size as u64;
+    let mut rng = llm::sample::Rng::new(cfg.seed ^ 0x5eed);
+    (0..cfg.prompt_tokens.max(1))
+        .map(|_| (rng.next_u64() % vocab) as u32)
+        .collect()
+}
+
+/// Runs the comparison on `kinds`, then the scratch profile and the efficiency figures;
+/// `tick` after every step.
 pub fn run(
     cfg: &LlmConfig,
     weights: &Arc<Weights>,
     kinds: &[&SourceKind],
     source_config: &SourceConfig,
     tick: &dyn Fn(),
-) -> (
-    Vec<Measurement>,
-    Option<WeightReadEfficiency>,
-    Option<ModelPrefillEfficiency>,
-    Vec<String>,
-) {
-    let c = &weights.config;
-    let vocab = c.vocab_size as u64;
-    let mut rng = llm::sample::Rng::new(cfg.seed ^ 0x5eed);
-    let prompt: Vec<u32> = (0..cfg.prompt_tokens.max(1))
-        .map(|_| (rng.next_u64() % vocab) as u32)
-        .collect();
-    let context = prompt.len() + cfg.decode_tokens + cfg.eff_reps + 8;
+) -> LlmRun {
+    let prompt = prompt(cfg, weights);
     let opts = ModelOptions {
-        context: Some(context),
+        context: Some(prompt.len() + cfg.decode_tokens + cfg.eff_reps + 8),
     };
-    let mut errors = Vec::new();
+    let mut out = LlmRun::default();
+    match compare(cfg, weights, &prompt, &opts, kinds, source_config, tick) {
+        Ok(rows) => out.rows = rows,
+        Err(e) => {
+            out.errors.push(format!("building the model: {e}"));
+            return out;
+        }
+    }
+    // ---- profile and efficiency, with the runner's default temp allocator ----
+    let model = || {
+        Llama::new(weights.clone(), llm::caching_temp(RUNNER_CAP), &opts).map_err(|e| e.to_string())
+    };
+    let profile = model().and_then(|mut m| {
+        m.enable_scratch_profile();
+        let mut tok = prefill(&mut m, &prompt)?;
+        for _ in 0..cfg.decode_tokens {
+            tok = decode(&mut m, tok)?;
+        }
+        Ok(m.scratch_profile().cloned().unwrap_or_default())
+    });
+    let mut model = match model() {
+        Ok(m) => m,
+        Err(e) => {
+            out.errors.push(format!("efficiency model: {e}"));
+            return out;
+        }
+    };
+    let decode_eff = decode_efficiency(&mut model, &prompt, cfg.eff_reps);
+    tick();
+    let prefill_eff = prefill_efficiency(&mut model, &prompt, cfg.eff_reps);
+    tick();
+    let errors = &mut out.errors;
+    out.profile = profile
+        .map_err(|e| errors.push(format!("scratch profile: {e}")))
+        .ok();
+    out.decode_eff = decode_eff
+        .map_err(|e| errors.push(format!("decode efficiency: {e}")))
+        .ok();
+    out.prefill_eff = prefill_eff
+        .map_err(|e| errors.push(format!("prefill efficiency: {e}")))
+        .ok();
+    out
+}
+
+/// A prefill of `prompt` from an empty cache, then the first token sampled (greedy).
+fn prefill<A: caching_allocator::TempReset>(
+    m: &mut Llama<A>,
+    prompt: &[u32],
+) -> Result<u32, String> {
+    m.clear();
+    m.forward(prompt).map_err(|e| e.to_string())?;
+    m.sample(&mut Sampler::greedy()).map_err(|e| e.to_string())
+}
+
+/// One decode step: the forward pass of `tok`, then the next token sampled (greedy).
+fn decode<A: caching_allocator::TempReset>(m: &mut Llama<A>, tok: u32) -> Result<u32, String> {
+    m.forward(&[tok]).map_err(|e| e.to_string())?;
+    m.sample(&mut Sampler::greedy()).map_err(|e| e.to_string())
+}
+
+/// The allocator comparison: one model per source, warmed up in turn, then the measured
+/// rounds' prefills and decode steps interleaved over the sources.
+fn compare(
+    cfg: &LlmConfig,
+    weights: &Arc<Weights>,
+    prompt: &[u32],
+    opts: &ModelOptions,
+    kinds: &[&SourceKind],
+    source_config: &SourceConfig,
+    tick: &dyn Fn(),
+) -> Result<Vec<Measurement>, String> {
     let sources: Vec<Box<dyn ScratchSource>> =
         kinds.iter().map(|k| (k.build)(source_config)).collect();
     let workers: Vec<Box<dyn ScratchWorker + '_>> = sources.iter().map(|s| s.worker()).collect();
-    let mut models = Vec::new();
-    for w in &workers {
-        match Llama::new(weights.clone(), TempRef(w.as_ref()), &opts) {
-            Ok(m) => models.push(m),
-            Err(e) => {
-                errors.push(format!("building the model: {e}"));
-                return (Vec::new(), None, None, errors);
-            }
-        }
-    }
+    let mut models: Vec<Model<'_>> = workers
+        .iter()
+        .map(|w| Llama::new(weights.clone(), TempRef(w.as_ref()), opts))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
     let counters = |i: usize| sources[i].counters().plus(workers[i].counters());
     let mut pre = Steps::new(kinds, &counters);
     let mut dec = Steps::new(kinds, &counters);
-    let mut sampler = Sampler::greedy();
     // The next token of each source's model, and its temp bytes per phase (measured steps).
     let mut next_tok = vec![0u32; models.len()];
     let mut temp = vec![[0u64; 2]; models.len()];
-    let prefill = |m: &mut Model<'_>, sampler: &mut Sampler| {
-        m.clear();
-        m.forward(&prompt).map_err(|e| e.to_string())?;
-        m.sample(sampler).map_err(|e| e.to_string())
-    };
-    let decode = |m: &mut Model<'_>, tok: u32, sampler: &mut Sampler| {
-        m.forward(&[tok]).map_err(|e| e.to_string())?;
-        m.sample(sampler).map_err(|e| e.to_string())
-    };
     // Warm-up: one round per source, in turn (every scratch size of the run seen once).
     for (i, m) in models.iter_mut().enumerate() {
         pre.warm_up(i, || {
-            next_tok[i] = prefill(m, &mut sampler)?;
+            next_tok[i] = prefill(m, prompt)?;
             Ok(())
         });
         dec.warm_up(i, || {
             for _ in 0..cfg.decode_tokens {
-                next_tok[i] = decode(m, next_tok[i], &mut sampler)?;
+                next_tok[i] = decode(m, next_tok[i])?;
             }
             Ok(())
         });
     }
+    // One measured step of `phase` (0 prefill, 1 decode) on source `i`, its temp bytes counted.
+    let mut step = |i: usize, phase: usize| {
+        let m = &mut models[i];
+        let b0 = m.temp_usage().bytes;
+        next_tok[i] = match phase {
+            0 => prefill(m, prompt)?,
+            _ => decode(m, next_tok[i])?,
+        };
+        temp[i][phase] += m.temp_usage().bytes - b0;
+        Ok(if phase == 0 { prompt.len() as u64 } else { 1 })
+    };
     for _ in 0..cfg.rounds {
         for _ in 0..cfg.prefill_reps.max(1) {
-            pre.step(|i| {
-                let b0 = models[i].temp_usage().bytes;
-                next_tok[i] = prefill(&mut models[i], &mut sampler)?;
-                temp[i][0] += models[i].temp_usage().bytes - b0;
-                Ok(prompt.len() as u64)
-            });
+            pre.step(|i| step(i, 0));
             tick();
         }
         for _ in 0..cfg.decode_tokens {
-            dec.step(|i| {
-                let b0 = models[i].temp_usage().bytes;
-                next_tok[i] = decode(&mut models[i], next_tok[i], &mut sampler)?;
-                temp[i][1] += models[i].temp_usage().bytes - b0;
-                Ok(1)
-            });
+            dec.step(|i| step(i, 1));
             tick();
         }
     }
     let ns = |t: &[f64]| t.iter().map(|x| x * 1e9).collect();
     let mut rows = pre.measurements("llm-prefill", "prefill", ns);
     rows.extend(dec.measurements("llm-decode", "token", ns));
-    let n = models.len();
+    let n = kinds.len();
     for (k, r) in rows.iter_mut().enumerate() {
         r.temp_bytes_per_call = Some(temp[k % n][k / n] as f64 / r.calls_total.max(1) as f64);
     }
-    drop(pre);
-    drop(dec);
-    drop(models);
-    drop(workers);
-    drop(sources);
+    Ok(rows)
+}
 
-    // ---- efficiency, with the runner's default temp allocator ----
-    let mut model = match Llama::new(weights.clone(), llm::caching_temp(RUNNER_CAP), &opts) {
-        Ok(m) => m,
-        Err(e) => {
-            errors.push(format!("efficiency model: {e}"));
-            return (rows, None, None, errors);
+/// Decode against a streaming read of the weight bytes one step reads, in turns.
+fn decode_efficiency<A: caching_allocator::TempReset>(
+    model: &mut Llama<A>,
+    prompt: &[u32],
+    reps: usize,
+) -> Result<WeightReadEfficiency, String> {
+    let wbytes = model.weights().decode_weight_bytes();
+    let mut tok = prefill(model, prompt)?;
+    let buf = vec![1.0f32; wbytes / 4];
+    let mut err = None;
+    let mut read = || stream_read(&buf, 1);
+    let mut step = || match decode(model, tok) {
+        Ok(t) => tok = t,
+        Err(e) => err = err.take().or(Some(e)),
+    };
+    let rounds = interleaved(reps, &mut [&mut read, &mut step]);
+    if let Some(e) = err {
+        return Err(e);
+    }
+    let gbs = |t: f64| wbytes as f64 / t / 1e9;
+    let ratios: Vec<f64> = rounds.iter().map(|r| r[0] / r[1]).collect();
+    Ok(WeightReadEfficiency {
+        weight_bytes: wbytes,
+        stream_gbs: gbs(best(&rounds, 0)),
+        decode_gbs: gbs(best(&rounds, 1)),
+        ratio_best: best(&rounds, 0) / best(&rounds, 1),
+        ratio_median: median(&ratios),
+    })
+}
+
+/// The whole prefill against sgemm at the model's largest matmul shape, in turns.
+fn prefill_efficiency<A: caching_allocator::TempReset>(
+    model: &mut Llama<A>,
+    prompt: &[u32],
+    reps: usize,
+) -> Result<ModelPrefillEfficiency, String> {
+    let c = model.config().clone();
+    let l = prompt.len();
+    let (h, ffn) = (c.hidden_size, c.intermediate_size);
+    let per_layer = {
+        let q = c.num_heads * c.head_dim;
+        let kv = c.num_kv_heads * c.head_dim;
+        h * q + 2 * h * kv + q * h + 3 * h * ffn
+    };
+    let pairs = (l * (l + 1) / 2) as f64;
+    let flops = 2.0 * l as f64 * (c.num_layers * per_layer) as f64
+        + 2.0 * (c.vocab_size * h) as f64
+        + c.num_layers as f64 * 4.0 * (c.head_dim * c.num_heads) as f64 * pairs;
+    let (m, k, n) = (l, h, ffn);
+    let a = crate::measure::fill(m * k, 3);
+    let b = crate::measure::fill(k * n, 4);
+    let mut cbuf = vec![0f32; m * n];
+    let mut err = None;
+    let mut gemm = || sgemm(m, k, n, &a, &b, &mut cbuf);
+    let mut run = || {
+        if let Err(e) = prefill(model, prompt) {
+            err.get_or_insert(e);
         }
     };
-    let wbytes = weights.decode_weight_bytes();
-    let decode_eff = (|| -> Result<WeightReadEfficiency, String> {
-        model.forward(&prompt).map_err(|e| e.to_string())?;
-        let buf = vec![1.0f32; wbytes / 4];
-        let mut tok = 1u32;
-        let mut err = None;
-        let mut read = || stream_read(&buf, 1);
-        let mut step_fn = || {
-            let r = model
-                .forward(&[tok])
-                .map(|_| ())
-                .and_then(|_| model.sample(&mut Sampler::greedy()));
-            match r {
-                Ok(t) => tok = t,
-                Err(e) => {
-                    err.get_or_insert(e.to_string());
-                }
-            }
-        };
-        let rounds = interleaved(cfg.eff_reps, &mut [&mut read, &mut step_fn]);
-        if let Some(e) = err {
-            return Err(e);
-        }
-        let gbs = |t: f64| wbytes as f64 / t / 1e9;
-        let ratios: Vec<f64> = rounds.iter().map(|r| r[0] / r[1]).collect();
-        Ok(WeightReadEfficiency {
-            weight_bytes: wbytes,
-            stream_gbs: gbs(best(&rounds, 0)),
-            decode_gbs: gbs(best(&rounds, 1)),
-            ratio_best: best(&rounds, 0) / best(&rounds, 1),
-            ratio_median: median(&ratios),
-        })
-    })();
-    tick();
-    let prefill_eff = (|| -> Result<ModelPrefillEfficiency, String> {
-        let l = prompt.len();
-        let (h, ffn) = (c.hidden_size, c.intermediate_size);
-        let per_layer = {
-            let q = c.num_heads * c.head_dim;
-            let kv = c.num_kv_heads * c.head_dim;
-            h * q + 2 * h * kv + q * h + 3 * h * ffn
-        };
-        let pairs = (l * (l + 1) / 2) as f64;
-        let flops = 2.0 * l as f64 * (c.num_layers * per_layer) as f64
-            + 2.0 * (c.vocab_size * h) as f64
-            + c.num_layers as f64 * 4.0 * (c.head_dim * c.num_heads) as f64 * pairs;
-        let (m, k, nn) = (l, h, ffn);
-        let a = crate::measure::fill(m * k, 3);
-        let b = crate::measure::fill(k * nn, 4);
-        let mut cbuf = vec![0f32; m * nn];
-        let mut err = None;
-        let mut gemm = || sgemm(m, k, nn, &a, &b, &mut cbuf);
-        let mut prefill = || {
-            model.clear();
-            if let Err(e) = model.forward(&prompt) {
-                err.get_or_insert(e.to_string());
-            }
-        };
-        let rounds = interleaved(cfg.eff_reps, &mut [&mut gemm, &mut prefill]);
-        if let Some(e) = err {
-            return Err(e);
-        }
-        let gflops_gemm = |t: f64| 2.0 * (m * k * nn) as f64 / t / 1e9;
-        let ratios: Vec<f64> = rounds
-            .iter()
-            .map(|r| (flops / r[1]) / (2.0 * (m * k * nn) as f64 / r[0]))
-            .collect();
-        let sg = gflops_gemm(best(&rounds, 0));
-        let pf = flops / best(&rounds, 1) / 1e9;
-        Ok(ModelPrefillEfficiency {
-            flops,
-            sgemm_shape: (m, k, nn),
-            sgemm_gflops: sg,
-            prefill_gflops: pf,
-            ratio_best: pf / sg,
-            ratio_median: median(&ratios),
-        })
-    })();
-    tick();
-    let decode_eff = decode_eff
-        .map_err(|e| errors.push(format!("decode efficiency: {e}")))
-        .ok();
-    let prefill_eff = prefill_eff
-        .map_err(|e| errors.push(format!("prefill efficiency: {e}")))
-        .ok();
-    (rows, decode_eff, prefill_eff, errors)
+    let rounds = interleaved(reps, &mut [&mut gemm, &mut run]);
+    if let Some(e) = err {
+        return Err(e);
+    }
+    let gemm_flops = 2.0 * (m * k * n) as f64;
+    let ratios: Vec<f64> = rounds
+        .iter()
+        .map(|r| (flops / r[1]) / (gemm_flops / r[0]))
+        .collect();
+    let sg = gemm_flops / best(&rounds, 0) / 1e9;
+    let pf = flops / best(&rounds, 1) / 1e9;
+    Ok(ModelPrefillEfficiency {
+        flops,
+        sgemm_shape: (m, k, n),
+        sgemm_gflops: sg,
+        prefill_gflops: pf,
+        ratio_best: pf / sg,
+        ratio_median: median(&ratios),
+    })
 }
 
 /// Progress units of a run: the measured steps, plus two efficiency figures.
@@ -409,17 +439,10 @@ pub fn progress_units(cfg: &LlmConfig) -> usize {
     cfg.rounds * (cfg.decode_tokens + cfg.prefill_reps.max(1)) + 2
 }
 
-/// Runs `allocbench llm` on `kinds` in this process: the report's rows, JSON section, targets
-/// and the text of its detail tables; only an error when the weights could not be had.
-pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> crate::report::Section {
-    let machine = crate::measure::Machine::detect();
-    let started = std::time::Instant::now();
-    let weights = match weights(cfg) {
-        Ok(w) => w,
-        Err(e) => return crate::report::Section::failed(format!("llm: {e}")),
-    };
+/// The model's architecture in one line.
+fn describe(cfg: &LlmConfig, weights: &Weights) -> String {
     let c = &weights.config;
-    let arch = format!(
+    format!(
         "{}: hidden {}, {} layers, {} heads, {} kv heads, head_dim {}, FFN {}, vocab {}, {}, \
          rope_theta {}{}; {:?} weights, {:.1} MiB read per decode token",
         cfg.model,
@@ -443,7 +466,17 @@ pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> crate::r
         },
         weights.layers.first().map_or("no", |l| l.q.type_name()),
         weights.decode_weight_bytes() as f64 / (1 << 20) as f64
-    );
+    )
+}
+
+/// Runs `allocbench llm` on `kinds` in this process and reports it as a [`Section`]; only an
+/// error when the weights could not be had.
+pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> Section {
+    let started = std::time::Instant::now();
+    let weights = match weights(cfg) {
+        Ok(w) => w,
+        Err(e) => return Section::failed(format!("llm: {e}")),
+    };
     let ready_s = started.elapsed().as_secs_f64();
     let pb = crate::output::progress_bar(progress_units(cfg));
     pb.set_message("llm");
@@ -451,249 +484,251 @@ pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> crate::r
     // inside the pool instead of waking the main thread through a latch after each of the
     // ~240 sections per token. Inline when the main thread is a member
     // ([`crate::parts::init_threads`]); this covers a single-thread pool, which keeps its own worker.
-    let (rows, decode_eff, prefill_eff, errors) =
-        rayon::scope(|_| run(cfg, &weights, kinds, &llm_source_config(), &|| pb.inc(1)));
+    let r = rayon::scope(|_| run(cfg, &weights, kinds, &llm_source_config(), &|| pb.inc(1)));
     pb.finish_and_clear();
-    let command: Vec<String> = std::env::args().collect();
-    let report = LlmReport {
-        info: RunInfo::new(
-            machine,
-            command.join(" "),
-            quick,
-            rayon::current_num_threads(),
-            started,
-        ),
-        config: cfg.clone(),
-        arch,
-        sgemm_threads: crate::measure::sgemm_threads(),
+    let info = RunInfo::now(quick, rayon::current_num_threads(), started);
+    let about = Setup {
+        cfg,
+        arch: describe(cfg, &weights),
         isa: format!("{:?}", ::llm::kernels::isa()),
-        rows,
-        decode_eff,
-        prefill_eff,
-        errors,
+        threads: info.threads,
     };
-    crate::report::Section {
-        details: vec![report.details(ready_s)],
-        json: Some(("llm".into(), report.to_json())),
-        targets: report.targets(),
-        rows: report.rows,
-        errors: Vec::new(),
-    }
+    section(&about, r, &info, ready_s)
 }
 
-impl LlmReport {
-    /// The row of `source` in `phase`.
-    pub fn get(&self, phase: &str, source: &str) -> Option<&Measurement> {
-        self.rows
-            .iter()
-            .find(|m| m.workload == phase && m.source == source)
-    }
+/// What ran, as the report describes it.
+struct Setup<'a> {
+    cfg: &'a LlmConfig,
+    arch: String,
+    isa: String,
+    threads: usize,
+}
 
-    /// Tokens per second of a row, from its median step.
-    pub fn tok_s(&self, m: &Measurement) -> f64 {
-        let tokens = if m.unit == "prefill" {
-            self.config.prompt_tokens as f64
-        } else {
-            1.0
-        };
-        tokens * m.calls_per_sec
-    }
+/// Tokens per second of a row, from its median step.
+fn tok_s(cfg: &LlmConfig, m: &Measurement) -> f64 {
+    let tokens = if m.unit == "prefill" {
+        cfg.prompt_tokens as f64
+    } else {
+        1.0
+    };
+    tokens * m.calls_per_sec
+}
 
-    /// What ran and every table but the targets, as printed under `--details`; the weights
-    /// took `ready_s` seconds to load or generate.
-    pub fn details(&self, ready_s: f64) -> String {
-        let mut out = format!(
-            "## llm: a whole model generating\n\n{} measured rounds after 1 warm-up; {} rayon \
-             threads, kernels {}; weights ready in {ready_s:.1} s\nmodel: {}\nround: prefill \
-             of {} tokens, then {} decode tokens, interleaved across sources\n\nAllocator \
-             comparison (median step; x static / x caching: median of step-by-step ratios over \
-             the same interleaved steps; temp bytes, faults and system allocations per \
-             token):\n\n{}\n\n",
-            self.config.rounds,
-            self.info.threads,
-            self.isa,
-            self.arch,
-            self.config.prompt_tokens,
-            self.config.decode_tokens,
-            self.table()
-        );
-        for h in self.headline() {
-            out += &format!("{h}\n");
+/// The report's section of run `r`: the comparison, efficiency and scratch-profile tables,
+/// the targets and the JSON; the weights took `ready_s` seconds to load or generate.
+fn section(s: &Setup<'_>, r: LlmRun, info: &RunInfo, ready_s: f64) -> Section {
+    let cfg = s.cfg;
+    let comparison = comparison_table(
+        &r.rows,
+        &[Column {
+            header: "tok/s",
+            cell: &|m| format!("{:.1}", tok_s(cfg, m)),
+        }],
+        &[Column {
+            header: "temp B/token",
+            cell: &|m| format!("{:.0}", m.temp_bytes_per_call.unwrap_or(0.0)),
+        }],
+    );
+    let headline = headline(&r.rows);
+    let mut blocks = vec![
+        format!(
+            "{} measured rounds after 1 warm-up; {} rayon threads, kernels {}; weights ready in \
+             {ready_s:.1} s\nmodel: {}\nround: prefill of {} tokens, then {} decode tokens, \
+             interleaved across sources",
+            cfg.rounds, s.threads, s.isa, s.arch, cfg.prompt_tokens, cfg.decode_tokens,
+        ),
+        format!(
+            "Allocator comparison (median step; x static / x caching: median of step-by-step \
+             ratios over the same interleaved steps; temp bytes, faults and system allocations \
+             per token):\n\n{comparison}"
+        ),
+        headline.join("\n"),
+        format!(
+            "Efficiency (caching source, alternating turns with the baseline):\n\n{}",
+            efficiency_table(&r, cfg.prompt_tokens)
+        ),
+    ];
+    if let Some(p) = &r.profile {
+        blocks.push(format!(
+            "Scratch profile (caching source; one prefill of {} tokens and {} decode tokens; \
+             per token: over the prompt's tokens for prefill, per decode step):\n\n{}",
+            cfg.prompt_tokens,
+            cfg.decode_tokens,
+            profile_table(p, cfg.prompt_tokens, cfg.decode_tokens)
+        ));
+    }
+    blocks.extend(r.errors.iter().map(|e| format!("not measured: {e}")));
+    let workloads = [
+        (
+            "llm-prefill",
+            format!(
+                "{}: prefill of {} tokens + sampling",
+                cfg.model, cfg.prompt_tokens
+            ),
+        ),
+        (
+            "llm-decode",
+            format!(
+                "{}: one decode token (forward + greedy sampling), {} per round",
+                cfg.model, cfg.decode_tokens
+            ),
+        ),
+    ];
+    let fields = json!({
+        "sgemm_threads": crate::measure::sgemm_threads(),
+        "kernels": s.isa,
+        "config": cfg,
+        "architecture": s.arch,
+        "workloads": workloads.iter().map(|(n, d)| json!({"name": n, "step": d})).collect::<Vec<_>>(),
+        "headline": headline,
+        "efficiency": {
+            "decode": r.decode_eff,
+            "prefill": r.prefill_eff,
+            "errors": r.errors,
+        },
+        "scratch_profile": r.profile.as_ref().map(|p| p.to_json(cfg.prompt_tokens, cfg.decode_tokens)),
+    });
+    let mut out = Section {
+        title: "llm: a whole model generating".into(),
+        blocks,
+        targets: targets(&r, s.threads),
+        rows: r.rows,
+        ..Section::default()
+    }
+    .with_json("llm", info, fields);
+    if let Some((_, j)) = &mut out.json {
+        for (k, m) in out.rows.iter().enumerate() {
+            j["measurements"][k]["tokens_per_second"] = json!(tok_s(cfg, m));
         }
-        out += &format!(
-            "\nEfficiency (caching source, alternating turns with the baseline):\n\n{}\n",
-            self.efficiency_table()
-        );
-        for e in &self.errors {
-            out += &format!("not measured: {e}\n");
-        }
-        out
     }
+    out
+}
 
-    /// The comparison table, as Markdown.
-    pub fn table(&self) -> Table {
-        comparison_table(
-            &self.rows,
-            &[Column {
-                header: "tok/s",
-                cell: &|m| format!("{:.1}", self.tok_s(m)),
-            }],
-            &[Column {
-                header: "temp B/token",
-                cell: &|m| format!("{:.0}", m.temp_bytes_per_call.unwrap_or(0.0)),
-            }],
-        )
-    }
-
-    /// The efficiency table, as Markdown.
-    pub fn efficiency_table(&self) -> Table {
-        let mut t = markdown_table(&[
-            "phase",
-            "model",
-            "baseline",
-            "ratio (best)",
-            "ratio (median)",
+/// The efficiency table, as Markdown.
+fn efficiency_table(r: &LlmRun, prompt_tokens: usize) -> Table {
+    let mut t = markdown_table(&[
+        "phase",
+        "model",
+        "baseline",
+        "ratio (best)",
+        "ratio (median)",
+    ]);
+    if let Some(d) = &r.decode_eff {
+        t.add_row(vec![
+            "decode".into(),
+            format!(
+                "{:.2} GB/s of weights ({:.1} MiB/token)",
+                d.decode_gbs,
+                d.weight_bytes as f64 / (1 << 20) as f64
+            ),
+            format!("streaming read {:.2} GB/s", d.stream_gbs),
+            pct(d.ratio_best),
+            pct(d.ratio_median),
         ]);
-        if let Some(d) = &self.decode_eff {
-            t.add_row(vec![
-                "decode".into(),
-                format!(
-                    "{:.2} GB/s of weights ({:.1} MiB/token)",
-                    d.decode_gbs,
-                    d.weight_bytes as f64 / (1 << 20) as f64
-                ),
-                format!("streaming read {:.2} GB/s", d.stream_gbs),
-                pct(d.ratio_best),
-                pct(d.ratio_median),
-            ]);
-        }
-        if let Some(p) = &self.prefill_eff {
-            t.add_row(vec![
-                format!("prefill {}", self.config.prompt_tokens),
-                format!("{:.1} GFLOP/s", p.prefill_gflops),
-                format!(
-                    "sgemm {}x{}x{} {:.1} GFLOP/s",
-                    p.sgemm_shape.0, p.sgemm_shape.1, p.sgemm_shape.2, p.sgemm_gflops
-                ),
-                pct(p.ratio_best),
-                pct(p.ratio_median),
-            ]);
-        }
-        t
     }
+    if let Some(p) = &r.prefill_eff {
+        let (m, k, n) = p.sgemm_shape;
+        t.add_row(vec![
+            format!("prefill {prompt_tokens}"),
+            format!("{:.1} GFLOP/s", p.prefill_gflops),
+            format!("sgemm {m}x{k}x{n} {:.1} GFLOP/s", p.sgemm_gflops),
+            pct(p.ratio_best),
+            pct(p.ratio_median),
+        ]);
+    }
+    t
+}
 
-    /// The headline: what `caching` buys against `system`, `fresh-pages` and `exact-cache`, per
-    /// phase (their time over `caching`'s, median over the same steps).
-    pub fn headline(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        for phase in ["llm-decode", "llm-prefill"] {
-            for rival in ["system", "fresh-pages", "exact-cache"] {
-                if let Some(x) = self.get(phase, rival).and_then(|r| r.x_caching) {
-                    out.push(format!(
-                        "{phase}: {rival} takes {x:.3}x caching's time (median of step-by-step \
-                         ratios)"
-                    ));
-                }
+/// The scratch profile as a table: per phase and kernel name, the calls, the largest scratch
+/// one call took and the scratch per token (the phase's prompt or decode tokens).
+pub fn profile_table(p: &ScratchProfile, prefill_tokens: usize, decode_tokens: usize) -> Table {
+    let mut t = markdown_table(&["phase", "kernel", "calls", "max call B", "B/token"]);
+    for e in p.entries() {
+        let tokens = if e.phase == "decode" {
+            decode_tokens
+        } else {
+            prefill_tokens
+        };
+        t.add_row(vec![
+            e.phase.to_string(),
+            e.kernel.to_string(),
+            e.calls.to_string(),
+            e.max_call_bytes.to_string(),
+            format!("{:.0}", e.total_bytes as f64 / tokens.max(1) as f64),
+        ]);
+    }
+    align_right(&mut t, 2..5);
+    t
+}
+
+/// The headline: what `caching` buys against `system`, `fresh-pages` and `exact-cache`, per
+/// phase (their time over `caching`'s, median over the same steps).
+fn headline(rows: &[Measurement]) -> Vec<String> {
+    let mut out = Vec::new();
+    for phase in ["llm-decode", "llm-prefill"] {
+        for rival in ["system", "fresh-pages", "exact-cache"] {
+            let x = rows
+                .iter()
+                .find(|m| m.workload == phase && m.source == rival)
+                .and_then(|r| r.x_caching);
+            if let Some(x) = x {
+                out.push(format!(
+                    "{phase}: {rival} takes {x:.3}x caching's time (median of step-by-step \
+                     ratios)"
+                ));
             }
         }
-        out
     }
+    out
+}
 
-    /// The issue's targets, met or missed as measured.
-    pub fn targets(&self) -> Vec<TargetCheck> {
-        let mut out = within_static(&self.rows, goal::LLM_WITHIN_STATIC, &[CACHING], false);
-        for phase in ["llm-decode", "llm-prefill"] {
-            let Some(m) = self.get(phase, CACHING) else {
-                continue;
-            };
-            out.push(TargetCheck {
-                target: format!(
-                    "caching: 0 page faults and 0 system allocations per token on {phase}"
-                ),
-                measured: format!(
-                    "{:.3} faults/token, {} system allocations/token",
-                    m.faults_per_call,
-                    m.sys_allocs_per_call
-                        .map(|x| format!("{x:.3}"))
-                        .unwrap_or_else(|| "?".into())
-                ),
-                met: Some(m.faults_per_call == 0.0 && m.sys_allocs_per_call == Some(0.0)),
-            });
-        }
-        if let Some(d) = &self.decode_eff {
-            out.push(efficiency_check(
-                format!(
-                    "decode >= {} of the weight-streaming bound ({} threads)",
-                    pct(goal::LLM_DECODE_STREAM),
-                    self.info.threads
-                ),
+/// The developers' targets, met or missed as measured on `threads` threads.
+fn targets(r: &LlmRun, threads: usize) -> Vec<TargetCheck> {
+    let mut out = within_static(&r.rows, goal::LLM_WITHIN_STATIC, &[CACHING], false);
+    for phase in ["llm-decode", "llm-prefill"] {
+        let Some(m) = r
+            .rows
+            .iter()
+            .find(|m| m.workload == phase && m.source == CACHING)
+        else {
+            continue;
+        };
+        out.push(TargetCheck {
+            target: format!("caching: 0 page faults and 0 system allocations per token on {phase}"),
+            measured: format!(
+                "{:.3} faults/token, {} system allocations/token",
+                m.faults_per_call,
+                m.sys_allocs_per_call
+                    .map_or_else(|| "?".into(), |x| format!("{x:.3}"))
+            ),
+            met: Some(m.faults_per_call == 0.0 && m.sys_allocs_per_call == Some(0.0)),
+        });
+    }
+    let effs = [
+        r.decode_eff.as_ref().map(|d| {
+            let goal = goal::LLM_DECODE_STREAM;
+            let target = format!("decode >= {} of the weight-streaming bound", pct(goal));
+            let pair = (
                 format!("{:.2} GB/s", d.decode_gbs),
                 format!("{:.2} GB/s", d.stream_gbs),
-                d.ratio_median,
-                d.ratio_best,
-                goal::LLM_DECODE_STREAM,
-            ));
-        }
-        if let Some(p) = &self.prefill_eff {
-            out.push(efficiency_check(
-                format!(
-                    "prefill >= {} of sgemm GFLOP/s ({} threads)",
-                    pct(goal::LLM_PREFILL_SGEMM),
-                    self.info.threads
-                ),
+            );
+            (target, pair, d.ratio_median, d.ratio_best, goal)
+        }),
+        r.prefill_eff.as_ref().map(|p| {
+            let goal = goal::LLM_PREFILL_SGEMM;
+            let target = format!("prefill >= {} of sgemm GFLOP/s", pct(goal));
+            let pair = (
                 format!("{:.1} GFLOP/s", p.prefill_gflops),
                 format!("{:.1} GFLOP/s", p.sgemm_gflops),
-                p.ratio_median,
-                p.ratio_best,
-                goal::LLM_PREFILL_SGEMM,
-            ));
-        }
-        out
+            );
+            (target, pair, p.ratio_median, p.ratio_best, goal)
+        }),
+    ];
+    for (target, (model, base), median, best, goal) in effs.into_iter().flatten() {
+        let target = format!("{target} ({threads} threads)");
+        out.push(efficiency_check(target, model, base, median, best, goal));
     }
-
-    /// (label, what one step is).
-    pub fn workloads(&self) -> Vec<(String, String)> {
-        vec![
-            (
-                "llm-prefill".into(),
-                format!(
-                    "{}: prefill of {} tokens + sampling",
-                    self.config.model, self.config.prompt_tokens
-                ),
-            ),
-            (
-                "llm-decode".into(),
-                format!(
-                    "{}: one decode token (forward + greedy sampling), {} per round",
-                    self.config.model, self.config.decode_tokens
-                ),
-            ),
-        ]
-    }
-
-    /// Every figure, with units, as JSON.
-    pub fn to_json(&self) -> Value {
-        let mut j = self.info.json("llm", &self.rows, &self.targets());
-        for (k, m) in self.rows.iter().enumerate() {
-            j["measurements"][k]["tokens_per_second"] = json!(self.tok_s(m));
-        }
-        j["sgemm_threads"] = json!(self.sgemm_threads);
-        j["kernels"] = json!(self.isa);
-        j["config"] = json!(self.config);
-        j["architecture"] = json!(self.arch);
-        j["workloads"] = self
-            .workloads()
-            .iter()
-            .map(|(n, d)| json!({"name": n, "step": d}))
-            .collect();
-        j["headline"] = json!(self.headline());
-        j["efficiency"] = json!({
-            "decode": self.decode_eff,
-            "prefill": self.prefill_eff,
-            "errors": self.errors,
-        });
-        j
-    }
+    out
 }
 
 /// Looks an llm source up by name.
@@ -716,7 +751,8 @@ mod tests {
     use super::*;
 
     /// A tiny model through the whole run: rows for every (phase, source), ratios against
-    /// static, zero system allocations per token for the cache in steady state, JSON units.
+    /// static, zero system allocations per token for the cache in steady state, the scratch
+    /// profile, JSON units.
     #[test]
     fn smoke_run_on_a_tiny_model() {
         let cfg = LlmConfig::tiny();
@@ -725,52 +761,80 @@ mod tests {
             .iter()
             .map(|n| find_source(n).unwrap())
             .collect();
-        let (rows, dec, pre, errors) = run(&cfg, &w, &kinds, &SourceConfig::default(), &|| {});
-        assert!(errors.is_empty(), "{errors:?}");
-        assert_eq!(rows.len(), 6);
-        let caching = rows
-            .iter()
-            .find(|r| r.workload == "llm-decode" && r.source == "caching")
-            .unwrap();
+        let r = run(&cfg, &w, &kinds, &SourceConfig::default(), &|| {});
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(r.rows.len(), 6);
+        let get = |phase: &str, source: &str| {
+            r.rows
+                .iter()
+                .find(|m| m.workload == phase && m.source == source)
+                .unwrap()
+        };
+        let caching = get("llm-decode", "caching");
         assert_eq!(caching.sys_allocs_per_call, Some(0.0));
         assert!(caching.x_static.is_some() && caching.calls_per_sec > 0.0);
         assert!(caching.temp_bytes_per_call.is_some_and(|b| b > 0.0));
-        let system = rows
-            .iter()
-            .find(|r| r.workload == "llm-decode" && r.source == "system")
-            .unwrap();
+        let system = get("llm-decode", "system");
         assert!(
             system.sys_allocs_per_call.unwrap() > 0.0,
             "system mallocs every kernel's scratch"
         );
-        let prefill = rows
-            .iter()
-            .find(|r| r.workload == "llm-prefill" && r.source == "static")
-            .unwrap();
-        assert!(prefill.ns_per_call.median > 0.0);
-        assert!(dec.is_some() && pre.is_some());
-        let report = LlmReport {
-            info: crate::report::tests::info(),
-            config: cfg,
+        assert!(get("llm-prefill", "static").ns_per_call.median > 0.0);
+        assert!(r.decode_eff.is_some() && r.prefill_eff.is_some());
+        let about = Setup {
+            cfg: &cfg,
             arch: "tiny".into(),
-            sgemm_threads: None,
             isa: "test".into(),
-            rows,
-            decode_eff: dec,
-            prefill_eff: pre,
-            errors,
+            threads: 2,
         };
-        let j = report.to_json();
+        let s = section(&about, r, &crate::report::tests::info(), 0.0);
+        let (key, j) = s.json.clone().unwrap();
+        assert_eq!(key, "llm");
         assert_eq!(
             j["measurements"][0]["time_per_call"]["median"]["unit"],
             "ns/prefill"
         );
         let tok_s = j["measurements"][0]["tokens_per_second"].as_f64().unwrap();
         assert!(tok_s > 0.0, "{tok_s}");
-        let t = report.targets();
-        assert!(t
+        assert!(s
+            .targets
             .iter()
             .any(|c| c.target.contains("within 1.01x of static on llm-decode")));
-        assert!(report.headline().iter().any(|h| h.contains("system takes")));
+        assert!(j["headline"][0].as_str().unwrap().contains("system takes"));
+        // The scratch profile: one prefill and `decode_tokens` decode steps, every kernel's
+        // largest call no more than its total, and a table row per (phase, kernel).
+        let kernels = j["scratch_profile"]["kernels"].as_array().unwrap();
+        assert!(!kernels.is_empty(), "{j}");
+        for phase in ["prefill", "decode"] {
+            assert!(kernels.iter().any(|k| k["phase"] == phase), "{phase}");
+        }
+        for k in kernels {
+            let (max, total) = (k["max_call_bytes"].as_u64(), k["total_bytes"].as_u64());
+            assert!(k["calls"].as_u64() > Some(0) && max <= total, "{k}");
+        }
+        let attention = |phase: &str| {
+            let k = kernels
+                .iter()
+                .find(|k| k["phase"] == phase && k["kernel"] == "attention");
+            k.and_then(|k| k["max_call_bytes"].as_u64())
+        };
+        // Prefill's attention scores cover the prompt; decode's one row.
+        assert!(attention("prefill") > attention("decode"), "{j}");
+        assert!(attention("decode") > Some(0), "{j}");
+        let decode_calls = kernels
+            .iter()
+            .filter(|k| k["phase"] == "decode")
+            .map(|k| k["calls"].as_u64().unwrap())
+            .max()
+            .unwrap();
+        assert_eq!(decode_calls % cfg.decode_tokens as u64, 0, "{j}");
+        let details = s.details().unwrap();
+        assert!(details.contains("Scratch profile"), "{details}");
+        let rows = details
+            .lines()
+            .filter(|l| l.starts_with("| decode"))
+            .count();
+        let decode_kernels = kernels.iter().filter(|k| k["phase"] == "decode").count();
+        assert_eq!(rows, decode_kernels + 1, "{details}"); // + the efficiency table's row
     }
 }

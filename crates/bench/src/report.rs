@@ -82,6 +82,18 @@ impl RunInfo {
         }
     }
 
+    /// The info of this process's run (its command line, this machine), started at `started`.
+    pub fn now(quick: bool, threads: usize, started: std::time::Instant) -> Self {
+        let command: Vec<String> = std::env::args().collect();
+        Self::new(
+            Machine::detect(),
+            command.join(" "),
+            quick,
+            threads,
+            started,
+        )
+    }
+
     /// The line a finished run prints: "{what} finished in 12.3 s; load average 1.50 at the end".
     pub fn finished(&self, what: &str) -> String {
         format!(
@@ -301,29 +313,51 @@ pub fn efficiency_check(
 }
 
 /// One section of a report: what one part of a command measured (a child process hands it to
-/// the parent as JSON, see [`crate::parts`]).
+/// the parent as JSON, see [`crate::parts`]). Every benchmark (the scratch workloads together,
+/// `sdpa`, `llm`, `soak`) reports one; [`crate::command`] prints and writes them alike.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Section {
-    /// Every (workload, source) it measured.
+    /// The heading of its details (empty: no details of its own, as a scratch job's part).
+    pub title: String,
+    /// Its details, printed under `--details` a blank line apart: notes and tables.
+    pub blocks: Vec<String>,
+    /// Every (workload, source) it measured: the summary's and the plot's rows.
     pub rows: Vec<Measurement>,
-    /// Its own JSON section and the key it goes under (`sdpa`, `llm`), if it has one; the
-    /// scratch workloads' rows make one section together, the command's own.
-    pub json: Option<(String, serde_json::Value)>,
-    /// Its targets (the harness jobs' are checked over all jobs, by the parent).
+    /// Its developers' goals, met or missed.
     pub targets: Vec<TargetCheck>,
-    /// Text printed under `--details`.
-    pub details: Vec<String>,
+    /// Its JSON and its subcommand (the key it goes under inside `all`), if it has one.
+    pub json: Option<(String, Value)>,
     /// What could not run, printed whatever the flags (the command then fails).
     pub errors: Vec<String>,
 }
 
 impl Section {
-    /// A part that could not run: its error is its only detail.
+    /// A part that could not run: its error is all it reports.
     pub fn failed(error: String) -> Self {
         Section {
             errors: vec![error],
             ..Section::default()
         }
+    }
+
+    /// Its details as printed: `## title`, then the blocks.
+    pub fn details(&self) -> Option<String> {
+        let blocks = self.blocks.iter().filter(|b| !b.is_empty());
+        (!self.title.is_empty()).then(|| {
+            let body: Vec<&str> = blocks.map(String::as_str).collect();
+            format!("## {}\n\n{}", self.title, body.join("\n\n"))
+        })
+    }
+
+    /// The section with its JSON: the header of `info` for `subcommand` with its rows and
+    /// targets, then the keys of `fields` (an object).
+    pub fn with_json(mut self, subcommand: &str, info: &RunInfo, fields: Value) -> Self {
+        let mut j = info.json(subcommand, &self.rows, &self.targets);
+        if let (Some(j), Value::Object(fields)) = (j.as_object_mut(), fields) {
+            j.extend(fields);
+        }
+        self.json = Some((subcommand.into(), j));
+        self
     }
 }
 

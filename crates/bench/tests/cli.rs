@@ -2,33 +2,18 @@
 //! writes its JSON; bad arguments and output paths fail before any measuring; the main
 //! output is a short summary with the plot beside the JSON; `--help` explains the columns.
 
-use std::process::Command;
+mod common;
 
-fn allocbench() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_allocbench"))
-}
+use common::{allocbench, run_ok};
 
 #[test]
 fn short_soak_passes_and_reports() {
-    let json = std::env::temp_dir().join(format!("allocbench-soak-{}.json", std::process::id()));
-    let out = allocbench()
-        .args(["soak", "--seconds", "0.3", "--threads", "2", "--json"])
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args = ["soak", "--seconds", "0.3", "--threads", "2"];
+    let (stdout, j) = common::json_of("soak", &args);
     assert!(stdout.contains("violations: 0"), "{stdout}");
     assert!(stdout.contains("ops/s:"), "{stdout}");
     assert!(stdout.contains("peak live bytes:"), "{stdout}");
     // The JSON has the header every run has, and the soak's own figures.
-    let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&json);
     assert_eq!(j["subcommand"], "soak");
     assert_eq!(
         (j["threads"].as_u64(), j["violations"].as_u64()),
@@ -87,17 +72,7 @@ fn an_unknown_workload_is_named_with_the_known_ones() {
 #[test]
 fn the_main_output_is_a_short_summary_and_the_plot_is_written() {
     let dir = std::env::temp_dir().join(format!("allocbench-cli-{}", std::process::id()));
-    let out = allocbench()
-        .args(["all", "--tiny", "--out"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_ok(allocbench().args(["all", "--tiny", "--out"]).arg(&dir));
     let lines: Vec<&str> = stdout.lines().collect();
     assert!(lines.len() <= 60, "{} lines:\n{stdout}", lines.len());
     let wide: Vec<&&str> = lines.iter().filter(|l| l.chars().count() > 100).collect();
@@ -114,12 +89,11 @@ fn the_main_output_is_a_short_summary_and_the_plot_is_written() {
     assert!(std::fs::metadata(dir.join("all.json")).unwrap().len() > 0);
     let _ = std::fs::remove_dir_all(&dir);
     // The details hold the goals, in their own section.
-    let out = allocbench()
-        .args(["decode", "--tiny", "--details", "--out"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = run_ok(
+        allocbench()
+            .args(["decode", "--tiny", "--details", "--out"])
+            .arg(&dir),
+    );
     assert!(stdout.contains("## Developers' goals"), "{stdout}");
     assert!(stdout.contains("faults/call"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
