@@ -342,32 +342,14 @@ pub fn run(
     let mut pre = Vec::new();
     for &dt in &cfg.dtypes {
         for &kv in &cfg.eff_decode_kvs {
-            match baseline::decode_efficiency(
-                dt,
-                cfg.heads,
-                cfg.kv_heads,
-                cfg.head_dim,
-                kv,
-                cfg.eff_span_bytes,
-                cfg.eff_rounds,
-                &w,
-            ) {
+            match baseline::decode_efficiency(cfg, dt, kv, &w) {
                 Ok(e) => dec.push(e),
                 Err(e) => errors.push(format!("{} decode efficiency at kv {kv}: {e}", dt.name())),
             }
             tick();
         }
         for &(len, _) in &cfg.prefill {
-            match baseline::prefill_efficiency(
-                dt,
-                cfg.heads,
-                cfg.kv_heads,
-                cfg.head_dim,
-                len,
-                &cfg.eff_sgemm_shapes,
-                cfg.eff_rounds,
-                &w,
-            ) {
+            match baseline::prefill_efficiency(cfg, dt, len, &w) {
                 Ok(e) => pre.push(e),
                 Err(e) => errors.push(format!(
                     "{} prefill efficiency at {len} tokens: {e}",
