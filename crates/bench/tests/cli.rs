@@ -24,45 +24,38 @@ fn short_soak_passes_and_reports() {
     assert_eq!(j["passed"], true);
 }
 
+/// Runs `allocbench args...`, asserts that it refused them (exit code 2) and returns its
+/// standard output and standard error.
+fn refused(args: &[&str]) -> (String, String) {
+    let out = allocbench().args(args).output().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
 #[test]
 fn soak_rejects_a_negative_duration() {
-    let out = allocbench()
-        .args(["soak", "--seconds=-1"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    let (_, stderr) = refused(&["soak", "--seconds=-1"]);
+    assert!(stderr.contains("--seconds"), "{stderr}");
 }
 
 #[test]
 fn a_bad_output_path_fails_before_the_run() {
     let started = std::time::Instant::now();
-    let out = allocbench()
-        .args(["all", "--json", "/nonexistent-dir/allocbench.json"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let (stdout, stderr) = refused(&["all", "--json", "/nonexistent-dir/allocbench.json"]);
     assert!(
         stderr.contains("--json") && stderr.contains("nonexistent-dir"),
         "{stderr}"
     );
     // A full `all` takes minutes: this one measured nothing.
     assert!(started.elapsed().as_secs() < 20, "{:?}", started.elapsed());
-    assert!(
-        out.stdout.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    assert!(stdout.is_empty(), "{stdout}");
 }
 
 #[test]
 fn an_unknown_workload_is_named_with_the_known_ones() {
-    let out = allocbench()
-        .args(["all", "--tiny", "--workloads", "decode,nope"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let (_, stderr) = refused(&["all", "--tiny", "--workloads", "decode,nope"]);
     assert!(
         stderr.contains("`nope`") && stderr.contains("scratch-large"),
         "{stderr}"

@@ -234,6 +234,18 @@ pub struct SdpaRun {
     pub errors: Vec<String>,
 }
 
+/// The inputs of `dtype` for `sh` (seeded by `seed`), or `None` with why noted in `errors`.
+fn inputs_or_note(
+    dtype: SdpaDtype,
+    sh: &Shape,
+    seed: u32,
+    errors: &mut Vec<String>,
+) -> Option<Inputs> {
+    Inputs::new(dtype, sh, seed)
+        .map_err(|e| errors.push(format!("{} inputs: {e}", dtype.name())))
+        .ok()
+}
+
 /// Runs the comparison (every source) and the efficiency measurements. `tick` is called after
 /// every step and every efficiency figure.
 pub fn run(
@@ -266,12 +278,10 @@ pub fn run(
 
     for &dt in &cfg.dtypes {
         // ---- decode: one layer's cache, shared by every layer ----
-        let mut inputs = match Inputs::new(dt, &cfg.decode_shape(cfg.kv_capacity), 11) {
-            Ok(i) => i,
-            Err(e) => {
-                eff_errors.push(format!("{} inputs: {e}", dt.name()));
-                continue;
-            }
+        let Some(mut inputs) =
+            inputs_or_note(dt, &cfg.decode_shape(cfg.kv_capacity), 11, &mut eff_errors)
+        else {
+            continue;
         };
         let mut steps = Steps::new(kinds, &counters);
         for i in 0..kinds.len() {
@@ -302,12 +312,8 @@ pub fn run(
         // ---- prefill: one layer call per step ----
         for &(len, n_calls) in &cfg.prefill {
             let sh = cfg.prefill_shape(len);
-            let mut inputs = match Inputs::new(dt, &sh, 21) {
-                Ok(i) => i,
-                Err(e) => {
-                    eff_errors.push(format!("{} inputs: {e}", dt.name()));
-                    continue;
-                }
+            let Some(mut inputs) = inputs_or_note(dt, &sh, 21, &mut eff_errors) else {
+                continue;
             };
             let mut steps = Steps::new(kinds, &counters);
             for i in 0..kinds.len() {
