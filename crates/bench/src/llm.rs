@@ -23,7 +23,7 @@ use comfy_table::Table;
 use serde_json::json;
 
 use crate::harness::Measurement;
-use crate::measure::{best, interleaved, median, sgemm, stream_read};
+use crate::measure::{best, interleaved, median, sgemm, stream_read, Ratios};
 use crate::report::{
     align_right, comparison_table, efficiency_check, goal, markdown_table, pct, within_static,
     Column, RunInfo, Section, TargetCheck, CACHING,
@@ -135,10 +135,9 @@ pub struct WeightReadEfficiency {
     pub stream_gbs: f64,
     /// Best decode, GB/s of weights.
     pub decode_gbs: f64,
-    /// Best over best.
-    pub ratio_best: f64,
-    /// Median of same-turn ratios.
-    pub ratio_median: f64,
+    /// Its ratios to the baseline (best, median), flattened into the JSON.
+    #[serde(flatten)]
+    pub ratios: Ratios,
 }
 
 /// The model's whole prefill against sgemm at its largest matmul shape (one attention call's:
@@ -153,10 +152,9 @@ pub struct ModelPrefillEfficiency {
     pub sgemm_gflops: f64,
     /// Best prefill, GFLOP/s.
     pub prefill_gflops: f64,
-    /// Best over best.
-    pub ratio_best: f64,
-    /// Median of same-turn ratios.
-    pub ratio_median: f64,
+    /// Its ratios to the baseline (best, median), flattened into the JSON.
+    #[serde(flatten)]
+    pub ratios: Ratios,
 }
 
 /// What one `allocbench llm` run measured.
@@ -379,8 +377,10 @@ fn decode_efficiency<A: caching_allocator::TempReset>(
         weight_bytes: wbytes,
         stream_gbs: gbs(best(&rounds, 0)),
         decode_gbs: gbs(best(&rounds, 1)),
-        ratio_best: best(&rounds, 0) / best(&rounds, 1),
-        ratio_median: median(&ratios),
+        ratios: Ratios {
+            ratio_best: best(&rounds, 0) / best(&rounds, 1),
+            ratio_median: median(&ratios),
+        },
     })
 }
 
@@ -429,8 +429,10 @@ fn prefill_efficiency<A: caching_allocator::TempReset>(
         sgemm_shape: (m, k, n),
         sgemm_gflops: sg,
         prefill_gflops: pf,
-        ratio_best: pf / sg,
-        ratio_median: median(&ratios),
+        ratios: Ratios {
+            ratio_best: pf / sg,
+            ratio_median: median(&ratios),
+        },
     })
 }
 
@@ -614,27 +616,23 @@ fn efficiency_table(r: &LlmRun, prompt_tokens: usize) -> Table {
         "ratio (median)",
     ]);
     if let Some(d) = &r.decode_eff {
-        t.add_row(vec![
-            "decode".into(),
-            format!(
-                "{:.2} GB/s of weights ({:.1} MiB/token)",
-                d.decode_gbs,
-                d.weight_bytes as f64 / (1 << 20) as f64
-            ),
-            format!("streaming read {:.2} GB/s", d.stream_gbs),
-            pct(d.ratio_best),
-            pct(d.ratio_median),
-        ]);
+        let mib = d.weight_bytes as f64 / (1 << 20) as f64;
+        let mut row = vec!["decode".into()];
+        row.push(format!(
+            "{:.2} GB/s of weights ({mib:.1} MiB/token)",
+            d.decode_gbs
+        ));
+        row.push(format!("streaming read {:.2} GB/s", d.stream_gbs));
+        row.extend(d.ratios.percent());
+        t.add_row(row);
     }
     if let Some(p) = &r.prefill_eff {
         let (m, k, n) = p.sgemm_shape;
-        t.add_row(vec![
-            format!("prefill {prompt_tokens}"),
-            format!("{:.1} GFLOP/s", p.prefill_gflops),
-            format!("sgemm {m}x{k}x{n} {:.1} GFLOP/s", p.sgemm_gflops),
-            pct(p.ratio_best),
-            pct(p.ratio_median),
-        ]);
+        let mut row = vec![format!("prefill {prompt_tokens}")];
+        row.push(format!("{:.1} GFLOP/s", p.prefill_gflops));
+        row.push(format!("sgemm {m}x{k}x{n} {:.1} GFLOP/s", p.sgemm_gflops));
+        row.extend(p.ratios.percent());
+        t.add_row(row);
     }
     t
 }
@@ -704,29 +702,25 @@ fn targets(r: &LlmRun, threads: usize) -> Vec<TargetCheck> {
             met: Some(m.faults_per_call == 0.0 && m.sys_allocs_per_call == Some(0.0)),
         });
     }
-    let effs = [
-        r.decode_eff.as_ref().map(|d| {
-            let goal = goal::LLM_DECODE_STREAM;
-            let target = format!("decode >= {} of the weight-streaming bound", pct(goal));
-            let pair = (
-                format!("{:.2} GB/s", d.decode_gbs),
-                format!("{:.2} GB/s", d.stream_gbs),
-            );
-            (target, pair, d.ratio_median, d.ratio_best, goal)
-        }),
-        r.prefill_eff.as_ref().map(|p| {
-            let goal = goal::LLM_PREFILL_SGEMM;
-            let target = format!("prefill >= {} of sgemm GFLOP/s", pct(goal));
-            let pair = (
-                format!("{:.1} GFLOP/s", p.prefill_gflops),
-                format!("{:.1} GFLOP/s", p.sgemm_gflops),
-            );
-            (target, pair, p.ratio_median, p.ratio_best, goal)
-        }),
-    ];
-    for (target, (model, base), median, best, goal) in effs.into_iter().flatten() {
-        let target = format!("{target} ({threads} threads)");
-        out.push(efficiency_check(target, model, base, median, best, goal));
+    if let Some(d) = &r.decode_eff {
+        let goal = goal::LLM_DECODE_STREAM;
+        let target = format!("decode >= {} of the weight-streaming bound", pct(goal));
+        let figures = [d.decode_gbs, d.stream_gbs].map(|x| format!("{x:.2} GB/s"));
+        out.push(efficiency_check(
+            format!("{target} ({threads} threads)"),
+            figures,
+            d.ratios,
+            goal,
+        ));
+    }
+    if let Some(p) = &r.prefill_eff {
+        let goal = goal::LLM_PREFILL_SGEMM;
+        let target = format!(
+            "prefill >= {} of sgemm GFLOP/s ({threads} threads)",
+            pct(goal)
+        );
+        let figures = [p.prefill_gflops, p.sgemm_gflops].map(|x| format!("{x:.1} GFLOP/s"));
+        out.push(efficiency_check(target, figures, p.ratios, goal));
     }
     out
 }

@@ -86,6 +86,23 @@ pub fn best(rounds: &[Vec<f64>], i: usize) -> f64 {
     rounds.iter().map(|r| r[i]).fold(f64::INFINITY, f64::min)
 }
 
+/// A kernel against its machine limit, timed in turns ([`interleaved`]): the ratio of the
+/// best times, and the median over rounds of the ratio within a round.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Ratios {
+    /// Best over best.
+    pub ratio_best: f64,
+    /// Median of the same-round ratios.
+    pub ratio_median: f64,
+}
+
+impl Ratios {
+    /// Both as percentages, no decimals: best, median.
+    pub fn percent(self) -> [String; 2] {
+        [self.ratio_best, self.ratio_median].map(|x| format!("{:.0}%", 100.0 * x))
+    }
+}
+
 /// The median of `xs` (the mean of the middle two for even lengths); NaN when empty.
 pub fn median(xs: &[f64]) -> f64 {
     if xs.is_empty() {

@@ -11,7 +11,7 @@ use comfy_table::{presets, CellAlignment, Table};
 use serde_json::{json, Value};
 
 use crate::harness::Measurement;
-use crate::measure::Machine;
+use crate::measure::{Machine, Ratios};
 
 pub use crate::source::{CACHING, CACHING_SCOPE, FLOOR, RIVALS};
 
@@ -291,24 +291,23 @@ pub(crate) fn pct(x: f64) -> String {
     format!("{:.0}%", 100.0 * x)
 }
 
-/// "`target`: measured `kernel` vs `baseline`, median of same-round ratios >= `goal`": the
-/// check of every efficiency figure (a kernel against its machine limit, timed in turns).
+/// "`target`: measured `kernel` vs `baseline` (`figures`), median of same-round ratios >=
+/// `goal`": the check of every efficiency figure (a kernel against its machine limit, timed
+/// in turns).
 pub fn efficiency_check(
     target: String,
-    kernel: String,
-    baseline: String,
-    ratio_median: f64,
-    ratio_best: f64,
+    figures: [String; 2],
+    ratios: Ratios,
     goal: f64,
 ) -> TargetCheck {
+    let [kernel, baseline] = figures;
+    let [best, median] = ratios.percent();
     TargetCheck {
         target,
         measured: format!(
-            "{kernel} vs {baseline}: {} (median of same-round ratios; best {})",
-            pct(ratio_median),
-            pct(ratio_best)
+            "{kernel} vs {baseline}: {median} (median of same-round ratios; best {best})"
         ),
-        met: Some(ratio_median >= goal),
+        met: Some(ratios.ratio_median >= goal),
     }
 }
 

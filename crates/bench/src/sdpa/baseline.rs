@@ -9,7 +9,7 @@ use std::hint::black_box;
 
 use crate::measure::{
     best, decode_shape, fill, gbs, interleaved, median, prefill_flops, prefill_shape, sgemm,
-    stream_read,
+    stream_read, Ratios,
 };
 use ::sdpa::{Params, Shape};
 
@@ -33,10 +33,9 @@ pub struct DecodeEfficiency {
     /// Best kernel GB/s, counting the K and V bytes read (int8: values, scales and zero
     /// points).
     pub kernel_gbs: f64,
-    /// `kernel_gbs / stream_gbs`.
-    pub ratio_best: f64,
-    /// Median over rounds of the same-round ratio.
-    pub ratio_median: f64,
+    /// Its ratios to the baseline (best, median), flattened into the JSON.
+    #[serde(flatten)]
+    pub ratios: Ratios,
     /// Best time of one attention call (one layer), milliseconds, the calls made from a
     /// worker of the rayon pool.
     pub ms_per_call: f64,
@@ -58,10 +57,9 @@ pub struct PrefillEfficiency {
     pub sgemm_gflops: f64,
     /// Best kernel GFLOP/s.
     pub kernel_gflops: f64,
-    /// `kernel_gflops / sgemm_gflops`.
-    pub ratio_best: f64,
-    /// Median over rounds of the same-round ratio.
-    pub ratio_median: f64,
+    /// Its ratios to the baseline (best, median), flattened into the JSON.
+    #[serde(flatten)]
+    pub ratios: Ratios,
     /// Best time of one attention call (one layer), milliseconds.
     pub ms_per_call: f64,
 }
@@ -155,8 +153,10 @@ pub fn decode_efficiency(
         span_bytes: sb,
         stream_gbs,
         kernel_gbs,
-        ratio_best: kernel_gbs / stream_gbs,
-        ratio_median,
+        ratios: Ratios {
+            ratio_best: kernel_gbs / stream_gbs,
+            ratio_median,
+        },
         ms_per_call: best(&rounds, 2) * 1e3 / layers as f64,
     })
 }
@@ -231,8 +231,10 @@ pub fn prefill_efficiency(
         calls,
         sgemm_gflops: sgemm_best,
         kernel_gflops: kernel_best,
-        ratio_best: kernel_best / sgemm_best,
-        ratio_median,
+        ratios: Ratios {
+            ratio_best: kernel_best / sgemm_best,
+            ratio_median,
+        },
         ms_per_call: best_call * 1e3,
     })
 }

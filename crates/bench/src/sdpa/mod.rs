@@ -28,6 +28,7 @@ pub mod inputs;
 use serde_json::json;
 
 use crate::harness::Measurement;
+use crate::measure::Ratios;
 use crate::report::{
     align_right, comparison_table, efficiency_check, goal, markdown_table, pct, within_static,
     RunInfo, Section, TargetCheck, CACHING, CACHING_SCOPE,
@@ -421,7 +422,7 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
         count: e.layers,
         ms: format!("{:.3}", e.ms_per_call),
         rates: [e.stream_gbs, e.kernel_gbs],
-        ratios: [e.ratio_best, e.ratio_median],
+        ratios: e.ratios,
     });
     let mut prefill = r.prefill_eff.iter().map(|e| EffRow {
         dtype: e.dtype,
@@ -429,7 +430,7 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
         count: e.calls,
         ms: format!("{:.2}", e.ms_per_call),
         rates: [e.sgemm_gflops, e.kernel_gflops],
-        ratios: [e.ratio_best, e.ratio_median],
+        ratios: e.ratios,
     });
     let eff = |first: [&str; 5], rows: &mut dyn Iterator<Item = EffRow>| {
         let mut header = vec!["dtype"];
@@ -444,7 +445,7 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
             ];
             row.push(r.ms);
             row.extend(r.rates.map(|x| format!("{x:.1}")));
-            row.extend(r.ratios.map(pct));
+            row.extend(r.ratios.percent());
             t.add_row(row);
         }
         align_right(&mut t, 1..header.len());
@@ -526,7 +527,7 @@ struct EffRow {
     count: usize,
     ms: String,
     rates: [f64; 2],
-    ratios: [f64; 2],
+    ratios: Ratios,
 }
 
 /// The developers' targets: `caching` (and `caching-scope`) within 1.02x of `static` on every
@@ -552,10 +553,11 @@ fn targets(r: &SdpaRun, sgemm_threads: &str) -> Vec<TargetCheck> {
                 pct(goal::SDPA_DECODE_STREAM),
                 e.kv_len
             ),
-            format!("{:.1} GB/s K/V", e.kernel_gbs),
-            format!("{:.1} GB/s read", e.stream_gbs),
-            e.ratio_median,
-            e.ratio_best,
+            [
+                format!("{:.1} GB/s K/V", e.kernel_gbs),
+                format!("{:.1} GB/s read", e.stream_gbs),
+            ],
+            e.ratios,
             goal::SDPA_DECODE_STREAM,
         ));
     }
@@ -592,10 +594,11 @@ fn targets(r: &SdpaRun, sgemm_threads: &str) -> Vec<TargetCheck> {
                 e.len,
                 pct(goal::SDPA_PREFILL_SGEMM),
             ),
-            format!("{:.1} GFLOP/s", e.kernel_gflops),
-            format!("sgemm {:.1}", e.sgemm_gflops),
-            e.ratio_median,
-            e.ratio_best,
+            [
+                format!("{:.1} GFLOP/s", e.kernel_gflops),
+                format!("sgemm {:.1}", e.sgemm_gflops),
+            ],
+            e.ratios,
             goal::SDPA_PREFILL_SGEMM,
         ));
     }
@@ -637,8 +640,10 @@ mod tests {
             span_bytes: 1,
             stream_gbs: 10.0,
             kernel_gbs: 10.0 * ratio,
-            ratio_best: ratio,
-            ratio_median: ratio,
+            ratios: Ratios {
+                ratio_best: ratio,
+                ratio_median: ratio,
+            },
             ms_per_call: ms,
         }
     }
@@ -657,8 +662,10 @@ mod tests {
                 calls: 16,
                 sgemm_gflops: 100.0,
                 kernel_gflops: 61.0,
-                ratio_best: 0.61,
-                ratio_median: 0.6,
+                ratios: Ratios {
+                    ratio_best: 0.61,
+                    ratio_median: 0.6,
+                },
                 ms_per_call: 1.0,
             }],
             errors: vec![],
