@@ -31,7 +31,7 @@ use crate::report::{
 use crate::source::{
     ScratchSource, ScratchWorker, SourceConfig, SourceKind, LLM_ONLY, RUNNER_CAP, SOURCES,
 };
-use crate::steps::Steps;
+use crate::steps::{KernelRun, Steps};
 use llm::safetensors::DType;
 use llm::scratch_profile::ScratchProfile;
 use llm::{Llama, ModelOptions, Module, Sampler, TempRef, Weights};
@@ -157,23 +157,11 @@ pub struct ModelPrefillEfficiency {
     pub ratios: Ratios,
 }
 
-/// What one `allocbench llm` run measured.
-#[derive(Clone, Debug, Default)]
-pub struct LlmRun {
-    /// Prefill then decode, every source: time per prefill or per decode token; faults,
-    /// system allocations and temp bytes per token; peaks over both phases (one temp
-    /// allocator serves both).
-    pub rows: Vec<Measurement>,
-    /// Decode efficiency.
-    pub decode_eff: Option<WeightReadEfficiency>,
-    /// Prefill efficiency.
-    pub prefill_eff: Option<ModelPrefillEfficiency>,
-    /// The kernels' scratch per phase and kernel name over one prefill of the prompt and the
-    /// round's decode tokens, with the runner's default temp allocator.
-    pub profile: Option<ScratchProfile>,
-    /// What could not be measured, with why.
-    pub errors: Vec<String>,
-}
+/// What the comparison and the efficiency probes of one `allocbench llm` run measured:
+/// prefill then decode rows, every source (time per prefill or per decode token; faults,
+/// system allocations and temp bytes per token; peaks over both phases, as one temp
+/// allocator serves both).
+pub type LlmRun = KernelRun<Option<WeightReadEfficiency>, Option<ModelPrefillEfficiency>>;
 
 /// A model whose kernels take their scratch from a source's worker.
 type Model<'w> = Llama<TempRef<'w, dyn ScratchWorker + 'w>>;
@@ -211,14 +199,16 @@ fn prompt(cfg: &LlmConfig, weights: &Weights) -> Vec<u32> {
 }
 
 /// Runs the comparison on `kinds`, then the scratch profile and the efficiency figures;
-/// `tick` after every step.
+/// `tick` after every step. The profile: the kernels' scratch per phase and kernel name over
+/// one prefill of the prompt and the round's decode tokens, with the runner's default temp
+/// allocator.
 pub fn run(
     cfg: &LlmConfig,
     weights: &Arc<Weights>,
     kinds: &[&SourceKind],
     source_config: &SourceConfig,
     tick: &dyn Fn(),
-) -> LlmRun {
+) -> (LlmRun, Option<ScratchProfile>) {
     let prompt = prompt(cfg, weights);
     let opts = ModelOptions {
         context: Some(prompt.len() + cfg.decode_tokens + cfg.eff_reps + 8),
@@ -228,7 +218,7 @@ pub fn run(
         Ok(rows) => out.rows = rows,
         Err(e) => {
             out.errors.push(format!("building the model: {e}"));
-            return out;
+            return (out, None);
         }
     }
     // ---- profile and efficiency, with the runner's default temp allocator ----
@@ -247,7 +237,7 @@ pub fn run(
         Ok(m) => m,
         Err(e) => {
             out.errors.push(format!("efficiency model: {e}"));
-            return out;
+            return (out, None);
         }
     };
     let decode_eff = decode_efficiency(&mut model, &prompt, cfg.eff_reps);
@@ -255,7 +245,7 @@ pub fn run(
     let prefill_eff = prefill_efficiency(&mut model, &prompt, cfg.eff_reps);
     tick();
     let errors = &mut out.errors;
-    out.profile = profile
+    let profile = profile
         .map_err(|e| errors.push(format!("scratch profile: {e}")))
         .ok();
     out.decode_eff = decode_eff
@@ -264,7 +254,7 @@ pub fn run(
     out.prefill_eff = prefill_eff
         .map_err(|e| errors.push(format!("prefill efficiency: {e}")))
         .ok();
-    out
+    (out, profile)
 }
 
 /// A prefill of `prompt` from an empty cache, then the first token sampled (greedy).
@@ -486,7 +476,8 @@ pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> Section 
     // inside the pool instead of waking the main thread through a latch after each of the
     // ~240 sections per token. Inline when the main thread is a member
     // ([`crate::parts::init_threads`]); this covers a single-thread pool, which keeps its own worker.
-    let r = rayon::scope(|_| run(cfg, &weights, kinds, &llm_source_config(), &|| pb.inc(1)));
+    let (r, profile) =
+        rayon::scope(|_| run(cfg, &weights, kinds, &llm_source_config(), &|| pb.inc(1)));
     pb.finish_and_clear();
     let info = RunInfo::now(quick, rayon::current_num_threads(), started);
     let about = Setup {
@@ -495,7 +486,7 @@ pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> Section 
         isa: format!("{:?}", ::llm::kernels::isa()),
         threads: info.threads,
     };
-    section(&about, r, &info, ready_s)
+    section(&about, r, profile.as_ref(), &info, ready_s)
 }
 
 /// What ran, as the report describes it.
@@ -516,9 +507,16 @@ fn tok_s(cfg: &LlmConfig, m: &Measurement) -> f64 {
     tokens * m.calls_per_sec
 }
 
-/// The report's section of run `r`: the comparison, efficiency and scratch-profile tables,
-/// the targets and the JSON; the weights took `ready_s` seconds to load or generate.
-fn section(s: &Setup<'_>, r: LlmRun, info: &RunInfo, ready_s: f64) -> Section {
+/// The report's section of run `r` and its scratch `profile`: the comparison, efficiency and
+/// scratch-profile tables, the targets and the JSON; the weights took `ready_s` seconds to
+/// load or generate.
+fn section(
+    s: &Setup<'_>,
+    r: LlmRun,
+    profile: Option<&ScratchProfile>,
+    info: &RunInfo,
+    ready_s: f64,
+) -> Section {
     let cfg = s.cfg;
     let comparison = comparison_table(
         &r.rows,
@@ -550,7 +548,7 @@ fn section(s: &Setup<'_>, r: LlmRun, info: &RunInfo, ready_s: f64) -> Section {
             efficiency_table(&r, cfg.prompt_tokens)
         ),
     ];
-    if let Some(p) = &r.profile {
+    if let Some(p) = profile {
         blocks.push(format!(
             "Scratch profile (caching source; one prefill of {} tokens and {} decode tokens; \
              per token: over the prompt's tokens for prefill, per decode step):\n\n{}",
@@ -588,7 +586,7 @@ fn section(s: &Setup<'_>, r: LlmRun, info: &RunInfo, ready_s: f64) -> Section {
             "prefill": r.prefill_eff,
             "errors": r.errors,
         },
-        "scratch_profile": r.profile.as_ref().map(|p| p.to_json(cfg.prompt_tokens, cfg.decode_tokens)),
+        "scratch_profile": profile.map(|p| p.to_json(cfg.prompt_tokens, cfg.decode_tokens)),
     });
     let mut out = Section {
         title: "llm: a whole model generating".into(),
@@ -755,7 +753,7 @@ mod tests {
             .iter()
             .map(|n| find_source(n).unwrap())
             .collect();
-        let r = run(&cfg, &w, &kinds, &SourceConfig::default(), &|| {});
+        let (r, profile) = run(&cfg, &w, &kinds, &SourceConfig::default(), &|| {});
         assert!(r.errors.is_empty(), "{:?}", r.errors);
         assert_eq!(r.rows.len(), 6);
         let get = |phase: &str, source: &str| {
@@ -781,7 +779,13 @@ mod tests {
             isa: "test".into(),
             threads: 2,
         };
-        let s = section(&about, r, &crate::report::tests::info(), 0.0);
+        let s = section(
+            &about,
+            r,
+            profile.as_ref(),
+            &crate::report::tests::info(),
+            0.0,
+        );
         let (key, j) = s.json.clone().unwrap();
         assert_eq!(key, "llm");
         assert_eq!(

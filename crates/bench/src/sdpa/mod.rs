@@ -27,14 +27,13 @@ pub mod inputs;
 
 use serde_json::json;
 
-use crate::harness::Measurement;
 use crate::measure::Ratios;
 use crate::report::{
     align_right, comparison_table, efficiency_check, goal, markdown_table, pct, within_static,
     RunInfo, Section, TargetCheck, CACHING, CACHING_SCOPE,
 };
 use crate::source::{ScratchSource, ScratchWorker, SourceConfig, SourceKind};
-use crate::steps::Steps;
+use crate::steps::{KernelRun, Steps};
 use ::sdpa::{Params, Shape};
 use baseline::{DecodeEfficiency, PrefillEfficiency};
 pub use inputs::{Inputs, SdpaDtype};
@@ -221,19 +220,10 @@ fn describe_tokens(t: &[usize]) -> String {
     }
 }
 
-/// What one `allocbench sdpa` run measured.
-#[derive(Clone, Debug, Default)]
-pub struct SdpaRun {
-    /// Every (workload, source), in run order: time per token (decode) or per prefill;
-    /// faults and system allocations per attention call (one layer).
-    pub rows: Vec<Measurement>,
-    /// Decode efficiency per dtype and KV length.
-    pub decode_eff: Vec<DecodeEfficiency>,
-    /// Prefill efficiency per dtype and length.
-    pub prefill_eff: Vec<PrefillEfficiency>,
-    /// What could not be measured, with why.
-    pub errors: Vec<String>,
-}
+/// What one `allocbench sdpa` run measured: every (workload, source) in run order (time per
+/// token for decode, per prefill; faults and system allocations per attention call), and the
+/// efficiency per dtype and KV length (decode) or length (prefill).
+pub type SdpaRun = KernelRun<Vec<DecodeEfficiency>, Vec<PrefillEfficiency>>;
 
 /// The inputs of `dtype` for `sh` (seeded by `seed`), or `None` with why noted in `errors`.
 fn inputs_or_note(
@@ -416,36 +406,44 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
     for (label, what) in &workloads {
         head += &format!("\nworkload {label}: {what}");
     }
-    let mut decode = r.decode_eff.iter().map(|e| EffRow {
-        dtype: e.dtype,
-        size: e.kv_len,
-        count: e.layers,
-        ms: format!("{:.3}", e.ms_per_call),
-        rates: [e.stream_gbs, e.kernel_gbs],
-        ratios: e.ratios,
+    // Cells of an efficiency row: the dtype, the call's size (KV length, tokens) and count
+    // (layer caches, calls per round), time per call, the baseline's and the kernel's rates.
+    let cells = |dtype: SdpaDtype, counts: [usize; 2], ms: String, rates: [f64; 2]| {
+        let mut row = vec![dtype.name().to_string()];
+        row.extend(counts.map(|n| n.to_string()));
+        row.push(ms);
+        row.extend(rates.map(|x| format!("{x:.1}")));
+        row
+    };
+    let mut decode = r.decode_eff.iter().map(|e| {
+        let ms = format!("{:.3}", e.ms_per_call);
+        let row = cells(
+            e.dtype,
+            [e.kv_len, e.layers],
+            ms,
+            [e.stream_gbs, e.kernel_gbs],
+        );
+        (row, e.ratios)
     });
-    let mut prefill = r.prefill_eff.iter().map(|e| EffRow {
-        dtype: e.dtype,
-        size: e.len,
-        count: e.calls,
-        ms: format!("{:.2}", e.ms_per_call),
-        rates: [e.sgemm_gflops, e.kernel_gflops],
-        ratios: e.ratios,
+    let mut prefill = r.prefill_eff.iter().map(|e| {
+        let ms = format!("{:.2}", e.ms_per_call);
+        (
+            cells(
+                e.dtype,
+                [e.len, e.calls],
+                ms,
+                [e.sgemm_gflops, e.kernel_gflops],
+            ),
+            e.ratios,
+        )
     });
-    let eff = |first: [&str; 5], rows: &mut dyn Iterator<Item = EffRow>| {
+    let eff = |first: [&str; 5], rows: &mut dyn Iterator<Item = (Vec<String>, Ratios)>| {
         let mut header = vec!["dtype"];
         header.extend(first);
         header.extend(["ratio (best)", "ratio (median)"]);
         let mut t = markdown_table(&header);
-        for r in rows {
-            let mut row = vec![
-                r.dtype.name().into(),
-                r.size.to_string(),
-                r.count.to_string(),
-            ];
-            row.push(r.ms);
-            row.extend(r.rates.map(|x| format!("{x:.1}")));
-            row.extend(r.ratios.percent());
+        for (mut row, ratios) in rows {
+            row.extend(ratios.percent());
             t.add_row(row);
         }
         align_right(&mut t, 1..header.len());
@@ -516,18 +514,6 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
         ..Section::default()
     }
     .with_json("sdpa", info, fields)
-}
-
-/// One row of an efficiency table: the dtype, the call's size (KV length, tokens), its count
-/// (layer caches, calls per round), time per call, the baseline's and the kernel's rates and
-/// the ratios (best, median).
-struct EffRow {
-    dtype: SdpaDtype,
-    size: usize,
-    count: usize,
-    ms: String,
-    rates: [f64; 2],
-    ratios: Ratios,
 }
 
 /// The developers' targets: `caching` (and `caching-scope`) within 1.02x of `static` on every
@@ -609,6 +595,7 @@ fn targets(r: &SdpaRun, sgemm_threads: &str) -> Vec<TargetCheck> {
 mod tests {
     use super::*;
 
+    use crate::harness::Measurement;
     use crate::measure::Spread;
 
     fn row(w: &str, s: &str, ns: f64, x: Option<f64>) -> Measurement {
