@@ -11,7 +11,7 @@ use crate::measure::{
     best, decode_shape, fill, gbs, interleaved, median, prefill_flops, prefill_shape, sgemm,
     stream_read, Ratios,
 };
-use ::sdpa::{Params, Shape};
+use ::sdpa::{Params, SdpaError, Shape};
 
 use super::inputs::{Inputs, SdpaDtype};
 use super::SdpaConfig;
@@ -64,6 +64,17 @@ pub struct PrefillEfficiency {
     pub ms_per_call: f64,
 }
 
+/// What both efficiency probes run on: the model's heads, head_dim and efficiency settings
+/// (`cfg`), a dtype, and the allocator the kernel's scratch comes from (reset after every call).
+pub struct Probe<'a> {
+    /// The model and the probes' settings (`eff_*`).
+    pub cfg: &'a SdpaConfig,
+    /// The dtype column.
+    pub dtype: SdpaDtype,
+    /// The kernel's temp allocator.
+    pub temp: &'a (dyn TempReset + Sync),
+}
+
 /// Runs `f` on a worker of the current rayon pool (inline when the caller is one, as
 /// `allocbench`'s main thread is), as a model's forward pass runs (the llm runner drives its
 /// model inside `rayon::scope`), so the kernel's parallel sections start from inside the pool.
@@ -106,18 +117,13 @@ fn call_each(
     black_box(inputs);
 }
 
-/// Measures decode in `dtype` at `kv_len` (heads and head_dim of `cfg`) over enough separate
-/// layer caches to span `cfg.eff_span_bytes` of K/V (at most 64), against a streaming read of
-/// a buffer that size on the same threads, `cfg.eff_rounds` rounds: both count the bytes they must read (for int8, the values, the
-/// scales and the zero points). Scratch comes from `temp`, reset after every call. A round's
-/// layer calls run on a worker of the current rayon pool (inline when the caller is one), as a
+/// Measures decode in the probe's dtype at `kv_len` over enough separate layer caches to span
+/// `cfg.eff_span_bytes` of K/V (at most 64), against a streaming read of a buffer that size on
+/// the same threads, `cfg.eff_rounds` rounds: both count the bytes they must read (for int8,
+/// the values, the scales and the zero points). A round's layer calls run on a worker of the current rayon pool (inline when the caller is one), as a
 /// model's forward pass does.
-pub fn decode_efficiency(
-    cfg: &SdpaConfig,
-    dtype: SdpaDtype,
-    kv_len: usize,
-    temp: &(dyn TempReset + Sync),
-) -> Result<DecodeEfficiency, sdpa::SdpaError> {
+pub fn decode_efficiency(probe: &Probe<'_>, kv_len: usize) -> Result<DecodeEfficiency, SdpaError> {
+    let (cfg, dtype, temp) = (probe.cfg, probe.dtype, probe.temp);
     let (head_dim, span_bytes) = (cfg.head_dim, cfg.eff_span_bytes);
     let sh = decode_shape(cfg.heads, cfg.kv_heads, head_dim, kv_len.max(1));
     let per_layer = sh.kv_elems()? / head_dim * dtype.kv_bytes_per_head_row(head_dim);
@@ -161,21 +167,17 @@ pub fn decode_efficiency(
     })
 }
 
-/// Measures a causal prefill in `dtype` of `len` tokens from position 0 (heads and head_dim of
-/// `cfg`) against sgemm on each of `cfg.eff_sgemm_shapes` (`m, k, n`; the fastest counts),
-/// `cfg.eff_rounds` rounds. Scratch comes from `temp`.
+/// Measures a causal prefill in the probe's dtype of `len` tokens from position 0 against
+/// sgemm on each of `cfg.eff_sgemm_shapes` (`m, k, n`; the fastest counts), `cfg.eff_rounds`
+/// rounds.
 ///
 /// A round times enough layer calls back to back, each on its own inputs (as a model's layers
 /// are), for about the FLOPs of the smallest sgemm (at most 32 calls): a single 1 ms call timed
 /// right after a 20 ms sgemm measured the thread pool waking up as much as the kernel (it ran
 /// at 30% or 60% of sgemm from one round to the next at 128 tokens). The calls run on a pool
 /// worker, as decode's do (at 128 tokens that changed the time per call by under 2%).
-pub fn prefill_efficiency(
-    cfg: &SdpaConfig,
-    dtype: SdpaDtype,
-    len: usize,
-    temp: &(dyn TempReset + Sync),
-) -> Result<PrefillEfficiency, sdpa::SdpaError> {
+pub fn prefill_efficiency(probe: &Probe<'_>, len: usize) -> Result<PrefillEfficiency, SdpaError> {
+    let (cfg, dtype, temp) = (probe.cfg, probe.dtype, probe.temp);
     let (sgemm_shapes, reps) = (&cfg.eff_sgemm_shapes, cfg.eff_rounds);
     let sh = prefill_shape(cfg.heads, cfg.kv_heads, cfg.head_dim, len);
     let flops = prefill_flops(&sh, true);

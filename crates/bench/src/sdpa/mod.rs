@@ -338,15 +338,20 @@ pub fn run(
     let mut dec = Vec::new();
     let mut pre = Vec::new();
     for &dt in &cfg.dtypes {
+        let probe = baseline::Probe {
+            cfg,
+            dtype: dt,
+            temp: &w,
+        };
         for &kv in &cfg.eff_decode_kvs {
-            match baseline::decode_efficiency(cfg, dt, kv, &w) {
+            match baseline::decode_efficiency(&probe, kv) {
                 Ok(e) => dec.push(e),
                 Err(e) => errors.push(format!("{} decode efficiency at kv {kv}: {e}", dt.name())),
             }
             tick();
         }
         for &(len, _) in &cfg.prefill {
-            match baseline::prefill_efficiency(cfg, dt, len, &w) {
+            match baseline::prefill_efficiency(&probe, len) {
                 Ok(e) => pre.push(e),
                 Err(e) => errors.push(format!(
                     "{} prefill efficiency at {len} tokens: {e}",
