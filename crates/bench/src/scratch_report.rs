@@ -1,6 +1,6 @@
-//! The scratch workloads' report (`scratch`, `decode`, `threads`, and the first part of
-//! `all`): their table, the thread-scaling table, the developers' goals that compare the
-//! workloads, and the command's own JSON.
+//! The scratch workloads' section of a report (`scratch`, `decode`, `threads`, and the first
+//! part of `all`): their table, the thread-scaling table, the developers' goals that compare
+//! the workloads, and the command's own JSON.
 
 use comfy_table::Table;
 use serde_json::json;
