@@ -14,20 +14,20 @@
 //! **Efficiency**, with the `caching` source: decode tokens/s times the bytes of weights a
 //! step reads, against a streaming read of as many bytes ([`crate::measure::stream_read`]);
 //! prefill FLOP/s against matrixmultiply's sgemm on the model's largest matmul shape. Both
-//! timed in alternating turns.
+//! timed in alternating turns (module `probe`).
+//!
+//! **Scratch profile**: per phase and kernel name, what the kernels took from the runner's
+//! default temp allocator over one prefill and a round's decode tokens. Module `section`
+//! turns it all into the report's section.
+
+mod probe;
+mod section;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use comfy_table::Table;
-use serde_json::json;
-
 use crate::harness::Measurement;
-use crate::measure::{best, interleaved, median, sgemm, stream_read, Ratios};
-use crate::report::{
-    align_right, comparison_table, efficiency_check, goal, markdown_table, pct, within_static,
-    Column, RunInfo, Section, TargetCheck, CACHING,
-};
+use crate::report::{RunInfo, Section};
 use crate::source::{
     ScratchSource, ScratchWorker, SourceConfig, SourceKind, LLM_ONLY, RUNNER_CAP, SOURCES,
 };
@@ -35,6 +35,9 @@ use crate::steps::{KernelRun, Steps};
 use llm::safetensors::DType;
 use llm::scratch_profile::ScratchProfile;
 use llm::{Llama, ModelOptions, Module, Sampler, TempRef, Weights};
+use probe::Probe;
+pub use probe::{ModelPrefillEfficiency, WeightReadEfficiency};
+use section::{section, Setup};
 
 /// The temp-memory sources of the llm comparison, in table order: [`SOURCES`] entries and
 /// [`LLM_ONLY`]'s, all built with [`llm_source_config`] (caps at the runner's 10 MiB).
@@ -123,38 +126,6 @@ fn tiny_config() -> Option<llm::LlamaConfig> {
     c.num_layers = 2;
     c.vocab_size = 300;
     Some(c)
-}
-
-/// The model's decode against a streaming read of the weight bytes one step reads (the
-/// kernel-level decode figure, against K/V bytes, is [`crate::sdpa::baseline::DecodeEfficiency`]).
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct WeightReadEfficiency {
-    /// Weight bytes one decode step reads.
-    pub weight_bytes: usize,
-    /// Best streaming read, GB/s.
-    pub stream_gbs: f64,
-    /// Best decode, GB/s of weights.
-    pub decode_gbs: f64,
-    /// Its ratios to the baseline (best, median), flattened into the JSON.
-    #[serde(flatten)]
-    pub ratios: Ratios,
-}
-
-/// The model's whole prefill against sgemm at its largest matmul shape (one attention call's:
-/// [`crate::sdpa::baseline::PrefillEfficiency`]).
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct ModelPrefillEfficiency {
-    /// FLOPs of one prefill.
-    pub flops: f64,
-    /// sgemm shape (m, k, n).
-    pub sgemm_shape: (usize, usize, usize),
-    /// Best sgemm, GFLOP/s.
-    pub sgemm_gflops: f64,
-    /// Best prefill, GFLOP/s.
-    pub prefill_gflops: f64,
-    /// Its ratios to the baseline (best, median), flattened into the JSON.
-    #[serde(flatten)]
-    pub ratios: Ratios,
 }
 
 /// What the comparison and the efficiency probes of one `allocbench llm` run measured:
@@ -347,94 +318,6 @@ fn compare(
     Ok(rows)
 }
 
-/// The efficiency probes of a model: its prefill of `prompt` or its decode against this
-/// machine's limit, `reps` rounds in turns.
-struct Probe<'a> {
-    model: &'a mut Llama<caching_allocator::CachingAllocator>,
-    prompt: &'a [u32],
-    reps: usize,
-}
-
-impl Probe<'_> {
-    /// Decode against a streaming read of the weight bytes one step reads.
-    fn decode(&mut self) -> Result<WeightReadEfficiency, String> {
-        let (model, prompt, reps) = (&mut *self.model, self.prompt, self.reps);
-        let wbytes = model.weights().decode_weight_bytes();
-        let mut tok = prefill(model, prompt)?;
-        let buf = vec![1.0f32; wbytes / 4];
-        let mut err = None;
-        let mut read = || stream_read(&buf, 1);
-        let mut step = || match decode(model, tok) {
-            Ok(t) => tok = t,
-            Err(e) => err = err.take().or(Some(e)),
-        };
-        let rounds = interleaved(reps, &mut [&mut read, &mut step]);
-        if let Some(e) = err {
-            return Err(e);
-        }
-        let gbs = |t: f64| wbytes as f64 / t / 1e9;
-        let ratios: Vec<f64> = rounds.iter().map(|r| r[0] / r[1]).collect();
-        Ok(WeightReadEfficiency {
-            weight_bytes: wbytes,
-            stream_gbs: gbs(best(&rounds, 0)),
-            decode_gbs: gbs(best(&rounds, 1)),
-            ratios: Ratios {
-                ratio_best: best(&rounds, 0) / best(&rounds, 1),
-                ratio_median: median(&ratios),
-            },
-        })
-    }
-
-    /// The whole prefill against sgemm at the model's largest matmul shape.
-    fn prefill(&mut self) -> Result<ModelPrefillEfficiency, String> {
-        let (model, prompt, reps) = (&mut *self.model, self.prompt, self.reps);
-        let c = model.config().clone();
-        let l = prompt.len();
-        let (h, ffn) = (c.hidden_size, c.intermediate_size);
-        let per_layer = {
-            let q = c.num_heads * c.head_dim;
-            let kv = c.num_kv_heads * c.head_dim;
-            h * q + 2 * h * kv + q * h + 3 * h * ffn
-        };
-        let pairs = (l * (l + 1) / 2) as f64;
-        let flops = 2.0 * l as f64 * (c.num_layers * per_layer) as f64
-            + 2.0 * (c.vocab_size * h) as f64
-            + c.num_layers as f64 * 4.0 * (c.head_dim * c.num_heads) as f64 * pairs;
-        let (m, k, n) = (l, h, ffn);
-        let a = crate::measure::fill(m * k, 3);
-        let b = crate::measure::fill(k * n, 4);
-        let mut cbuf = vec![0f32; m * n];
-        let mut err = None;
-        let mut gemm = || sgemm(m, k, n, &a, &b, &mut cbuf);
-        let mut run = || {
-            if let Err(e) = prefill(model, prompt) {
-                err.get_or_insert(e);
-            }
-        };
-        let rounds = interleaved(reps, &mut [&mut gemm, &mut run]);
-        if let Some(e) = err {
-            return Err(e);
-        }
-        let gemm_flops = 2.0 * (m * k * n) as f64;
-        let ratios: Vec<f64> = rounds
-            .iter()
-            .map(|r| (flops / r[1]) / (gemm_flops / r[0]))
-            .collect();
-        let sg = gemm_flops / best(&rounds, 0) / 1e9;
-        let pf = flops / best(&rounds, 1) / 1e9;
-        Ok(ModelPrefillEfficiency {
-            flops,
-            sgemm_shape: (m, k, n),
-            sgemm_gflops: sg,
-            prefill_gflops: pf,
-            ratios: Ratios {
-                ratio_best: pf / sg,
-                ratio_median: median(&ratios),
-            },
-        })
-    }
-}
-
 /// Progress units of a run: the measured steps, plus two efficiency figures.
 pub fn progress_units(cfg: &LlmConfig) -> usize {
     cfg.rounds * (cfg.decode_tokens + cfg.prefill_reps.max(1)) + 2
@@ -496,240 +379,6 @@ pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> Section 
         threads: info.threads,
     };
     section(&about, r, profile.as_ref(), &info, ready_s)
-}
-
-/// What ran, as the report describes it.
-struct Setup<'a> {
-    cfg: &'a LlmConfig,
-    arch: String,
-    isa: String,
-    threads: usize,
-}
-
-/// Tokens per second of a row, from its median step.
-fn tok_s(cfg: &LlmConfig, m: &Measurement) -> f64 {
-    let tokens = if m.unit == "prefill" {
-        cfg.prompt_tokens as f64
-    } else {
-        1.0
-    };
-    tokens * m.calls_per_sec
-}
-
-/// The report's section of run `r` and its scratch `profile`: the comparison, efficiency and
-/// scratch-profile tables, the targets and the JSON; the weights took `ready_s` seconds to
-/// load or generate.
-fn section(
-    s: &Setup<'_>,
-    r: LlmRun,
-    profile: Option<&ScratchProfile>,
-    info: &RunInfo,
-    ready_s: f64,
-) -> Section {
-    let cfg = s.cfg;
-    let comparison = comparison_table(
-        &r.rows,
-        &[Column {
-            header: "tok/s",
-            cell: &|m| format!("{:.1}", tok_s(cfg, m)),
-        }],
-        &[Column {
-            header: "temp B/token",
-            cell: &|m| format!("{:.0}", m.temp_bytes_per_call.unwrap_or(0.0)),
-        }],
-    );
-    let headline = headline(&r.rows);
-    let mut blocks = vec![
-        format!(
-            "{} measured rounds after 1 warm-up; {} rayon threads, kernels {}; weights ready in \
-             {ready_s:.1} s\nmodel: {}\nround: prefill of {} tokens, then {} decode tokens, \
-             interleaved across sources",
-            cfg.rounds, s.threads, s.isa, s.arch, cfg.prompt_tokens, cfg.decode_tokens,
-        ),
-        format!(
-            "Allocator comparison (median step; x static / x caching: median of step-by-step \
-             ratios over the same interleaved steps; temp bytes, faults and system allocations \
-             per token):\n\n{comparison}"
-        ),
-        headline.join("\n"),
-        format!(
-            "Efficiency (caching source, alternating turns with the baseline):\n\n{}",
-            efficiency_table(&r, cfg.prompt_tokens)
-        ),
-    ];
-    if let Some(p) = profile {
-        blocks.push(format!(
-            "Scratch profile (caching source; one prefill of {} tokens and {} decode tokens; \
-             per token: over the prompt's tokens for prefill, per decode step):\n\n{}",
-            cfg.prompt_tokens,
-            cfg.decode_tokens,
-            profile_table(p, cfg.prompt_tokens, cfg.decode_tokens)
-        ));
-    }
-    blocks.extend(r.errors.iter().map(|e| format!("not measured: {e}")));
-    let workloads = [
-        (
-            "llm-prefill",
-            format!(
-                "{}: prefill of {} tokens + sampling",
-                cfg.model, cfg.prompt_tokens
-            ),
-        ),
-        (
-            "llm-decode",
-            format!(
-                "{}: one decode token (forward + greedy sampling), {} per round",
-                cfg.model, cfg.decode_tokens
-            ),
-        ),
-    ];
-    let fields = json!({
-        "sgemm_threads": crate::measure::sgemm_threads(),
-        "kernels": s.isa,
-        "config": cfg,
-        "architecture": s.arch,
-        "workloads": workloads.iter().map(|(n, d)| json!({"name": n, "step": d})).collect::<Vec<_>>(),
-        "headline": headline,
-        "efficiency": {
-            "decode": r.decode_eff,
-            "prefill": r.prefill_eff,
-            "errors": r.errors,
-        },
-        "scratch_profile": profile.map(|p| p.to_json(cfg.prompt_tokens, cfg.decode_tokens)),
-    });
-    let mut out = Section {
-        title: "llm: a whole model generating".into(),
-        blocks,
-        targets: targets(&r, s.threads),
-        rows: r.rows,
-        ..Section::default()
-    }
-    .with_json("llm", info, fields);
-    if let Some((_, j)) = &mut out.json {
-        for (k, m) in out.rows.iter().enumerate() {
-            j["measurements"][k]["tokens_per_second"] = json!(tok_s(cfg, m));
-        }
-    }
-    out
-}
-
-/// The efficiency table, as Markdown.
-fn efficiency_table(r: &LlmRun, prompt_tokens: usize) -> Table {
-    let mut t = markdown_table(&[
-        "phase",
-        "model",
-        "baseline",
-        "ratio (best)",
-        "ratio (median)",
-    ]);
-    if let Some(d) = &r.decode_eff {
-        let mib = d.weight_bytes as f64 / (1 << 20) as f64;
-        let mut row = vec!["decode".into()];
-        row.push(format!(
-            "{:.2} GB/s of weights ({mib:.1} MiB/token)",
-            d.decode_gbs
-        ));
-        row.push(format!("streaming read {:.2} GB/s", d.stream_gbs));
-        row.extend(d.ratios.percent());
-        t.add_row(row);
-    }
-    if let Some(p) = &r.prefill_eff {
-        let (m, k, n) = p.sgemm_shape;
-        let mut row = vec![format!("prefill {prompt_tokens}")];
-        row.push(format!("{:.1} GFLOP/s", p.prefill_gflops));
-        row.push(format!("sgemm {m}x{k}x{n} {:.1} GFLOP/s", p.sgemm_gflops));
-        row.extend(p.ratios.percent());
-        t.add_row(row);
-    }
-    t
-}
-
-/// The scratch profile as a table: per phase and kernel name, the calls, the largest scratch
-/// one call took and the scratch per token (the phase's prompt or decode tokens).
-pub fn profile_table(p: &ScratchProfile, prefill_tokens: usize, decode_tokens: usize) -> Table {
-    let mut t = markdown_table(&["phase", "kernel", "calls", "max call B", "B/token"]);
-    for e in p.entries() {
-        let tokens = if e.phase == "decode" {
-            decode_tokens
-        } else {
-            prefill_tokens
-        };
-        t.add_row(vec![
-            e.phase.to_string(),
-            e.kernel.to_string(),
-            e.calls.to_string(),
-            e.max_call_bytes.to_string(),
-            format!("{:.0}", e.total_bytes as f64 / tokens.max(1) as f64),
-        ]);
-    }
-    align_right(&mut t, 2..5);
-    t
-}
-
-/// The headline: what `caching` buys against `system`, `fresh-pages` and `exact-cache`, per
-/// phase (their time over `caching`'s, median over the same steps).
-fn headline(rows: &[Measurement]) -> Vec<String> {
-    let mut out = Vec::new();
-    for phase in ["llm-decode", "llm-prefill"] {
-        for rival in ["system", "fresh-pages", "exact-cache"] {
-            let x = rows
-                .iter()
-                .find(|m| m.workload == phase && m.source == rival)
-                .and_then(|r| r.x_caching);
-            if let Some(x) = x {
-                out.push(format!(
-                    "{phase}: {rival} takes {x:.3}x caching's time (median of step-by-step \
-                     ratios)"
-                ));
-            }
-        }
-    }
-    out
-}
-
-/// The developers' targets, met or missed as measured on `threads` threads.
-fn targets(r: &LlmRun, threads: usize) -> Vec<TargetCheck> {
-    let mut out = within_static(&r.rows, goal::LLM_WITHIN_STATIC, &[CACHING], false);
-    for phase in ["llm-decode", "llm-prefill"] {
-        let Some(m) = r
-            .rows
-            .iter()
-            .find(|m| m.workload == phase && m.source == CACHING)
-        else {
-            continue;
-        };
-        out.push(TargetCheck {
-            target: format!("caching: 0 page faults and 0 system allocations per token on {phase}"),
-            measured: format!(
-                "{:.3} faults/token, {} system allocations/token",
-                m.faults_per_call,
-                m.sys_allocs_per_call
-                    .map_or_else(|| "?".into(), |x| format!("{x:.3}"))
-            ),
-            met: Some(m.faults_per_call == 0.0 && m.sys_allocs_per_call == Some(0.0)),
-        });
-    }
-    if let Some(d) = &r.decode_eff {
-        let goal = goal::LLM_DECODE_STREAM;
-        let target = format!("decode >= {} of the weight-streaming bound", pct(goal));
-        let figures = [d.decode_gbs, d.stream_gbs].map(|x| format!("{x:.2} GB/s"));
-        out.push(efficiency_check(
-            format!("{target} ({threads} threads)"),
-            figures,
-            d.ratios,
-            goal,
-        ));
-    }
-    if let Some(p) = &r.prefill_eff {
-        let goal = goal::LLM_PREFILL_SGEMM;
-        let target = format!(
-            "prefill >= {} of sgemm GFLOP/s ({threads} threads)",
-            pct(goal)
-        );
-        let figures = [p.prefill_gflops, p.sgemm_gflops].map(|x| format!("{x:.1} GFLOP/s"));
-        out.push(efficiency_check(target, figures, p.ratios, goal));
-    }
-    out
 }
 
 /// Looks an llm source up by name.
