@@ -268,8 +268,9 @@ fn sdpa_runs_on_every_source_with_tiny_shapes() {
     assert!(table.contains("| sdpa-prefill-12 "), "{table}");
     assert!(table.contains("sdpa-prefill-12-int8-kv"), "{table}");
     assert!(table.contains("sdpa-decode-bf16"), "{table}");
-    let svg = std::env::temp_dir().join(format!("allocbench-sdpa-{}.svg", std::process::id()));
-    allocbench::plot::write_svg(&info, &report.rows, &svg).unwrap();
-    assert!(std::fs::metadata(&svg).unwrap().len() > 0);
-    let _ = std::fs::remove_file(&svg);
+    let svg = allocbench::plot::render_svg(&info, &report.rows).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("sdpa-prefill-12-int8-kv"),
+        "{svg}"
+    );
 }
