@@ -137,15 +137,11 @@ impl SdpaConfig {
         }
     }
 
+    /// A decode call at `kv_len` into the run's cache of `kv_capacity` positions.
     fn decode_shape(&self, kv_len: usize) -> Shape {
         Shape {
-            batch: 1,
-            q_len: 1,
-            heads: self.heads,
-            kv_heads: self.kv_heads,
-            head_dim: self.head_dim,
             kv_capacity: self.kv_capacity,
-            start_pos: kv_len.saturating_sub(1),
+            ..crate::measure::decode_shape(self.heads, self.kv_heads, self.head_dim, kv_len)
         }
     }
 
