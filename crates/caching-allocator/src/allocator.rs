@@ -145,6 +145,11 @@ impl CachingAllocator {
         }
     }
 
+    /// `Config::limit_bytes`, or `usize::MAX` without a limit.
+    pub(crate) fn limit_bytes(&self) -> usize {
+        self.limit
+    }
+
     /// The configuration this allocator was built with.
     pub fn config(&self) -> &Config {
         &self.config

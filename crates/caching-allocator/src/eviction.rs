@@ -132,6 +132,11 @@ impl CachingAllocator {
         }
         let ws = self.working_set_figures();
         let live = ws.reserved.saturating_sub(ws.idle) + incoming;
+        if live > self.limit_bytes() {
+            // `limit_bytes` will refuse the incoming block whatever is evicted, and a refused
+            // request evicts nothing.
+            return;
+        }
         let reserved = ws.reserved + incoming;
         // The working set is what the runtime asked for at its peak, not the blocks that served
         // it: wide fit hands out larger blocks, which must not raise the budget that pays for
