@@ -211,13 +211,7 @@ impl CachingAllocator {
         // time (this one ends before `grow_and_bump` borrows again).
         let arena = unsafe { local.arena.owner() };
         let bumped = match self.rewind_arena(local, arena, epoch) {
-            None => {
-                let bumped = arena.bump(&local.arena.shared, size, align);
-                if bumped.is_none() {
-                    arena.missed(size);
-                }
-                bumped
-            }
+            None => arena.bump_or_miss(&local.arena.shared, size, align),
             grow => self.grow_and_bump(local, grow, epoch, size, align),
         };
         match bumped {
@@ -313,11 +307,7 @@ impl CachingAllocator {
             // this interval's small requests, rather than one failed chunk per request.
             arena.refuse(epoch);
         }
-        let bumped = arena.bump(&local.arena.shared, size, align);
-        if bumped.is_none() {
-            arena.missed(size);
-        }
-        bumped
+        arena.bump_or_miss(&local.arena.shared, size, align)
     }
 
     /// Gives the (empty) arena of this thread a chunk of at least `bytes` instead of the one it

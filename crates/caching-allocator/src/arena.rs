@@ -447,6 +447,21 @@ impl Arena {
         (want > self.len).then(|| want.clamp(MIN_CHUNK, MAX_CHUNK))
     }
 
+    /// [`bump`](Self::bump), noting a request the chunk could not take (see `missed`).
+    #[inline]
+    pub(crate) fn bump_or_miss(
+        &mut self,
+        sh: &ArenaShared,
+        size: usize,
+        align: usize,
+    ) -> Option<NonNull<u8>> {
+        let bumped = self.bump(sh, size, align);
+        if bumped.is_none() {
+            self.missed(size);
+        }
+        bumped
+    }
+
     /// A request the chunk could not take this epoch: the next chunk should hold it too.
     #[inline]
     pub(crate) fn missed(&mut self, size: usize) {

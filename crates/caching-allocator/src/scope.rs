@@ -311,24 +311,24 @@ impl Drop for Scope<'_> {
         let mut overruns = Vec::new();
         let mut spilled = Vec::new();
         let mut state = self.cache.lock();
-        // Scopes dropped in the order they were opened find their blocks on top.
-        while remaining > 0 {
-            match state.scoped.last() {
-                Some(top) if top.scope == self.id => {}
-                _ => break,
+        // One block of this scope, out of the scoped table: kept as the spare, or idle.
+        let mut give_back = |state: &mut CacheState, entry: Scoped| {
+            state.counters.remove_live(&entry.live);
+            if keep == Some(entry.live.block.addr()) && self.keep_as_spare(state, entry) {
+                return;
             }
+            match self.alloc.checked(entry.live) {
+                Ok(block) => spilled.extend(self.alloc.keep_idle(state, block)),
+                Err(e) => overruns.push(e),
+            }
+        };
+        // Scopes dropped in the order they were opened find their blocks on top.
+        while remaining > 0 && state.scoped.last().is_some_and(|top| top.scope == self.id) {
             let Some(entry) = state.scoped.pop() else {
                 break;
             };
             remaining -= 1;
-            state.counters.remove_live(&entry.live);
-            if keep == Some(entry.live.block.addr()) && self.keep_as_spare(&mut state, entry) {
-                continue;
-            }
-            match self.alloc.checked(entry.live) {
-                Ok(block) => spilled.extend(self.alloc.keep_idle(&mut state, block)),
-                Err(e) => overruns.push(e),
-            }
+            give_back(&mut state, entry);
         }
         // Dropped out of order: search the rest (another scope's blocks lie on top).
         let mut i = state.scoped.len();
@@ -337,14 +337,7 @@ impl Drop for Scope<'_> {
             if state.scoped[i].scope == self.id {
                 let entry = state.scoped.remove(i);
                 remaining -= 1;
-                state.counters.remove_live(&entry.live);
-                if keep == Some(entry.live.block.addr()) && self.keep_as_spare(&mut state, entry) {
-                    continue;
-                }
-                match self.alloc.checked(entry.live) {
-                    Ok(block) => spilled.extend(self.alloc.keep_idle(&mut state, block)),
-                    Err(e) => overruns.push(e),
-                }
+                give_back(&mut state, entry);
             }
         }
         self.cache.publish(&state);
