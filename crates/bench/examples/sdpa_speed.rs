@@ -64,7 +64,7 @@ fn decode(
     let (sb, kb) = (stream.len() * 4, 2 * n * 4 * layers);
     // Closures 0 and 1 are the streaming reads (the faster of the two is a round's baseline),
     // closure 2 is the decode.
-    let base = |r: &[f64; 3]| r[0].min(r[1]);
+    let base = |r: &[f64]| r[0].min(r[1]);
     let ratio = median(
         &rounds
             .iter()
@@ -113,7 +113,7 @@ fn prefill(
             },
         ],
     );
-    let sgemm_gflops = |r: &[f64; 3]| {
+    let sgemm_gflops = |r: &[f64]| {
         let g1 = 2.0 * 1024f64.powi(3) / r[0] / 1e9;
         let g2 = 2.0 * 2048.0 * 128.0 * 2048.0 / r[1] / 1e9;
         g1.max(g2)
@@ -125,7 +125,7 @@ fn prefill(
             .map(|r| flops / r[2] / 1e9 / sgemm_gflops(r))
             .collect::<Vec<_>>(),
     );
-    let sgemm_best = rounds.iter().map(sgemm_gflops).fold(0.0, f64::max);
+    let sgemm_best = rounds.iter().map(|r| sgemm_gflops(r)).fold(0.0, f64::max);
     (
         sgemm_best,
         flops / best(&rounds, 2) / 1e9,

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::measure::{self, Spread};
 use crate::source::{Block, Counters, ScratchSource, ScratchWorker, SourceConfig, SourceKind};
-use crate::workload::{Observation, Workload};
+use crate::workload::{Observation, Round, Workload};
 
 /// How long and how often to measure.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -174,13 +174,18 @@ fn worker_loop(sh: &Shared<'_>, index: usize) {
             // A panicking source must not leave the other threads waiting at the barrier:
             // catch it and report it as the measurement's error.
             let res = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let round = Round {
+                    worker: worker.as_mut(),
+                    calls,
+                    blocks: &mut blocks,
+                };
                 if observe {
                     let read = |w: &dyn ScratchWorker| sh.sources[si].counters().plus(w.counters());
                     sh.workload
-                        .observe_round(worker.as_mut(), calls, &mut blocks, &read)
+                        .observe_round(round, &read)
                         .map(|o| lock(&sh.observation)[si] = o)
                 } else {
-                    sh.workload.run_round(worker.as_mut(), calls, &mut blocks)
+                    sh.workload.run_round(round)
                 }
             }));
             let msg = match res {

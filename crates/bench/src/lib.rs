@@ -14,10 +14,11 @@
 //! - [`steps`]: the interleaved-steps run loop of the kernel benchmarks (`sdpa`, `llm`);
 //! - [`measure`]: statistics, timing in turns, the machine's limits (streaming read, sgemm),
 //!   page faults, RSS, malloc settings and the machine;
-//! - [`report`] and [`plot`]: tables, targets, JSON and SVG; [`scratch_report`]: the scratch
-//!   workloads' report;
+//! - [`report`]: a report is made of [`report::Section`]s, one per benchmark (tables, targets,
+//!   JSON), and [`plot`] draws their rows; [`scratch_report`]: the scratch workloads' section;
 //! - [`sdpa`]: the attention kernel over a model with every source, and its efficiency;
-//! - [`llm`]: a whole Llama-family model generating with every temp-memory source;
+//! - [`llm`]: a whole Llama-family model generating with every temp-memory source, and its
+//!   kernels' scratch profile;
 //! - [`soak`]: random kernel-like traffic on one shared allocator, every block's tag checked.
 
 pub mod command;

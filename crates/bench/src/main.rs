@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use allocbench::harness::RunConfig;
 use allocbench::llm::LlmConfig;
@@ -19,7 +19,7 @@ use allocbench::suite::{self, Options, Settings, What};
 /// malloc, mimalloc, jemalloc, fresh pages (iOS-like), ExecuTorch's exact-size cache,
 /// bumpalo, zeropool, orthotope and preallocated buffers. Without a subcommand: `all --quick`.
 #[derive(Parser, Debug)]
-#[command(name = "allocbench", version, after_help = COLUMNS)]
+#[command(name = "allocbench", version)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -27,21 +27,18 @@ struct Cli {
     common: Common,
 }
 
-/// What `--help` says about the output.
-const COLUMNS: &str = "\
-The summary, one line per workload (each scratch workload, sdpa and llm run in a fresh process
-of their own, so what ran before cannot change their figures):
-  caching      this project's allocator (allocate + reset): median time per call, token or
-               prefill
-  over static  caching's time over static's (buffers allocated once and reused, 2 MiB-aligned
-               huge pages from 2 MiB as caching's): the floor. Below 0% is noise: the sources
-               run in turns, and on a busy machine a few percent either way is common
-  best rival   the fastest other allocator (system, mimalloc, jemalloc, fresh-pages, bumpalo,
-               zeropool, orthotope); `its time`: its time over caching's (above 1.00x the
-               cache is faster)
-  exact-cache  ExecuTorch's CPUCachingAllocator design: its time over caching's
-  *            a figure from fewer than 5 measured rounds or steps: rough
+/// What `--help` says about the output: the summary's columns as the run explains them
+/// ([`allocbench::summary::FOOTNOTES`]), then the details and the files.
+fn after_help() -> String {
+    format!(
+        "The summary, one line per workload (each scratch workload, sdpa and llm run in a fresh \
+         process\nof their own, so what ran before cannot change their figures):\n{}\n\n{DETAILS}",
+        allocbench::summary::FOOTNOTES
+    )
+}
 
+/// What `--help` says of `--details` and of the files.
+const DETAILS: &str = "\
 --details adds, per source: median/min/max time, x static and x caching (time over static's
 and caching's: medians, or for sdpa and llm the median of step-by-step ratios), faults/call
 (minor page faults), sys allocs/call (calls into the layer below), peak RSS +MiB (during
@@ -278,7 +275,8 @@ fn settings(what: What, cmd: Option<&Command>, c: &Common) -> Result<Settings, S
 
 fn main() -> ExitCode {
     allocbench::measure::pin_malloc_thresholds();
-    let cli = Cli::parse();
+    let help = Cli::command().after_help(after_help());
+    let cli = Cli::from_arg_matches(&help.get_matches()).unwrap_or_else(|e| e.exit());
     let c = &cli.common;
     parts::init_threads(Machine::detect().cores);
     if c.allocators.as_deref() == Some(&["list".to_string()]) {

@@ -64,26 +64,43 @@ pub fn fill(n: usize, seed: u32) -> Vec<f32> {
 /// `reps` timings (seconds; at least one round) of each closure after one untimed warm-up call
 /// each, the closures taking turns so that a baseline and a kernel timed in the same round saw
 /// the same machine load (the machine may be shared).
-pub fn interleaved<const N: usize>(reps: usize, fs: &mut [&mut dyn FnMut(); N]) -> Vec<[f64; N]> {
+pub fn interleaved(reps: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<Vec<f64>> {
     for f in fs.iter_mut() {
         f();
     }
     (0..reps.max(1))
         .map(|_| {
-            let mut round = [0.0; N];
-            for (f, r) in fs.iter_mut().zip(&mut round) {
-                let t = Instant::now();
-                f();
-                *r = t.elapsed().as_secs_f64();
-            }
-            round
+            fs.iter_mut()
+                .map(|f| {
+                    let t = Instant::now();
+                    f();
+                    t.elapsed().as_secs_f64()
+                })
+                .collect()
         })
         .collect()
 }
 
 /// Best (smallest) time of closure `i` over `rounds`.
-pub fn best<const N: usize>(rounds: &[[f64; N]], i: usize) -> f64 {
+pub fn best(rounds: &[Vec<f64>], i: usize) -> f64 {
     rounds.iter().map(|r| r[i]).fold(f64::INFINITY, f64::min)
+}
+
+/// A kernel against its machine limit, timed in turns ([`interleaved`]): the ratio of the
+/// best times, and the median over rounds of the ratio within a round.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Ratios {
+    /// Best over best.
+    pub ratio_best: f64,
+    /// Median of the same-round ratios.
+    pub ratio_median: f64,
+}
+
+impl Ratios {
+    /// Both as percentages, no decimals: best, median.
+    pub fn percent(self) -> [String; 2] {
+        [self.ratio_best, self.ratio_median].map(|x| format!("{:.0}%", 100.0 * x))
+    }
 }
 
 /// The median of `xs` (the mean of the middle two for even lengths); NaN when empty.

@@ -2,7 +2,6 @@
 //! min-max whiskers.
 
 use std::error::Error;
-use std::path::Path;
 
 use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
@@ -20,16 +19,6 @@ fn color_of(source: &str) -> RGBColor {
         "fresh-pages" => RGBColor(0x8c, 0x56, 0x4b),
         _ => RGBColor(0xff, 0x9f, 0x40),
     }
-}
-
-/// Writes the plot of `measurements` (of the run `info`) to `path` as SVG.
-pub fn write_svg(
-    info: &RunInfo,
-    measurements: &[Measurement],
-    path: &Path,
-) -> Result<(), Box<dyn Error>> {
-    std::fs::write(path, render_svg(info, measurements)?)?;
-    Ok(())
 }
 
 /// The plot of `measurements` (of the run `info`) as SVG text.

@@ -11,7 +11,7 @@ use comfy_table::{presets, CellAlignment, Table};
 use serde_json::{json, Value};
 
 use crate::harness::Measurement;
-use crate::measure::Machine;
+use crate::measure::{Machine, Ratios};
 
 pub use crate::source::{CACHING, CACHING_SCOPE, FLOOR, RIVALS};
 
@@ -80,6 +80,18 @@ impl RunInfo {
             elapsed_s: started.elapsed().as_secs_f64(),
             load_avg_end: crate::measure::load_avg(),
         }
+    }
+
+    /// The info of this process's run (its command line, this machine), started at `started`.
+    pub fn now(quick: bool, threads: usize, started: std::time::Instant) -> Self {
+        let command: Vec<String> = std::env::args().collect();
+        Self::new(
+            Machine::detect(),
+            command.join(" "),
+            quick,
+            threads,
+            started,
+        )
     }
 
     /// The line a finished run prints: "{what} finished in 12.3 s; load average 1.50 at the end".
@@ -279,51 +291,72 @@ pub(crate) fn pct(x: f64) -> String {
     format!("{:.0}%", 100.0 * x)
 }
 
-/// "`target`: measured `kernel` vs `baseline`, median of same-round ratios >= `goal`": the
-/// check of every efficiency figure (a kernel against its machine limit, timed in turns).
+/// "`target`: measured `kernel` vs `baseline` (`figures`), median of same-round ratios >=
+/// `goal`": the check of every efficiency figure (a kernel against its machine limit, timed
+/// in turns).
 pub fn efficiency_check(
     target: String,
-    kernel: String,
-    baseline: String,
-    ratio_median: f64,
-    ratio_best: f64,
+    figures: [String; 2],
+    ratios: Ratios,
     goal: f64,
 ) -> TargetCheck {
+    let [kernel, baseline] = figures;
+    let [best, median] = ratios.percent();
     TargetCheck {
         target,
         measured: format!(
-            "{kernel} vs {baseline}: {} (median of same-round ratios; best {})",
-            pct(ratio_median),
-            pct(ratio_best)
+            "{kernel} vs {baseline}: {median} (median of same-round ratios; best {best})"
         ),
-        met: Some(ratio_median >= goal),
+        met: Some(ratios.ratio_median >= goal),
     }
 }
 
 /// One section of a report: what one part of a command measured (a child process hands it to
-/// the parent as JSON, see [`crate::parts`]).
+/// the parent as JSON, see [`crate::parts`]). Every benchmark (the scratch workloads together,
+/// `sdpa`, `llm`, `soak`) reports one; [`crate::command`] prints and writes them alike.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Section {
-    /// Every (workload, source) it measured.
+    /// The heading of its details (empty: no details of its own, as a scratch job's part).
+    pub title: String,
+    /// Its details, printed under `--details` a blank line apart: notes and tables.
+    pub blocks: Vec<String>,
+    /// Every (workload, source) it measured: the summary's and the plot's rows.
     pub rows: Vec<Measurement>,
-    /// Its own JSON section and the key it goes under (`sdpa`, `llm`), if it has one; the
-    /// scratch workloads' rows make one section together, the command's own.
-    pub json: Option<(String, serde_json::Value)>,
-    /// Its targets (the harness jobs' are checked over all jobs, by the parent).
+    /// Its developers' goals, met or missed.
     pub targets: Vec<TargetCheck>,
-    /// Text printed under `--details`.
-    pub details: Vec<String>,
+    /// Its JSON and its subcommand (the key it goes under inside `all`), if it has one.
+    pub json: Option<(String, Value)>,
     /// What could not run, printed whatever the flags (the command then fails).
     pub errors: Vec<String>,
 }
 
 impl Section {
-    /// A part that could not run: its error is its only detail.
+    /// A part that could not run: its error is all it reports.
     pub fn failed(error: String) -> Self {
         Section {
             errors: vec![error],
             ..Section::default()
         }
+    }
+
+    /// Its details as printed: `## title`, then the blocks.
+    pub fn details(&self) -> Option<String> {
+        let blocks = self.blocks.iter().filter(|b| !b.is_empty());
+        (!self.title.is_empty()).then(|| {
+            let body: Vec<&str> = blocks.map(String::as_str).collect();
+            format!("## {}\n\n{}", self.title, body.join("\n\n"))
+        })
+    }
+
+    /// The section with its JSON: the header of `info` for `subcommand` with its rows and
+    /// targets, then the keys of `fields` (an object).
+    pub fn with_json(mut self, subcommand: &str, info: &RunInfo, fields: Value) -> Self {
+        let mut j = info.json(subcommand, &self.rows, &self.targets);
+        if let (Some(j), Value::Object(fields)) = (j.as_object_mut(), fields) {
+            j.extend(fields);
+        }
+        self.json = Some((subcommand.into(), j));
+        self
     }
 }
 

@@ -1,22 +1,21 @@
-//! The scratch workloads' report (`scratch`, `decode`, `threads`, and the first part of
-//! `all`): their table, the thread-scaling table, the developers' goals that compare the
-//! workloads, and the command's own JSON.
+//! The scratch workloads' section of a report (`scratch`, `decode`, `threads`, and the first
+//! part of `all`): their table, the thread-scaling table, the developers' goals that compare
+//! the workloads, and the command's own JSON.
 
 use comfy_table::Table;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::harness::{Measurement, RunConfig};
 use crate::report::{
     comparison_table, fig, fmt_ns, fmt_rate, goal, labels, markdown_table, within_static, Column,
-    RunInfo, TargetCheck, CACHING, CACHING_SCOPE, FLOOR, RIVALS,
+    RunInfo, Section, TargetCheck, CACHING, CACHING_SCOPE, FLOOR, RIVALS,
 };
-use crate::source::SourceConfig;
+use crate::source::{SourceConfig, SourceKind};
 
-/// A whole harness run (`scratch`, `decode`, `threads`, and the first part of `all`).
+/// What the scratch workloads of a command measured (`scratch`, `decode`, `threads`, and the
+/// first part of `all`), their jobs each in its own process.
 #[derive(Clone, Debug)]
-pub struct ScratchReport {
-    /// Where and how it ran.
-    pub info: RunInfo,
+pub struct ScratchRun {
     /// Rounds and durations.
     pub run: RunConfig,
     /// Source settings.
@@ -27,7 +26,7 @@ pub struct ScratchReport {
     pub measurements: Vec<Measurement>,
 }
 
-impl ScratchReport {
+impl ScratchRun {
     /// The measurement of `source` on `workload`, if it ran and succeeded.
     pub fn get(&self, workload: &str, source: &str) -> Option<&Measurement> {
         self.measurements
@@ -35,20 +34,8 @@ impl ScratchReport {
             .find(|m| m.workload == workload && m.source == source && m.error.is_none())
     }
 
-    /// The main table, as Markdown (readable in a terminal, pastes into a README).
-    pub fn table(&self) -> Table {
-        comparison_table(
-            &self.measurements,
-            &[],
-            &[Column {
-                header: "calls/s",
-                cell: &|m| fmt_rate(m.calls_per_sec),
-            }],
-        )
-    }
-
-    /// Checks the issue's targets against the measurements.
-    pub fn targets(&self) -> Vec<TargetCheck> {
+    /// Checks the developers' targets against the measurements (`cores`: the machine's).
+    pub fn targets(&self, cores: usize) -> Vec<TargetCheck> {
         let labels = labels(&self.measurements);
         let variants = [CACHING, CACHING_SCOPE];
         // 1. within 1.05x of static, 0 faults per call.
@@ -181,7 +168,7 @@ impl ScratchReport {
                     "{v} threads: scaling >= {:.1}x on {} threads ({} cores)",
                     goal::SCALING,
                     b.threads,
-                    self.info.machine.cores
+                    cores
                 ),
                 measured: format!(
                     "{} calls/s on 1 thread, {} on {}: {:.2}x",
@@ -208,31 +195,52 @@ impl ScratchReport {
         (one.calls_per_sec > 0.0).then(|| many.calls_per_sec / one.calls_per_sec)
     }
 
-    /// Settings, workloads, the comparison and scaling tables and the sources' legend, as
-    /// printed under `--details`.
-    pub fn details(&self, sources: &[&crate::source::SourceKind]) -> String {
-        let mut out = format!(
-            "## Scratch workloads\n\n{} warm-up + {} measured rounds per figure; alignment 64; \
-             exact-cache cap {} B; caching max_cached_bytes {} MiB; multi-thread runs on {} \
-             threads\n",
+    /// The report's section: settings, workloads, the comparison and scaling tables and the
+    /// sources' legend (`legend`: the sources run), the targets and the command's own JSON.
+    pub fn section(self, info: &RunInfo, legend: &[&SourceKind]) -> Section {
+        let mut head = format!(
+            "{} warm-up + {} measured rounds per figure; alignment 64; exact-cache cap {} B; \
+             caching max_cached_bytes {} MiB; multi-thread runs on {} threads",
             self.run.warmup_rounds,
             self.run.rounds,
             self.sources.exact_cap,
             self.sources.caching_cap >> 20,
-            self.info.threads
+            info.threads
         );
         for (label, what) in &self.workloads {
-            out += &format!("workload {label}: {what}\n");
+            head += &format!("\nworkload {label}: {what}");
         }
-        out += &format!("\n{}\n", self.table());
-        if let Some(t) = self.scaling_table() {
-            out += &format!("\n{t}\n");
+        let rate = Column {
+            header: "calls/s",
+            cell: &|m| fmt_rate(m.calls_per_sec),
+        };
+        let mut sources = "sources:".to_string();
+        for k in legend {
+            sources += &format!("\n  {:<14} {}", k.name, k.about);
         }
-        out += "\nsources:\n";
-        for k in sources {
-            out += &format!("  {:<14} {}\n", k.name, k.about);
+        let fields = json!({
+            "run": self.run,
+            "sources": {
+                "exact_cache_cap": fig(f64::from(self.sources.exact_cap), "bytes"),
+                "caching_max_cached_bytes": fig(self.sources.caching_cap as f64, "bytes"),
+            },
+            "workloads": self.workloads.iter().map(|(n, d)| json!({"name": n, "call": d})).collect::<Vec<_>>(),
+        });
+        Section {
+            title: "Scratch workloads".into(),
+            blocks: vec![
+                head,
+                comparison_table(&self.measurements, &[], &[rate]).to_string(),
+                self.scaling_table()
+                    .map(|t| t.to_string())
+                    .unwrap_or_default(),
+                sources,
+            ],
+            targets: self.targets(info.machine.cores),
+            rows: self.measurements,
+            ..Section::default()
         }
-        out
+        .with_json("harness", info, fields)
     }
 
     /// Thread-scaling table: calls/s on 1 and N threads per source.
@@ -272,24 +280,6 @@ impl ScratchReport {
         }
         Some(t)
     }
-
-    /// Every figure, with units, as JSON.
-    pub fn to_json(&self) -> Value {
-        let mut j = self
-            .info
-            .json("harness", &self.measurements, &self.targets());
-        j["run"] = json!(self.run);
-        j["sources"] = json!({
-            "exact_cache_cap": fig(f64::from(self.sources.exact_cap), "bytes"),
-            "caching_max_cached_bytes": fig(self.sources.caching_cap as f64, "bytes"),
-        });
-        j["workloads"] = self
-            .workloads
-            .iter()
-            .map(|(n, d)| json!({"name": n, "call": d}))
-            .collect();
-        j
-    }
 }
 
 #[cfg(test)]
@@ -317,12 +307,11 @@ mod tests {
 
     /// A report of `ms` (each workload's measurements given together), ratios as the harness
     /// computes them, workload by workload.
-    fn report(mut ms: Vec<Measurement>) -> ScratchReport {
+    fn report(mut ms: Vec<Measurement>) -> ScratchRun {
         for one in ms.chunk_by_mut(|a, b| a.workload == b.workload) {
             crate::harness::median_ratios(one);
         }
-        ScratchReport {
-            info: info(),
+        ScratchRun {
             run: RunConfig::smoke(),
             sources: SourceConfig::default(),
             workloads: vec![],
@@ -340,7 +329,7 @@ mod tests {
             m("scratch-large", "caching", 120.0, 0.0),
             m("scratch-large", "mimalloc", 110.0, 5.0),
         ]);
-        let t = r.targets();
+        let t = r.targets(2);
         let find = |s: &str| t.iter().find(|c| c.target.contains(s)).unwrap().met;
         assert_eq!(
             find("caching within 1.05x of static on scratch-medium"),
@@ -356,7 +345,7 @@ mod tests {
         // A failed caching misses; without static the check is not measured.
         let mut failed = m("scratch-small", "caching", 100.0, 0.0);
         failed.error = Some("out of memory".into());
-        let t = report(vec![failed, m("decode", "caching", 1.0, 0.0)]).targets();
+        let t = report(vec![failed, m("decode", "caching", 1.0, 0.0)]).targets(2);
         assert_eq!((t[0].met, t[1].met), (Some(false), None), "{t:?}");
     }
 
@@ -366,7 +355,7 @@ mod tests {
             m("scratch-small", "static", 100.0, 0.0),
             m("scratch-small", "caching", 100.0, 0.5),
         ]);
-        assert_eq!(r.targets()[0].met, Some(false));
+        assert_eq!(r.targets(2)[0].met, Some(false));
     }
 
     #[test]
@@ -377,14 +366,14 @@ mod tests {
         let r = report(vec![m("threads x1", "caching", 100.0, 0.0), two]);
         let s = r.scaling("caching").unwrap();
         assert!((s - 1.9).abs() < 1e-9);
-        let t = r.targets();
+        let t = r.targets(2);
         assert_eq!(t.last().unwrap().met, Some(true));
     }
 
     #[test]
     fn json_has_units_and_cores() {
         let r = report(vec![m("scratch-small", "static", 100.0, 0.0)]);
-        let j = r.to_json();
+        let j = r.section(&info(), &[]).json.unwrap().1;
         assert_eq!(j["cores"], 2);
         assert_eq!(
             j["measurements"][0]["time_per_call"]["median"]["unit"],

@@ -61,19 +61,14 @@ pub fn command(
     let machine = crate::measure::Machine::detect();
     let threads = threads.unwrap_or(machine.cores).max(1);
     println!("# allocbench soak: {seconds} s on {threads} threads; {machine}");
-    let r = run(seconds, threads);
-    println!("{r}");
-    println!(
-        "ops/s: {:.0}; peak live bytes: {}; peak reserved bytes: {}; violations: {}",
-        r.ops_per_sec, r.peak_live_bytes, r.peak_reserved_bytes, r.violations
-    );
-    let mut ok = r.passed();
-    if let Some(out) = json {
-        let command = std::env::args().collect::<Vec<_>>().join(" ");
-        ok &= out.write_json(&r.to_json(machine, command));
+    let section = run(seconds, threads).section(machine);
+    println!("{}", section.blocks.join("\n"));
+    let mut ok = section.errors.is_empty();
+    for e in &section.errors {
+        eprintln!("allocbench {e}");
     }
-    if !r.passed() {
-        eprintln!("allocbench soak: {} violations", r.violations);
+    if let (Some(out), Some((_, j))) = (json, &section.json) {
+        ok &= out.write_json(j);
     }
     if ok {
         std::process::ExitCode::SUCCESS
@@ -88,27 +83,39 @@ impl SoakReport {
         self.violations == 0
     }
 
-    /// Every figure, with units, as JSON: the header every run has, then the soak's own.
-    pub fn to_json(&self, machine: crate::measure::Machine, command: String) -> serde_json::Value {
+    /// The report's section: what ran and was found, a violation count that is not zero as
+    /// its error, and every figure with units as JSON (the header every run has, then the
+    /// soak's own).
+    pub fn section(&self, machine: crate::measure::Machine) -> crate::report::Section {
         use serde_json::json;
-        let mut info = crate::report::RunInfo::new(
-            machine,
-            command,
-            false,
-            self.threads,
-            std::time::Instant::now(),
-        );
+        let command = std::env::args().collect::<Vec<_>>().join(" ");
+        let mut info =
+            crate::report::RunInfo::new(machine, command, false, self.threads, Instant::now());
         info.mode = "soak";
         info.elapsed_s = self.seconds;
-        let mut j = info.json("soak", &[], &[]);
-        j["ops"] = json!({ "value": self.ops, "unit": "allocator calls" });
-        j["ops_per_second"] = json!({ "value": self.ops_per_sec, "unit": "ops/s (all threads)" });
-        j["peak_live_bytes"] = json!({ "value": self.peak_live_bytes, "unit": "bytes" });
-        j["peak_reserved_bytes"] = json!({ "value": self.peak_reserved_bytes, "unit": "bytes" });
-        j["violations"] = json!(self.violations);
-        j["first_violations"] = json!(self.first_violations);
-        j["passed"] = json!(self.passed());
-        j
+        let fields = json!({
+            "ops": { "value": self.ops, "unit": "allocator calls" },
+            "ops_per_second": { "value": self.ops_per_sec, "unit": "ops/s (all threads)" },
+            "peak_live_bytes": { "value": self.peak_live_bytes, "unit": "bytes" },
+            "peak_reserved_bytes": { "value": self.peak_reserved_bytes, "unit": "bytes" },
+            "violations": self.violations,
+            "first_violations": self.first_violations,
+            "passed": self.passed(),
+        });
+        let totals = format!(
+            "ops/s: {:.0}; peak live bytes: {}; peak reserved bytes: {}; violations: {}",
+            self.ops_per_sec, self.peak_live_bytes, self.peak_reserved_bytes, self.violations
+        );
+        crate::report::Section {
+            title: "soak".into(),
+            blocks: vec![self.to_string(), totals],
+            errors: (!self.passed())
+                .then(|| format!("soak: {} violations", self.violations))
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        }
+        .with_json("soak", &info, fields)
     }
 }
 

@@ -15,6 +15,20 @@ use crate::harness::Measurement;
 use crate::measure::{self, Spread};
 use crate::source::{Counters, SourceKind, CACHING, FLOOR};
 
+/// What a kernel benchmark (`sdpa`, `llm`) measured: the allocator comparison's rows, the
+/// kernels' decode and prefill efficiency (`D`, `P`) and what could not be measured.
+#[derive(Clone, Debug, Default)]
+pub struct KernelRun<D, P> {
+    /// Every (workload, source) of the comparison, in run order.
+    pub rows: Vec<Measurement>,
+    /// Decode efficiency.
+    pub decode_eff: D,
+    /// Prefill efficiency.
+    pub prefill_eff: P,
+    /// What could not be measured, with why.
+    pub errors: Vec<String>,
+}
+
 /// The order in which `n` sources run in step `step`: steps come in pairs, the second of a
 /// pair the reverse of the first (forward, backward: a linear drift in machine speed over a
 /// pair costs every source the same), and each pair starts one source later than the last.

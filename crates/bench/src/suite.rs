@@ -193,39 +193,40 @@ impl Suite for ScratchJob {
     }
 }
 
-/// The attention kernel over a model (`allocbench sdpa`).
-struct SdpaSuite;
+/// A kernel benchmark (`sdpa`, `llm`): it times its own steps and reports its own section.
+struct KernelSuite {
+    label: &'static str,
+    about: &'static str,
+    run: fn(&Settings) -> Section,
+}
 
-impl Suite for SdpaSuite {
+impl Suite for KernelSuite {
     fn label(&self) -> &str {
-        "sdpa"
+        self.label
     }
 
     fn describe(&self) -> String {
-        "the attention kernel over a model, decode and prefill, every dtype".into()
+        self.about.into()
     }
 
     fn run(&self, s: &Settings) -> Section {
-        crate::sdpa::run_part(&s.sdpa, s.quick, &s.sources, &s.source_config)
+        (self.run)(s)
     }
 }
+
+/// The attention kernel over a model (`allocbench sdpa`).
+const SDPA: KernelSuite = KernelSuite {
+    label: "sdpa",
+    about: "the attention kernel over a model, decode and prefill, every dtype",
+    run: |s| crate::sdpa::run_part(&s.sdpa, s.quick, &s.sources, &s.source_config),
+};
 
 /// A whole model generating (`allocbench llm`).
-struct LlmSuite;
-
-impl Suite for LlmSuite {
-    fn label(&self) -> &str {
-        "llm"
-    }
-
-    fn describe(&self) -> String {
-        "a whole Llama-family model, prefill and decode".into()
-    }
-
-    fn run(&self, s: &Settings) -> Section {
-        crate::llm::run_part(&s.llm, s.quick, &s.llm_sources)
-    }
-}
+const LLM: KernelSuite = KernelSuite {
+    label: "llm",
+    about: "a whole Llama-family model, prefill and decode",
+    run: |s| crate::llm::run_part(&s.llm, s.quick, &s.llm_sources),
+};
 
 /// The sources of the capped decode job: the caches under the runner's cap, and the baselines.
 const CAPPED_DECODE_SOURCES: &[&str] = &[
@@ -291,10 +292,10 @@ pub fn plan(s: &Settings) -> Result<Vec<Box<dyn Suite>>, String> {
         .map(|j| Box::new(j) as Box<dyn Suite>)
         .collect();
     if matches!(s.what, What::Sdpa | What::All) {
-        suites.push(Box::new(SdpaSuite));
+        suites.push(Box::new(SDPA));
     }
     if s.what == What::Llm || (s.what == What::All && !s.llm_sources.is_empty()) {
-        suites.push(Box::new(LlmSuite));
+        suites.push(Box::new(LLM));
     }
     if let Some(only) = &s.only {
         let known: Vec<&str> = suites.iter().map(|p| p.label()).collect();

@@ -43,27 +43,34 @@ pub trait Workload: Sync {
     /// round duration).
     fn round_calls(&self) -> Option<u64>;
 
-    /// Runs one round of `calls` calls (fixed-length workloads ignore `calls`).
-    fn run_round(
-        &self,
-        worker: &mut dyn ScratchWorker,
-        calls: u64,
-        blocks: &mut [Block],
-    ) -> Result<(), AllocError>;
+    /// Runs one round.
+    fn run_round(&self, r: Round<'_>) -> Result<(), AllocError>;
 
     /// Runs one round while observing the source (untimed; the harness calls it for the first
     /// warm-up round of single-threaded runs). `counters` reads the source's counters.
     fn observe_round(
         &self,
-        worker: &mut dyn ScratchWorker,
-        calls: u64,
-        blocks: &mut [Block],
-        counters: &dyn Fn(&dyn ScratchWorker) -> Counters,
+        r: Round<'_>,
+        counters: &ReadCounters<'_>,
     ) -> Result<Option<Observation>, AllocError> {
         let _ = counters;
-        self.run_round(worker, calls, blocks).map(|()| None)
+        self.run_round(r).map(|()| None)
     }
 }
+
+/// One round on a worker: its calls (calibrated workloads; fixed-length ones ignore them) and
+/// the caller's array for the blocks of a call (so the harness itself allocates nothing).
+pub struct Round<'a> {
+    /// What the round's calls take their scratch from.
+    pub worker: &'a mut dyn ScratchWorker,
+    /// Calls in the round.
+    pub calls: u64,
+    /// Room for the blocks of one call: at least [`Workload::max_blocks`].
+    pub blocks: &'a mut [Block],
+}
+
+/// Reads a source's counters, its worker's included.
+pub type ReadCounters<'a> = dyn Fn(&dyn ScratchWorker) -> Counters + 'a;
 
 /// Writes one byte per 4 KiB page of every block (the first byte of each page-sized step).
 ///
@@ -189,14 +196,9 @@ impl Workload for Scratch {
         None
     }
 
-    fn run_round(
-        &self,
-        worker: &mut dyn ScratchWorker,
-        calls: u64,
-        blocks: &mut [Block],
-    ) -> Result<(), AllocError> {
-        for _ in 0..calls {
-            touch_call(worker, &self.sizes, blocks)?;
+    fn run_round(&self, r: Round<'_>) -> Result<(), AllocError> {
+        for _ in 0..r.calls {
+            touch_call(&mut *r.worker, &self.sizes, &mut *r.blocks)?;
         }
         Ok(())
     }
@@ -316,48 +318,54 @@ impl Workload for Decode {
         Some((self.tokens * self.layers) as u64)
     }
 
-    fn run_round(
-        &self,
-        worker: &mut dyn ScratchWorker,
-        _calls: u64,
-        blocks: &mut [Block],
-    ) -> Result<(), AllocError> {
-        for sizes in &self.sizes {
-            for _ in 0..self.layers {
-                touch_call(worker, sizes, blocks)?;
-            }
-        }
-        Ok(())
+    fn run_round(&self, r: Round<'_>) -> Result<(), AllocError> {
+        self.each_token(r, |_, _| {})
     }
 
     fn observe_round(
         &self,
-        worker: &mut dyn ScratchWorker,
-        _calls: u64,
-        blocks: &mut [Block],
-        counters: &dyn Fn(&dyn ScratchWorker) -> Counters,
+        r: Round<'_>,
+        counters: &ReadCounters<'_>,
     ) -> Result<Option<Observation>, AllocError> {
         let mut obs = Observation {
             distinct_sizes: self.distinct_sizes(),
             distinct_size_classes: self.distinct_size_classes(),
             ..Observation::default()
         };
-        let missed = |c: Counters| c.misses.or(c.system_allocs).unwrap_or(0);
-        let mut before = missed(counters(worker));
-        for (i, sizes) in self.sizes.iter().enumerate() {
-            for _ in 0..self.layers {
-                touch_call(worker, sizes, blocks)?;
-            }
-            let now = missed(counters(worker));
-            if i + 1 < 512 {
+        let missed = |w: &dyn ScratchWorker| {
+            let c = counters(w);
+            c.misses.or(c.system_allocs).unwrap_or(0)
+        };
+        let mut before = missed(&*r.worker);
+        self.each_token(r, |t, w| {
+            let now = missed(w);
+            if t < 512 {
                 obs.tokens_below_512 += 1;
                 if now > before {
                     obs.tokens_below_512_with_miss += 1;
                 }
             }
             before = now;
-        }
+        })?;
         Ok(Some(obs))
+    }
+}
+
+impl Decode {
+    /// A round: every token's calls, each layer's, then `after(t, worker)` for token `t`
+    /// (from 1).
+    fn each_token(
+        &self,
+        r: Round<'_>,
+        mut after: impl FnMut(usize, &dyn ScratchWorker),
+    ) -> Result<(), AllocError> {
+        for (i, sizes) in self.sizes.iter().enumerate() {
+            for _ in 0..self.layers {
+                touch_call(&mut *r.worker, sizes, &mut *r.blocks)?;
+            }
+            after(i + 1, &*r.worker);
+        }
+        Ok(())
     }
 }
 

@@ -2,33 +2,18 @@
 //! writes its JSON; bad arguments and output paths fail before any measuring; the main
 //! output is a short summary with the plot beside the JSON; `--help` explains the columns.
 
-use std::process::Command;
+mod common;
 
-fn allocbench() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_allocbench"))
-}
+use common::{allocbench, run_ok};
 
 #[test]
 fn short_soak_passes_and_reports() {
-    let json = std::env::temp_dir().join(format!("allocbench-soak-{}.json", std::process::id()));
-    let out = allocbench()
-        .args(["soak", "--seconds", "0.3", "--threads", "2", "--json"])
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args = ["soak", "--seconds", "0.3", "--threads", "2"];
+    let (stdout, j) = common::json_of("soak", &args);
     assert!(stdout.contains("violations: 0"), "{stdout}");
     assert!(stdout.contains("ops/s:"), "{stdout}");
     assert!(stdout.contains("peak live bytes:"), "{stdout}");
     // The JSON has the header every run has, and the soak's own figures.
-    let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&json);
     assert_eq!(j["subcommand"], "soak");
     assert_eq!(
         (j["threads"].as_u64(), j["violations"].as_u64()),
@@ -39,45 +24,38 @@ fn short_soak_passes_and_reports() {
     assert_eq!(j["passed"], true);
 }
 
+/// Runs `allocbench args...`, asserts that it refused them (exit code 2) and returns its
+/// standard output and standard error.
+fn refused(args: &[&str]) -> (String, String) {
+    let out = allocbench().args(args).output().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
 #[test]
 fn soak_rejects_a_negative_duration() {
-    let out = allocbench()
-        .args(["soak", "--seconds=-1"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    let (_, stderr) = refused(&["soak", "--seconds=-1"]);
+    assert!(stderr.contains("--seconds"), "{stderr}");
 }
 
 #[test]
 fn a_bad_output_path_fails_before_the_run() {
     let started = std::time::Instant::now();
-    let out = allocbench()
-        .args(["all", "--json", "/nonexistent-dir/allocbench.json"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let (stdout, stderr) = refused(&["all", "--json", "/nonexistent-dir/allocbench.json"]);
     assert!(
         stderr.contains("--json") && stderr.contains("nonexistent-dir"),
         "{stderr}"
     );
     // A full `all` takes minutes: this one measured nothing.
     assert!(started.elapsed().as_secs() < 20, "{:?}", started.elapsed());
-    assert!(
-        out.stdout.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    assert!(stdout.is_empty(), "{stdout}");
 }
 
 #[test]
 fn an_unknown_workload_is_named_with_the_known_ones() {
-    let out = allocbench()
-        .args(["all", "--tiny", "--workloads", "decode,nope"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let (_, stderr) = refused(&["all", "--tiny", "--workloads", "decode,nope"]);
     assert!(
         stderr.contains("`nope`") && stderr.contains("scratch-large"),
         "{stderr}"
@@ -87,17 +65,7 @@ fn an_unknown_workload_is_named_with_the_known_ones() {
 #[test]
 fn the_main_output_is_a_short_summary_and_the_plot_is_written() {
     let dir = std::env::temp_dir().join(format!("allocbench-cli-{}", std::process::id()));
-    let out = allocbench()
-        .args(["all", "--tiny", "--out"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_ok(allocbench().args(["all", "--tiny", "--out"]).arg(&dir));
     let lines: Vec<&str> = stdout.lines().collect();
     assert!(lines.len() <= 60, "{} lines:\n{stdout}", lines.len());
     let wide: Vec<&&str> = lines.iter().filter(|l| l.chars().count() > 100).collect();
@@ -114,12 +82,11 @@ fn the_main_output_is_a_short_summary_and_the_plot_is_written() {
     assert!(std::fs::metadata(dir.join("all.json")).unwrap().len() > 0);
     let _ = std::fs::remove_dir_all(&dir);
     // The details hold the goals, in their own section.
-    let out = allocbench()
-        .args(["decode", "--tiny", "--details", "--out"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = run_ok(
+        allocbench()
+            .args(["decode", "--tiny", "--details", "--out"])
+            .arg(&dir),
+    );
     assert!(stdout.contains("## Developers' goals"), "{stdout}");
     assert!(stdout.contains("faults/call"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -3,9 +3,10 @@
 //! harness was reorganised: no figure may disappear from the JSON unnoticed. A key added on
 //! purpose goes into the list with the change that adds it.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::Command;
 
 /// Every key path of `v`: `a.b` for objects, `a[]` for the elements of arrays (all elements'
 /// keys merged).
@@ -33,25 +34,7 @@ fn key_paths(v: &serde_json::Value, prefix: &str, out: &mut BTreeSet<String>) {
 
 /// Runs `allocbench args... --json FILE` and returns the key paths of what it wrote.
 fn keys_of(name: &str, args: &[&str]) -> BTreeSet<String> {
-    let dir = std::env::temp_dir().join(format!("allocbench-keys-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("out.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_allocbench"))
-        .args(args)
-        .arg("--json")
-        .arg(&json)
-        .current_dir(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "allocbench {args:?}: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    let (_, v) = common::json_of(&format!("keys-{name}"), args);
     let mut keys = BTreeSet::new();
     key_paths(&v, "", &mut keys);
     keys

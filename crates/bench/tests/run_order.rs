@@ -4,28 +4,11 @@
 //! and trim thresholds, and `exact-cache`, which mallocs on every miss, went from 48 faults
 //! per call alone to none after it; with these three sources, 85 alone.)
 
-use std::process::Command;
+mod common;
 
 /// Runs `allocbench args... --json FILE` and returns its JSON.
 fn run(name: &str, args: &[&str]) -> serde_json::Value {
-    let dir = std::env::temp_dir().join(format!("allocbench-order-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("out.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_allocbench"))
-        .args(args)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "allocbench {args:?}: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    v
+    common::json_of(&format!("order-{name}"), args).1
 }
 
 /// Faults per call of `source` on `workload` in a run's JSON.

@@ -199,17 +199,18 @@ fn every_worker_is_a_temp_allocator() {
 
 #[test]
 fn sdpa_runs_on_every_source_with_tiny_shapes() {
-    use allocbench::sdpa::{run, SdpaConfig, SdpaReport};
+    use allocbench::sdpa::{run, section, SdpaConfig};
     let cfg = SdpaConfig::smoke();
     let kinds = all();
-    let (rows, decode_eff, prefill_eff, errors) = run(&cfg, &kinds, &small_config(), &|| {});
-    assert!(errors.is_empty(), "{errors:?}");
+    let r = run(&cfg, &kinds, &small_config(), &|| {});
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let (rows, decode_eff, prefill_eff) = (&r.rows, &r.decode_eff, &r.prefill_eff);
     // One row per source and dtype for decode and for each prefill length.
     assert_eq!(
         rows.len(),
         SOURCES.len() * (1 + cfg.prefill.len()) * cfg.dtypes.len()
     );
-    for m in &rows {
+    for m in rows {
         assert_eq!(m.error, None, "{} on {}", m.source, m.workload);
         assert!(m.ns_per_call.median > 0.0, "{} on {}", m.source, m.workload);
         assert!(m.calls_total > 0, "{} on {}", m.source, m.workload);
@@ -248,35 +249,28 @@ fn sdpa_runs_on_every_source_with_tiny_shapes() {
     // A round times enough calls for the smallest sgemm's FLOPs (2 * 16^3 = 8192): a causal
     // 7-token call is 4 heads x 4 x 16 x 28 visible pairs = 7168 FLOPs (2 calls), 12 tokens
     // 19968 (1 call).
-    for e in &prefill_eff {
+    for e in prefill_eff {
         assert_eq!(e.calls, if e.len == 7 { 2 } else { 1 }, "{e:?}");
     }
 
-    let report = SdpaReport {
-        info: RunInfo::new(Machine::detect(), "test".into(), true, 1, Instant::now()),
-        config: cfg,
-        sgemm_threads: None,
-        simd: sdpa::simd_level().name().into(),
-        rows,
-        decode_eff,
-        prefill_eff,
-        eff_errors: errors,
-    };
+    let info = RunInfo::new(Machine::detect(), "test".into(), true, 1, Instant::now());
+    let report = section(&cfg, r.clone(), &info);
     // Every target gets a verdict (no source was left out).
-    let targets = report.targets();
+    let targets = &report.targets;
     assert!(!targets.is_empty());
     assert!(targets.iter().all(|t| t.met.is_some()), "{targets:?}");
-    let j = report.to_json();
+    let j = &report.json.as_ref().unwrap().1;
     assert_eq!(
         j["measurements"].as_array().map(Vec::len),
         Some(SOURCES.len() * 3 * 3)
     );
-    let table = report.table().to_string();
-    assert!(table.contains("sdpa-prefill-12"), "{table}");
+    let table = report.details().unwrap();
+    assert!(table.contains("| sdpa-prefill-12 "), "{table}");
     assert!(table.contains("sdpa-prefill-12-int8-kv"), "{table}");
     assert!(table.contains("sdpa-decode-bf16"), "{table}");
-    let svg = std::env::temp_dir().join(format!("allocbench-sdpa-{}.svg", std::process::id()));
-    allocbench::plot::write_svg(&report.info, &report.rows, &svg).unwrap();
-    assert!(std::fs::metadata(&svg).unwrap().len() > 0);
-    let _ = std::fs::remove_file(&svg);
+    let svg = allocbench::plot::render_svg(&info, &report.rows).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("sdpa-prefill-12-int8-kv"),
+        "{svg}"
+    );
 }

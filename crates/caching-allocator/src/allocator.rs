@@ -8,17 +8,17 @@
 use core::alloc::GlobalAlloc;
 use core::ptr::NonNull;
 
-use crate::arena::{Bump, ARENA_MAX_ALIGN, MIN_CHUNK};
-use crate::block::{Block, MIN_ALIGN};
+use crate::arena::{ARENA_MAX_ALIGN, MIN_CHUNK};
+use crate::block::{Block, Live, MIN_ALIGN};
+use crate::clock::Clock;
 use crate::debug::{self, CANARY_LEN};
 use crate::directory::Directory;
-use crate::eviction::Clock;
 use crate::huge_pages::{self, HUGE_PAGE};
 use crate::registry::Registry;
-use crate::retention::Retention;
 use crate::shared_cache::{SharedCache, CREDIT_STEP};
 use crate::sync::{lock, Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
-use crate::thread_cache::{self, CacheGuard, CacheState, Live, Local, ThreadCache};
+use crate::thread_cache::{self, CacheGuard, CacheState, Local, ThreadCache};
+use crate::working_set::WorkingSetBudget;
 use crate::{AllocError, Config, SizeClass, Stats, MAX_ALIGN};
 
 /// A thread-safe caching allocator for kernel scratch memory.
@@ -52,7 +52,7 @@ pub struct CachingAllocator {
     pub(crate) epoch: AtomicUsize,
     /// How many thread caches hold blocks from `allocate` in their live tables.
     live_caches: Arc<AtomicUsize>,
-    pub(crate) retention: Retention,
+    pub(crate) budget: WorkingSetBudget,
     /// The size of a scope's first bump chunk; 0 when chunks are off (or debug checks on).
     pub(crate) scope_chunk: usize,
     system: Arc<dyn GlobalAlloc + Send + Sync>,
@@ -60,6 +60,19 @@ pub struct CachingAllocator {
     pub(crate) registry: Registry,
     directory: Directory,
     pub(crate) clock: Clock,
+}
+
+/// The figures working-set retention weighs (see `working_set`), summed over every cache.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct WorkingSetFigures {
+    /// Idle bytes, in every cache and the pool.
+    pub(crate) idle: usize,
+    /// Bytes taken from the system.
+    pub(crate) reserved: usize,
+    /// The peak of the bytes live blocks asked for (each thread's peak, summed, as `stats`
+    /// counts the peak of live bytes), and those bytes now.
+    pub(crate) peak_requested: usize,
+    pub(crate) requested: usize,
 }
 
 /// A validated request: the size and alignment asked for, the class serving it.
@@ -111,7 +124,7 @@ impl CachingAllocator {
             debug: config.debug_checks,
             oversize: config.max_oversize,
             // Wide fit is best fit without a bound: off with best fit off.
-            retention: Retention::new(if config.max_oversize > 1.0 {
+            budget: WorkingSetBudget::new(if config.max_oversize > 1.0 {
                 config.working_set_slack
             } else {
                 None
@@ -155,30 +168,56 @@ impl CachingAllocator {
     /// larger than the machine's memory.
     #[inline]
     pub fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
-        if let Some(ptr) = self.arena_bump(size, align) {
-            return Ok(ptr);
+        // The common case in a few lines: a small request bumped through this thread's arena,
+        // touching only state its owner reaches.
+        if self.arena_serves(size, align) {
+            if let Some(local) = self.last_local() {
+                let epoch = self.epoch.load(Ordering::Acquire);
+                // SAFETY: `local` is this thread's own cache or a shared one (`Local`), and no
+                // borrow of its arena is alive: each is confined to one call.
+                match unsafe { local.arena.current(epoch) } {
+                    Some(arena) => {
+                        if let Some(ptr) = arena.bump(&local.arena.shared, size, align) {
+                            return Ok(ptr);
+                        }
+                    }
+                    None => return self.allocate_after_reset(local, size, align),
+                }
+            }
         }
         self.allocate_slow(size, align)
     }
 
-    /// The common case in one short function: a small request bumped through this thread's
-    /// arena, touching only state its owner reaches. `None`: anything else.
-    #[inline(always)]
-    fn arena_bump(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
-        if !self.arena_serves(size, align) {
-            return None;
-        }
-        let local = self.last_local()?;
+    /// The first small request on this thread since a reset (or any request on a shared
+    /// cache): rewinds the arena, then bumps; anything else goes to `allocate_slow`.
+    #[cold]
+    #[inline(never)]
+    fn allocate_after_reset(
+        &self,
+        local: Local<'_>,
+        size: usize,
+        align: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
         if !local.owned() {
-            return None;
+            return self.allocate_slow(size, align);
         }
-        // SAFETY: `local` is this thread's own cache (`owned`, and `Local` is this thread's),
-        // and no borrow of its arena is alive: each is confined to one call.
-        let arena = unsafe { local.arena.owner() };
         let epoch = self.epoch.load(Ordering::Acquire);
-        match arena.bump(&local.arena.shared, epoch, size, align) {
-            Bump::Done(ptr) => Some(ptr),
-            _ => None,
+        // SAFETY: the owner thread (`owned`, and `Local` is this thread's); one borrow at a
+        // time (this one ends before `grow_and_bump` borrows again).
+        let arena = unsafe { local.arena.owner() };
+        let bumped = match self.rewind_arena(local, arena, epoch) {
+            None => {
+                let bumped = arena.bump(&local.arena.shared, size, align);
+                if bumped.is_none() {
+                    arena.missed(size);
+                }
+                bumped
+            }
+            grow => self.grow_and_bump(local, grow, epoch, size, align),
+        };
+        match bumped {
+            Some(ptr) => Ok(ptr),
+            None => self.allocate_block(local, size, align),
         }
     }
 
@@ -191,7 +230,7 @@ impl CachingAllocator {
             && align & (align - 1) == 0
     }
 
-    /// Everything `arena_bump` does not serve.
+    /// Everything the fast path of `allocate` does not serve.
     #[inline(never)]
     fn allocate_slow(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         let local = self.thread_cache();
@@ -230,17 +269,16 @@ impl CachingAllocator {
         let sh = &local.arena.shared;
         let epoch = self.epoch.load(Ordering::Acquire);
         let grow = {
-            // SAFETY: as in `allocate`: the owner thread, one borrow at a time (this one ends
-            // before `replace_chunk` borrows again).
+            // SAFETY: as in `allocate_after_reset`.
             let arena = unsafe { local.arena.owner() };
             if arena.epoch() != epoch {
                 self.rewind_arena(local, arena, epoch)
             } else {
                 arena.apply_inbox(sh);
-                if let Bump::Done(ptr) = arena.bump(sh, epoch, size, align) {
+                if let Some(ptr) = arena.bump(sh, size, align) {
                     return Some(ptr);
                 }
-                if !arena.is_empty() || arena.chunk().is_some() || arena.refused(epoch) {
+                if !arena.is_empty(sh) || arena.chunk().is_some() || arena.refused(epoch) {
                     arena.missed(size);
                     return None;
                 }
@@ -248,21 +286,33 @@ impl CachingAllocator {
                 Some(MIN_CHUNK)
             }
         };
+        self.grow_and_bump(local, grow, epoch, size, align)
+    }
+
+    /// Gives the arena (just rewound or empty, in `epoch`) a chunk of `grow` bytes if asked,
+    /// then bumps.
+    #[cold]
+    fn grow_and_bump(
+        &self,
+        local: Local<'_>,
+        grow: Option<usize>,
+        epoch: usize,
+        size: usize,
+        align: usize,
+    ) -> Option<NonNull<u8>> {
         let got = grow.is_none_or(|bytes| self.replace_chunk(local, bytes));
-        // SAFETY: as above; `replace_chunk` holds no borrow of the arena any more.
+        // SAFETY: as in `allocate_after_reset`; `replace_chunk` holds no borrow of the arena.
         let arena = unsafe { local.arena.owner() };
         if !got {
             // No chunk to be had (the cap, the limit or the system): the size classes serve
             // this interval's small requests, rather than one failed chunk per request.
             arena.refuse(epoch);
         }
-        match arena.bump(sh, epoch, size, align) {
-            Bump::Done(ptr) => Some(ptr),
-            _ => {
-                arena.missed(size);
-                None
-            }
+        let bumped = arena.bump(&local.arena.shared, size, align);
+        if bumped.is_none() {
+            arena.missed(size);
         }
+        bumped
     }
 
     /// Gives the (empty) arena of this thread a chunk of at least `bytes` instead of the one it
@@ -274,7 +324,7 @@ impl CachingAllocator {
         {
             // SAFETY: as in `allocate`; the borrow ends in this block.
             let arena = unsafe { local.arena.owner() };
-            debug_assert!(arena.is_empty());
+            debug_assert!(arena.is_empty(sh));
             arena.set_chunk(sh, core::ptr::null_mut(), 0);
         }
         let mut state = local.lock();
@@ -296,11 +346,11 @@ impl CachingAllocator {
         };
         if !self.charge_chunk(local, chunk) {
             let mut state = local.lock();
-            let spilled = self.cache_locked(&mut state, chunk);
+            let spilled = self.keep_idle(&mut state, chunk);
             local.publish(&state);
             drop(state);
             if let Some(block) = spilled {
-                self.cache_slow(&local, block);
+                self.keep_or_free(&local, block);
             }
             return false;
         }
@@ -333,6 +383,7 @@ impl CachingAllocator {
     /// trim on another thread may have taken the chunk of an arena whose epoch was behind
     /// (see `revoke_stale_chunks`), and the lock orders the two. Returns what `Arena::rewind`
     /// does, or the chunk to take when the old one was taken.
+    #[inline]
     fn rewind_arena(
         &self,
         local: Local<'_>,
@@ -369,7 +420,8 @@ impl CachingAllocator {
     }
 
     /// On the owner's thread: gives the arena's chunk back to the idle blocks if the arena
-    /// holds nothing live (so a trim can free it).
+    /// holds nothing live, and the spare scope chunk if no scope has it (so a trim can free
+    /// them).
     fn park_own_chunk(&self) {
         let local = self.thread_cache();
         if !local.owned() {
@@ -378,20 +430,42 @@ impl CachingAllocator {
         let sh = &local.arena.shared;
         let epoch = self.epoch.load(Ordering::Acquire);
         {
-            // SAFETY: as in `allocate`; the borrow ends in this block.
+            // SAFETY: as in `allocate`; the borrow ends in this block (nothing in it comes back
+            // into the arena).
             let arena = unsafe { local.arena.owner() };
             if arena.epoch() != epoch {
                 self.rewind_arena(local, arena, epoch);
             }
             arena.apply_inbox(sh);
-            if !arena.is_empty() || arena.chunk().is_none() {
+            let spare = arena.spare_idle();
+            if spare {
+                arena.set_spare(None);
+            }
+            let chunk = arena.is_empty(sh) && arena.chunk().is_some();
+            if chunk {
+                arena.set_chunk(sh, core::ptr::null_mut(), 0);
+            }
+            if !spare && !chunk {
                 return;
             }
-            arena.set_chunk(sh, core::ptr::null_mut(), 0);
+            let mut state = local.lock();
+            if chunk {
+                self.chunk_to_idle(&mut state);
+            }
+            if spare {
+                self.spare_to_idle(&mut state);
+            }
+            local.publish(&state);
         }
-        let mut state = local.lock();
-        self.chunk_to_idle(&mut state);
-        local.publish(&state);
+    }
+
+    /// Moves a locked cache's spare scope chunk, if any, into its idle blocks (see
+    /// `chunk_to_idle`). Only for a spare no scope has and none will borrow again.
+    fn spare_to_idle(&self, state: &mut CacheState) {
+        if let Some(chunk) = state.scope_chunk.take() {
+            let stamp = self.clock.stamp(state);
+            state.idle.push(chunk, stamp);
+        }
     }
 
     /// Moves a locked cache's arena chunk, if any, into its idle blocks (the most recently used
@@ -434,14 +508,13 @@ impl CachingAllocator {
     /// Releases `addr` if it is a live block of the calling thread's arena (`here`).
     #[inline(always)]
     fn release_in_arena(&self, here: Local<'_>, addr: usize) -> bool {
-        if !here.owned() {
-            return false;
+        let epoch = self.epoch.load(Ordering::Acquire);
+        // SAFETY: as in `allocate`: this thread's own cache or a shared one, one borrow, in
+        // this function.
+        match unsafe { here.arena.current(epoch) } {
+            Some(arena) => arena.release(&here.arena.shared, addr),
+            None => false,
         }
-        // SAFETY: as in `arena_bump`: the owner thread, one borrow, in this function.
-        let arena = unsafe { here.arena.owner() };
-        arena.holds(addr)
-            && arena.epoch() == self.epoch.load(Ordering::Acquire)
-            && arena.release(&here.arena.shared, addr)
     }
 
     /// A release `release`'s fast path did not find in this thread's arena.
@@ -455,7 +528,7 @@ impl CachingAllocator {
         let mut state = here.lock();
         if let Some(live) = state.live.remove(addr) {
             state.counters.remove_live(&live);
-            return self.retire(&here, state, live);
+            return self.take_back(&here, state, live);
         }
         drop(state);
         self.release_elsewhere(&here, addr)
@@ -506,7 +579,7 @@ impl CachingAllocator {
         self.registry.for_each(|cache| {
             let state = cache.lock();
             let arena = cache.arena.shared.figures(epoch);
-            stats.hits += arena.hits as u64;
+            stats.hits += arena.hits as u64 + cache.arena.shared.spare_lends();
             stats.live_bytes += arena.live_bytes;
             stats.live_blocks += arena.live_blocks;
             stats.arena_live_blocks += arena.live_blocks;
@@ -516,6 +589,18 @@ impl CachingAllocator {
                 // The chunk's bytes no live block of the arena has are cached.
                 stats.cached_bytes += chunk.size().saturating_sub(arena.live_bytes);
                 stats.arena_chunks += 1;
+            }
+            if let Some(chunk) = state.scope_chunk {
+                // As when the chunk was a scope's block of its own: live while a scope has it,
+                // idle otherwise.
+                if cache.arena.shared.spare_lent() {
+                    stats.live_bytes += chunk.size();
+                    stats.live_blocks += 1;
+                    stats.requested_bytes += chunk.size();
+                } else {
+                    stats.cached_bytes += chunk.size();
+                    stats.cached_blocks += 1;
+                }
             }
             let c = &state.counters;
             let (interval, last) = c.interval(epoch);
@@ -550,7 +635,7 @@ impl CachingAllocator {
         stats.oom_retries = shared.oom_retries;
         stats.corrupted_blocks = shared.corrupted_blocks;
         stats.huge_page_bytes = shared.huge_page_bytes;
-        stats.working_set_mode = self.retention.engaged();
+        stats.working_set_mode = self.budget.engaged();
         stats
     }
 
@@ -601,7 +686,7 @@ impl CachingAllocator {
     /// This thread's cache in this allocator if it is the one this thread used last (the
     /// fast path's one comparison), without registering anything.
     #[inline(always)]
-    fn last_local(&self) -> Option<Local<'_>> {
+    pub(crate) fn last_local(&self) -> Option<Local<'_>> {
         let cache = thread_cache::last_cache(self.id)?;
         // SAFETY: as in `thread_cache`.
         Some(unsafe { Local::new(cache) })
@@ -756,15 +841,15 @@ impl CachingAllocator {
     /// The largest class best fit may serve a request of `class` with, on the thread whose
     /// cache is `state` (`None`: exact only): `max_oversize` times the class, and once
     /// working-set retention is engaged (wide fit), any class that keeps what this thread's
-    /// live blocks asked for within its working-set budget (see `retention`).
+    /// live blocks asked for within its working-set budget (see `working_set`).
     #[inline]
     fn fit_bound(&self, class: SizeClass, state: &CacheState) -> Option<SizeClass> {
         let bounded = self.larger_class(class);
-        if !self.retention.engaged() {
+        if !self.budget.engaged() {
             return bounded;
         }
         let wide = self
-            .retention
+            .budget
             .headroom(&state.counters)
             .and_then(SizeClass::largest_within)
             .filter(|&c| c > class);
@@ -809,6 +894,9 @@ impl CachingAllocator {
     /// Takes a new block from the system, within `limit_bytes`, retrying once after freeing
     /// the idle cache if the system refuses.
     fn system_alloc(&self, class: SizeClass, req: &Request) -> Result<Block, AllocError> {
+        // Make room first, so the peak of reserved bytes never holds the block that is about to
+        // be given back beside the one replacing it.
+        self.trim_before_growth(class.size(), req.size);
         let huge = class.size() >= self.huge_min;
         let align = if huge {
             req.align.max(HUGE_PAGE)
@@ -899,18 +987,18 @@ impl CachingAllocator {
     /// bookkeeping already removed) into its idle lists, after checking its canary if debug
     /// checks are on.
     #[inline(always)]
-    pub(crate) fn retire(
+    pub(crate) fn take_back(
         &self,
         cache: &ThreadCache,
         mut state: CacheGuard<'_>,
         live: Live,
     ) -> Result<(), AllocError> {
         let block = self.checked(live)?;
-        let spilled = self.cache_locked(&mut state, block);
+        let spilled = self.keep_idle(&mut state, block);
         cache.publish(&state);
         drop(state);
         if let Some(block) = spilled {
-            self.cache_slow(cache, block);
+            self.keep_or_free(cache, block);
         }
         Ok(())
     }
@@ -943,9 +1031,9 @@ impl CachingAllocator {
     }
 
     /// Keeps an idle block in a locked thread cache if its credit covers it; otherwise hands
-    /// the block back for [`cache_slow`](Self::cache_slow), to call once the lock is dropped.
+    /// the block back for [`keep_or_free`](Self::keep_or_free), to call once the lock is dropped.
     #[inline(always)]
-    pub(crate) fn cache_locked(&self, state: &mut CacheState, block: Block) -> Option<Block> {
+    pub(crate) fn keep_idle(&self, state: &mut CacheState, block: Block) -> Option<Block> {
         if state.held() + block.size() > state.credit {
             return Some(block);
         }
@@ -958,7 +1046,7 @@ impl CachingAllocator {
     /// spare credit, then evicting the least recently used idle blocks anywhere), or give the
     /// block back to the system if the cap cannot hold it. Called with no lock held.
     #[cold]
-    pub(crate) fn cache_slow(&self, cache: &ThreadCache, mut block: Block) {
+    pub(crate) fn keep_or_free(&self, cache: &ThreadCache, mut block: Block) {
         // Other threads may fill the new credit first; after a few rounds the block goes.
         for _ in 0..3 {
             let Some(grant) = self.make_room(block.size()) else {
@@ -966,7 +1054,7 @@ impl CachingAllocator {
             };
             let mut state = cache.lock();
             state.credit += grant;
-            let spilled = self.cache_locked(&mut state, block);
+            let spilled = self.keep_idle(&mut state, block);
             cache.publish(&state);
             match spilled {
                 None => return,
@@ -987,7 +1075,7 @@ impl CachingAllocator {
                 if let Some(live) = state.live.remove(addr) {
                     state.counters.remove_live(&live);
                     // Back to the cache of the thread that took it, which will reuse it.
-                    return self.retire(&home, state, live);
+                    return self.take_back(&home, state, live);
                 }
             }
         }
@@ -1010,10 +1098,11 @@ impl CachingAllocator {
 
     /// Moves every idle block of a locked thread cache to the shared pool and returns its
     /// credit.
-    /// The arena's chunk stays, with its credit (only its owner moves it, or `forget_cache`).
+    /// The arena's chunk and the spare scope chunk stay, with their credit (only their owner
+    /// moves them, or `forget_cache`).
     pub(crate) fn move_to_pool(&self, state: &mut CacheState) {
         let mut shared = lock(&self.shared);
-        let chunk = state.arena_chunk.map_or(0, |c| c.size());
+        let chunk = state.chunk_bytes();
         shared.return_credit(state.credit - chunk);
         state.credit = chunk;
         while let Some((stamp, block)) = state.idle.pop_lru() {
@@ -1031,8 +1120,11 @@ impl CachingAllocator {
         if cache.arena.shared.figures(epoch).live_blocks > 0 {
             return false;
         }
-        // The owner exited and its arena holds nothing live: nobody bumps through it.
+        cache.clear_live_hint(state);
+        // The owner exited and its arena holds nothing live: nobody bumps through it, and no
+        // scope is open on it (`forgettable`), so nobody has its spare scope chunk.
         self.chunk_to_idle(state);
+        self.spare_to_idle(state);
         self.move_to_pool(state);
         let mut shared = lock(&self.shared);
         // Keep the forgotten cache's counters: stats must not go backwards.
@@ -1042,7 +1134,7 @@ impl CachingAllocator {
         shared.retired_peak_live += state.counters.peak_live_bytes;
         shared.retired_peak_requested += state.counters.peak_requested_bytes;
         let arena = cache.arena.shared.figures(epoch);
-        shared.retired_hits += arena.hits as u64;
+        shared.retired_hits += arena.hits as u64 + cache.arena.shared.spare_lends();
         shared.retired_peak_live += arena.max_peak;
         let (current, last) = state.counters.interval(epoch);
         shared.retire_interval(epoch, current + arena.peak, last + arena.last_peak);
@@ -1070,20 +1162,24 @@ impl CachingAllocator {
         shared.system_frees += 1;
     }
 
-    /// Idle bytes in every cache, and the peak of the bytes requested by live blocks (each
-    /// thread's peak, summed, as `stats` counts the peak of live bytes).
-    pub(crate) fn idle_and_peak_requested(&self) -> (usize, usize) {
-        let (mut idle, mut peak) = (0usize, 0usize);
+    /// What working-set retention weighs, summed over every cache (see `working_set`).
+    pub(crate) fn working_set_figures(&self) -> WorkingSetFigures {
+        let mut ws = WorkingSetFigures::default();
         self.registry.for_each(|cache| {
             let state = cache.lock();
-            idle += state.idle.bytes();
-            peak = peak.saturating_add(state.counters.peak_requested_bytes);
+            ws.idle += state.idle.bytes();
+            ws.peak_requested = ws
+                .peak_requested
+                .saturating_add(state.counters.peak_requested_bytes);
+            ws.requested += state.counters.requested_bytes;
         });
         let shared = lock(&self.shared);
-        (
-            idle + shared.pool_bytes(),
-            peak.saturating_add(shared.retired_peak_requested),
-        )
+        ws.idle += shared.pool_bytes();
+        ws.peak_requested = ws
+            .peak_requested
+            .saturating_add(shared.retired_peak_requested);
+        ws.reserved = shared.reserved();
+        ws
     }
 
     /// Idle bytes, in every cache.
@@ -1095,8 +1191,15 @@ impl CachingAllocator {
     }
 
     /// Whether any thread cache's live table may hold a block (see `ThreadCache::publish`).
+    #[inline]
     pub(crate) fn any_live_tables(&self) -> bool {
-        self.live_caches.load(Ordering::Acquire) > 0
+        self.live_tables() > 0
+    }
+
+    /// How many thread caches' live tables may hold a block (see `ThreadCache::publish`).
+    #[inline]
+    pub(crate) fn live_tables(&self) -> usize {
+        self.live_caches.load(Ordering::Acquire)
     }
 
     /// Advances the eviction clock (resets do).
@@ -1174,6 +1277,7 @@ fn collect_blocks(state: &mut CacheState, blocks: &mut Vec<Block>) {
     blocks.extend(live.into_iter().map(|l| l.block));
     blocks.extend(state.scoped.drain(..).map(|s| s.live.block));
     blocks.extend(state.arena_chunk.take());
+    blocks.extend(state.scope_chunk.take());
 }
 
 const _: () = {

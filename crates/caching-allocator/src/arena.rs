@@ -39,7 +39,7 @@
 use core::cell::UnsafeCell;
 use core::ptr::NonNull;
 
-use crate::block::MIN_ALIGN;
+use crate::block::{Block, MIN_ALIGN};
 use crate::sync::{lock, AtomicBool, AtomicUsize, Mutex, Ordering};
 
 /// Records per epoch: past this many blocks in one reset interval, small requests go to the
@@ -78,23 +78,24 @@ pub(crate) struct Arena {
     len: usize,
     /// Bytes of the chunk bumped past.
     top: usize,
-    /// Records in use (published as `ArenaShared::count`).
-    count: usize,
     /// The allocator epoch this arena's records belong to.
     epoch: usize,
-    /// The serial the next record gets: one more than the blocks the arena ever handed out.
-    serial: usize,
+    /// The serial the next record gets (one more than the blocks the arena ever handed out),
+    /// shifted into place in a record's `meta` word.
+    next_meta: usize,
     /// Bytes of the live blocks (their sizes rounded to 64 bytes).
     live_bytes: usize,
-    /// The most bytes live at once this epoch, as of the last release (live bytes only grow
-    /// between releases, so the true peak is this or the live bytes now), and in any epoch.
-    peak: usize,
+    /// The most bytes live at once in any epoch before this one.
     max_peak: usize,
     /// How many bytes this epoch's small requests wanted, including those the chunk could not
     /// take: the size of the next chunk.
     want: usize,
     /// The epoch in which no chunk could be had (`usize::MAX`: none): not asked again in it.
     refused_epoch: usize,
+    /// The spare scope chunk (`CacheState::scope_chunk`, mirrored here so a scope borrows it
+    /// without the cache's lock), and whether a scope has it now.
+    spare: Option<Block>,
+    spare_lent: bool,
 }
 
 /// One record as other threads see it: the block's address (low bit: released), and its
@@ -133,16 +134,21 @@ pub(crate) struct ArenaShared {
     len: AtomicUsize,
     /// Published records (`records[..count]`).
     count: AtomicUsize,
-    records: Box<[Record; RECORDS]>,
-    /// Blocks handed out before the current records' first (stored when records are popped or
-    /// the arena rewinds; the records' serials count the rest).
-    hits: AtomicUsize,
-    /// `Arena::peak` (as of the last release) and the peak of the epoch before this one.
+    records: [Record; RECORDS],
+    /// The most bytes live at once this epoch, as of the last release (live bytes only grow
+    /// between releases, so the true peak is this or the live bytes now). Only the owner
+    /// writes it.
     peak: AtomicUsize,
+    /// The peak of the epoch before this one, and of every epoch before this one.
     last_peak: AtomicUsize,
     max_peak: AtomicUsize,
     inbox: Mutex<Vec<Foreign>>,
     inbox_pending: AtomicBool,
+    /// Whether a scope has the spare scope chunk (`stats` counts it live then, cached if not).
+    spare_lent: AtomicBool,
+    /// How many times the spare was lent: cache hits, as a chunk taken from the cache is.
+    /// Only the owner writes it.
+    spare_lends: AtomicUsize,
 }
 
 /// The arena's live figures as `stats` reports them.
@@ -174,36 +180,41 @@ unsafe impl Sync for ArenaCell {}
 unsafe impl Send for ArenaCell {}
 
 impl ArenaCell {
-    pub(crate) fn new() -> Self {
+    /// The arena of a cache one thread owns (`owned`), or of a shared cache, whose arena
+    /// stays unused.
+    pub(crate) fn new(owned: bool) -> Self {
         ArenaCell {
             owner: UnsafeCell::new(Arena {
                 base: core::ptr::null_mut(),
                 len: 0,
                 top: 0,
-                count: 0,
-                epoch: 0,
-                serial: 1,
+                // A shared cache's arena is never current (the allocator's epoch starts at 0
+                // and would need 2^64 resets to get here), so no thread bumps through it.
+                epoch: if owned { 0 } else { usize::MAX },
+                next_meta: 1 << SIZE_BITS,
                 live_bytes: 0,
-                peak: 0,
                 max_peak: 0,
                 want: 0,
                 refused_epoch: usize::MAX,
+                spare: None,
+                spare_lent: false,
             }),
             shared: ArenaShared {
                 epoch: AtomicUsize::new(0),
                 base: AtomicUsize::new(0),
                 len: AtomicUsize::new(0),
                 count: AtomicUsize::new(0),
-                records: Box::new(core::array::from_fn(|_| Record {
+                records: core::array::from_fn(|_| Record {
                     addr: AtomicUsize::new(0),
                     meta: AtomicUsize::new(0),
-                })),
-                hits: AtomicUsize::new(0),
+                }),
                 peak: AtomicUsize::new(0),
                 last_peak: AtomicUsize::new(0),
                 max_peak: AtomicUsize::new(0),
                 inbox: Mutex::new(Vec::new()),
                 inbox_pending: AtomicBool::new(false),
+                spare_lent: AtomicBool::new(false),
+                spare_lends: AtomicUsize::new(0),
             },
         }
     }
@@ -220,64 +231,75 @@ impl ArenaCell {
         // SAFETY: the caller's contract: one thread, one borrow at a time.
         unsafe { &mut *self.owner.get() }
     }
-}
 
-/// What the fast path found.
-pub(crate) enum Bump {
-    /// The block.
-    Done(NonNull<u8>),
-    /// The arena's epoch is behind the allocator's: rewind first.
-    Stale,
-    /// The chunk or the record table is full, or there is no chunk.
-    Full,
+    /// The owner's arena if it is in the allocator's epoch `epoch`, which a shared cache's
+    /// arena never is: the fast paths' one check, with no separate test of ownership.
+    ///
+    /// # Safety
+    /// The caller runs on the thread that owns this cache, or the cache is shared (not
+    /// owned); and no other reference from `owner` is alive (as for [`owner`](Self::owner)).
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn current(&self, epoch: usize) -> Option<&mut Arena> {
+        let arena = self.owner.get();
+        // SAFETY: a read through the raw pointer, no reference made: on an owned cache only
+        // this thread (the owner, by the caller's contract) ever reads or writes the arena; a
+        // shared cache's arena is never written after `new` (only owners bump or rewind), so
+        // reads from several threads do not race.
+        let arena_epoch = unsafe { core::ptr::addr_of!((*arena).epoch).read() };
+        if arena_epoch != epoch {
+            return None;
+        }
+        // SAFETY: only an owned cache's arena can be in a real epoch (a shared one's is
+        // `usize::MAX`), so the caller is its owner thread; one borrow at a time by contract.
+        Some(unsafe { &mut *arena })
+    }
 }
 
 impl Arena {
     /// The fast path: bumps `size` bytes aligned to `align` (a power of two up to
-    /// [`ARENA_MAX_ALIGN`], `size > 0`) if the arena is in `epoch` and has room.
+    /// [`ARENA_MAX_ALIGN`], `size > 0`) if the chunk and the record table have room. The arena
+    /// must be in the allocator's epoch (see [`ArenaCell::current`]).
     #[inline(always)]
     pub(crate) fn bump(
         &mut self,
         sh: &ArenaShared,
-        epoch: usize,
         size: usize,
         align: usize,
-    ) -> Bump {
-        if self.epoch != epoch {
-            return Bump::Stale;
-        }
-        let start = (self.top + (align - 1)) & !(align - 1);
+    ) -> Option<NonNull<u8>> {
+        // Every block is a whole number of granules, so `top` needs no rounding for them.
+        let start = if align <= MIN_ALIGN {
+            self.top
+        } else {
+            (self.top + (align - 1)) & !(align - 1)
+        };
         let taken = granules(size);
         let end = start + taken;
-        if end > self.len || self.count == RECORDS {
-            return Bump::Full;
+        let i = sh.owner_count();
+        let record = sh.records.get(i)?;
+        if end > self.len {
+            return None;
         }
         // SAFETY: `end <= len`, so `base + start` is inside the chunk (`len > 0` means a chunk
         // is set: `base` is its first byte, valid for `len` bytes).
         let ptr = unsafe { self.base.add(start) };
-        let i = self.count;
-        let record = &sh.records[i];
-        record
-            .meta
-            .store(self.serial << SIZE_BITS | size, Ordering::Relaxed);
+        record.meta.store(self.next_meta | size, Ordering::Relaxed);
         // Release: a thread that reads this address reads the meta word above.
         record.addr.store(ptr.addr(), Ordering::Release);
         sh.count.store(i + 1, Ordering::Release);
-        self.serial += 1;
-        self.count = i + 1;
+        self.next_meta += 1 << SIZE_BITS;
         self.top = end;
         self.live_bytes += taken;
         // SAFETY: inside a live chunk, so not null.
-        Bump::Done(unsafe { NonNull::new_unchecked(ptr) })
+        Some(unsafe { NonNull::new_unchecked(ptr) })
     }
 
-    /// Stores what other threads read beside the records: the blocks handed out before the
-    /// current records, and the epoch's peak.
+    /// Live bytes are about to fall: the epoch's peak is the live bytes before the first fall.
     #[inline(always)]
-    fn publish(&self, sh: &ArenaShared) {
-        sh.hits
-            .store(self.serial - 1 - self.count, Ordering::Relaxed);
-        sh.peak.store(self.peak, Ordering::Relaxed);
+    fn note_peak(&self, sh: &ArenaShared) {
+        if self.live_bytes > sh.peak.load(Ordering::Relaxed) {
+            sh.peak.store(self.live_bytes, Ordering::Relaxed);
+        }
     }
 
     /// The allocator epoch this arena's blocks belong to.
@@ -286,32 +308,53 @@ impl Arena {
         self.epoch
     }
 
-    /// Whether `addr` lies in the part of the chunk bumped past.
-    #[inline(always)]
-    pub(crate) fn holds(&self, addr: usize) -> bool {
-        addr.wrapping_sub(self.base.addr()) < self.top
-    }
-
     /// Releases the block at `addr`, on the owner's thread. `false` if it is not a live block
     /// of this epoch (the caller looks elsewhere). The arena must be in the allocator's epoch.
+    ///
+    /// The newest block (the common order: kernels release newest first) is popped at once,
+    /// its bytes given back to the bump. Its record is not marked: `count` no longer covers
+    /// it, so no later look-up finds it (a release racing on another thread may still have
+    /// read it; its inbox entry names the popped serial and is void).
     #[inline(always)]
     pub(crate) fn release(&mut self, sh: &ArenaShared, addr: usize) -> bool {
-        let mut i = self.count;
-        loop {
-            if i == 0 {
-                return false;
-            }
-            i -= 1;
-            if sh.records[i].addr.load(Ordering::Relaxed) == addr {
-                break;
-            }
+        let Some(i) = sh.owner_count().checked_sub(1) else {
+            return false;
+        };
+        debug_assert!(i < RECORDS);
+        // SAFETY: `count <= RECORDS` always (`bump` raises it only after `records.get(i)`
+        // found slot `i`; everything else lowers it or sets it to 0), so `i < RECORDS`.
+        let record = unsafe { sh.records.get_unchecked(i) };
+        if record.addr.load(Ordering::Relaxed) != addr {
+            return self.release_below(sh, addr);
         }
-        let requested = Record::requested(sh.records[i].meta.load(Ordering::Relaxed));
-        self.forget(sh, i, addr, requested);
-        if i + 1 == self.count {
+        let requested = Record::requested(record.meta.load(Ordering::Relaxed));
+        self.note_peak(sh);
+        self.live_bytes -= granules(requested);
+        sh.count.store(i, Ordering::Release);
+        // The first record starts the chunk (`base` is aligned to every alignment served), so
+        // this is 0 when the arena is empty again.
+        self.top = addr - self.base.addr();
+        // SAFETY: `i - 1 < i < RECORDS`, as above.
+        if i > 0 && unsafe { sh.released_unchecked(i - 1) } {
             self.pop_released(sh);
         }
-        self.publish(sh);
+        true
+    }
+
+    /// A release of a block below the newest: found among the records and marked.
+    #[cold]
+    fn release_below(&mut self, sh: &ArenaShared, addr: usize) -> bool {
+        if addr.wrapping_sub(self.base.addr()) >= self.top {
+            return false;
+        }
+        let Some(i) = sh.records[..sh.owner_count()]
+            .iter()
+            .rposition(|r| r.addr.load(Ordering::Relaxed) == addr)
+        else {
+            return false;
+        };
+        let requested = Record::requested(sh.records[i].meta.load(Ordering::Relaxed));
+        self.forget(sh, i, addr, requested);
         true
     }
 
@@ -319,26 +362,26 @@ impl Arena {
     #[inline(always)]
     fn forget(&mut self, sh: &ArenaShared, i: usize, addr: usize, requested: usize) {
         sh.records[i].addr.store(addr | RELEASED, Ordering::Release);
-        // Live bytes only fall here: the peak is the live bytes before the first fall.
-        self.peak = self.peak.max(self.live_bytes);
+        self.note_peak(sh);
         self.live_bytes -= granules(requested);
     }
 
     /// Pops released records off the top and rewinds the bump offset to the lowest popped.
     #[inline]
     fn pop_released(&mut self, sh: &ArenaShared) {
-        while self.count > 0 {
-            let addr = sh.records[self.count - 1].addr.load(Ordering::Relaxed);
+        let mut count = sh.owner_count();
+        while count > 0 {
+            let addr = sh.records[count - 1].addr.load(Ordering::Relaxed);
             if addr & RELEASED == 0 {
                 break;
             }
-            self.count -= 1;
+            count -= 1;
             self.top = (addr & !RELEASED) - self.base.addr();
         }
-        if self.count == 0 {
+        if count == 0 {
             self.top = 0;
         }
-        sh.count.store(self.count, Ordering::Release);
+        sh.count.store(count, Ordering::Release);
         debug_assert!(self.top <= self.len);
     }
 
@@ -355,7 +398,7 @@ impl Arena {
             core::mem::take(&mut *inbox)
         };
         for e in entries {
-            if e.slot >= self.count {
+            if e.slot >= sh.owner_count() {
                 continue;
             }
             let record = &sh.records[e.slot];
@@ -367,37 +410,39 @@ impl Arena {
             }
         }
         self.pop_released(sh);
-        self.publish(sh);
     }
 
     /// The owner saw the allocator's epoch move to `epoch`: every block of the arena's epoch
     /// is taken back. Returns how many bytes the next chunk should have if the chunk is too
     /// small for what the past epoch wanted (`None`: keep it).
-    #[cold]
+    #[inline]
     pub(crate) fn rewind(&mut self, sh: &ArenaShared, epoch: usize) -> Option<usize> {
+        debug_assert!(
+            epoch != self.epoch,
+            "a rewind would take this interval's blocks"
+        );
         // Entries queued for the old epoch's blocks are void now.
         if sh.inbox_pending.load(Ordering::Acquire) {
             lock(&sh.inbox).clear();
             sh.inbox_pending.store(false, Ordering::Relaxed);
         }
-        self.peak = self.peak.max(self.live_bytes);
+        let peak = sh.peak.load(Ordering::Relaxed).max(self.live_bytes);
         let last = if epoch == self.epoch.wrapping_add(1) {
-            self.peak
+            peak
         } else {
             0
         };
         // The epoch first: a thread that sees a record written after this sees the epoch too.
         sh.epoch.store(epoch, Ordering::Release);
         sh.last_peak.store(last, Ordering::Relaxed);
-        self.max_peak = self.max_peak.max(self.peak);
+        self.max_peak = self.max_peak.max(peak);
         sh.max_peak.store(self.max_peak, Ordering::Relaxed);
+        sh.peak.store(0, Ordering::Relaxed);
         sh.count.store(0, Ordering::Release);
         self.epoch = epoch;
-        self.count = 0;
+        debug_assert!(epoch != usize::MAX, "the epoch of shared caches' arenas");
         self.top = 0;
         self.live_bytes = 0;
-        self.peak = 0;
-        self.publish(sh);
         let want = core::mem::take(&mut self.want);
         (want > self.len).then(|| want.clamp(MIN_CHUNK, MAX_CHUNK))
     }
@@ -419,8 +464,8 @@ impl Arena {
     }
 
     /// Whether the arena holds no live block (after applying its inbox).
-    pub(crate) fn is_empty(&self) -> bool {
-        self.count == 0
+    pub(crate) fn is_empty(&self, sh: &ArenaShared) -> bool {
+        sh.owner_count() == 0
     }
 
     /// The chunk's length (0 without one).
@@ -436,7 +481,7 @@ impl Arena {
     /// Starts using a new chunk (`base` valid for `len` bytes, aligned to
     /// [`ARENA_MAX_ALIGN`]), or none (`base` null, `len` 0). The arena must be empty.
     pub(crate) fn set_chunk(&mut self, sh: &ArenaShared, base: *mut u8, len: usize) {
-        debug_assert!(self.count == 0 && self.top == 0);
+        debug_assert!(sh.owner_count() == 0 && self.top == 0);
         debug_assert!(base.addr().is_multiple_of(ARENA_MAX_ALIGN));
         self.base = base;
         self.len = len;
@@ -445,7 +490,77 @@ impl Arena {
     }
 }
 
+impl Arena {
+    /// Lends the spare scope chunk to a scope, if there is one, it is free and it has at least
+    /// `bytes`: a scope's first chunk without the cache's lock.
+    #[inline]
+    pub(crate) fn lend_spare(&mut self, sh: &ArenaShared, bytes: usize) -> Option<Block> {
+        let chunk = self
+            .spare
+            .filter(|c| !self.spare_lent && c.size() >= bytes)?;
+        self.spare_lent = true;
+        sh.spare_lent.store(true, Ordering::Relaxed);
+        let lends = sh.spare_lends.load(Ordering::Relaxed);
+        sh.spare_lends.store(lends + 1, Ordering::Relaxed);
+        Some(chunk)
+    }
+
+    /// The scope that borrowed the spare chunk is done with it.
+    #[inline]
+    pub(crate) fn return_spare(&mut self, sh: &ArenaShared) {
+        debug_assert!(self.spare_lent);
+        self.spare_lent = false;
+        sh.spare_lent.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether a spare scope chunk would be kept: none yet (the caller books it in
+    /// `CacheState::scope_chunk` under the cache's lock, then calls `set_spare`).
+    pub(crate) fn wants_spare(&self) -> bool {
+        self.spare.is_none()
+    }
+
+    /// Sets (or clears, with `None`) the spare scope chunk; never while it is lent.
+    pub(crate) fn set_spare(&mut self, chunk: Option<Block>) {
+        debug_assert!(!self.spare_lent);
+        self.spare = chunk;
+    }
+
+    /// Whether the spare chunk is free to be taken away (there is one and no scope has it).
+    pub(crate) fn spare_idle(&self) -> bool {
+        self.spare.is_some() && !self.spare_lent
+    }
+}
+
 impl ArenaShared {
+    /// Whether a scope has the spare scope chunk.
+    pub(crate) fn spare_lent(&self) -> bool {
+        self.spare_lent.load(Ordering::Relaxed)
+    }
+
+    /// How many times the spare scope chunk was lent.
+    pub(crate) fn spare_lends(&self) -> u64 {
+        self.spare_lends.load(Ordering::Relaxed) as u64
+    }
+
+    /// Whether record `i` is marked released.
+    ///
+    /// # Safety
+    /// `i < RECORDS`.
+    #[inline(always)]
+    unsafe fn released_unchecked(&self, i: usize) -> bool {
+        debug_assert!(i < RECORDS);
+        // SAFETY: the caller's contract.
+        let record = unsafe { self.records.get_unchecked(i) };
+        record.addr.load(Ordering::Relaxed) & RELEASED != 0
+    }
+
+    /// The records in use, as the owner reads them (it alone writes `count`, so a relaxed
+    /// load gives its own last store).
+    #[inline(always)]
+    fn owner_count(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+
     /// The epoch of the published records (the owner stores it when it rewinds).
     pub(crate) fn epoch(&self) -> usize {
         self.epoch.load(Ordering::Acquire)
@@ -504,18 +619,24 @@ impl ArenaShared {
     /// as done.
     pub(crate) fn figures(&self, epoch: usize) -> ArenaFigures {
         let count = self.count.load(Ordering::Acquire).min(RECORDS);
-        let (mut bytes, mut blocks, mut requested, mut newest) = (0usize, 0usize, 0usize, 0);
+        let (mut bytes, mut blocks, mut requested) = (0usize, 0usize, 0usize);
         for record in &self.records[..count] {
             let addr = record.addr.load(Ordering::Acquire);
             let meta = record.meta.load(Ordering::Relaxed);
-            newest = newest.max(Record::serial(meta));
             if addr & RELEASED == 0 {
                 bytes += granules(Record::requested(meta));
                 blocks += 1;
                 requested += Record::requested(meta);
             }
         }
-        let hits = self.hits.load(Ordering::Relaxed).max(newest);
+        // Serials grow by one a block, and a slot is only written with a newer serial than it
+        // held: the largest serial in any slot, in use or not, counts every block handed out.
+        let hits = self
+            .records
+            .iter()
+            .map(|r| Record::serial(r.meta.load(Ordering::Relaxed)))
+            .max()
+            .unwrap_or(0);
         let peak = self.peak.load(Ordering::Relaxed).max(bytes);
         let max_peak = self.max_peak.load(Ordering::Relaxed).max(peak);
         let seen = self.epoch.load(Ordering::Acquire);

@@ -8,6 +8,13 @@ use crate::SizeClass;
 /// Every block is at least this aligned: one cache line, and ExecuTorch's minimum.
 pub(crate) const MIN_ALIGN: usize = 64;
 
+/// A live block handed out by `allocate` or the `Allocator` trait, and the size asked for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Live {
+    pub(crate) block: Block,
+    pub(crate) requested: usize,
+}
+
 /// One block taken from the system allocator: its address, class and the alignment it was
 /// allocated with (which, with the class size, is the layout to give it back with).
 #[derive(Clone, Copy, Debug)]

@@ -1,59 +1,13 @@
-//! Least-recently-used order across threads: the clock that stamps idle blocks.
+//! Eviction: making room under the cap and within the working-set budget.
 //!
-//! When the cap needs room, the allocator evicts the idle block with the oldest stamp, wherever
-//! it sits: the shared pool or any thread's cache. A stamp is `(tick, seq)`: `tick` is this
-//! allocator's clock, which advances on every slow-path event (a miss, a reset, an eviction,
-//! a trim) and is read with one relaxed load, and `seq` counts the blocks a cache stamped
-//! within that tick. So the order is exact within a thread, and across threads exact to one
-//! tick: two blocks made idle on different threads between the same two slow-path events may
-//! be evicted in either order. In a runtime that resets after every kernel call, a tick is at
-//! most one kernel call. (A global counter bumped on every release would make the order exact
-//! at the price of a shared read-modify-write on the fast path.)
-//!
-//! The policy that uses it lives here too: when a release does not fit its cache's credit,
-//! [`CachingAllocator::make_room`] reclaims the spare credit of every thread, then evicts the
-//! oldest idle block of the whole allocator, one at a time, until the cap has room.
+//! When a release does not fit its cache's credit, [`CachingAllocator::make_room`] reclaims
+//! the spare credit of every thread, then evicts the oldest idle block of the whole allocator
+//! (by the stamps of `clock`), one at a time, until the cap has room. The working-set budget
+//! (`working_set`) evicts the same way, before and after a block comes from the system.
 
 use crate::allocator::CachingAllocator;
-use crate::sync::{lock, Arc, AtomicU64, Ordering};
-use crate::thread_cache::{CacheState, ThreadCache};
-
-/// Bits of a stamp that count blocks within one tick; past `2^SEQ_BITS - 1` blocks in one tick
-/// a cache's later blocks share the last stamp (still ordered by their place in each list).
-const SEQ_BITS: u32 = 24;
-const SEQ_MAX: u64 = (1 << SEQ_BITS) - 1;
-
-/// The allocator's eviction clock.
-pub(crate) struct Clock {
-    tick: AtomicU64,
-}
-
-impl Clock {
-    pub(crate) const fn new() -> Self {
-        Clock {
-            tick: AtomicU64::new(1),
-        }
-    }
-
-    /// Advances the clock: blocks made idle from now on are newer than all before.
-    pub(crate) fn advance(&self) {
-        self.tick.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The stamp of the next block `state` (a locked cache) makes idle. Stamps of one cache
-    /// never decrease, whichever thread holds its lock.
-    #[inline]
-    pub(crate) fn stamp(&self, state: &mut CacheState) -> u64 {
-        let tick = self.tick.load(Ordering::Relaxed);
-        if tick > state.stamp_tick {
-            state.stamp_tick = tick;
-            state.stamp_seq = 0;
-        } else if state.stamp_seq < SEQ_MAX {
-            state.stamp_seq += 1;
-        }
-        (state.stamp_tick << SEQ_BITS) | state.stamp_seq
-    }
-}
+use crate::sync::{lock, Arc};
+use crate::thread_cache::ThreadCache;
 
 impl CachingAllocator {
     /// Grants credit for `need` idle bytes, making room under the cap if needed: first by
@@ -82,8 +36,8 @@ impl CachingAllocator {
                 self.reclaim_spare_credit();
                 continue;
             }
-            // The cap evicts: the policy of `retention` engages (once).
-            engaged_now |= self.retention.engage();
+            // The cap evicts: the working-set policy engages (once).
+            engaged_now |= self.budget.engage();
             // Nothing left to evict: the cap cannot hold `need`.
             self.evict_oldest_bytes()?;
         }
@@ -153,33 +107,52 @@ impl CachingAllocator {
     }
 }
 
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-    use crate::thread_cache::ThreadCache;
+impl CachingAllocator {
+    /// Evicts least recently used idle blocks until reserved bytes are within the working-set
+    /// budget, or nothing is idle (if the policy is on). Called with no lock held, after a
+    /// block came from the system and when the cap first evicts.
+    pub(crate) fn trim_to_budget(&self) {
+        self.trim_within_budget(0, 0);
+    }
 
-    #[test]
-    fn stamps_grow_within_a_cache_and_across_ticks() {
-        let clock = Clock::new();
-        let a = ThreadCache::new_arc(true, Default::default());
-        let b = ThreadCache::new_arc(true, Default::default());
-        let mut sa = a.lock();
-        let mut sb = b.lock();
-        let a1 = clock.stamp(&mut sa);
-        let a2 = clock.stamp(&mut sa);
-        let b1 = clock.stamp(&mut sb);
-        assert!(a1 < a2, "a cache's stamps grow");
-        // Same tick on two threads: ordered within each, not across (the stated bound).
-        assert_eq!(a1 >> SEQ_BITS, b1 >> SEQ_BITS);
-        clock.advance();
-        let b2 = clock.stamp(&mut sb);
-        let a3 = clock.stamp(&mut sa);
-        // After a tick, every new stamp is newer than every stamp before it, on any thread.
-        assert!(b2 > a2 && a3 > a2 && b2 > b1);
-        // Past 2^SEQ_BITS stamps in one tick, a cache's stamps stop growing but never shrink.
-        sa.stamp_seq = SEQ_MAX - 1;
-        let x = clock.stamp(&mut sa);
-        let y = clock.stamp(&mut sa);
-        assert!(x <= y && y >> SEQ_BITS == a3 >> SEQ_BITS);
+    /// Before a block of `class_size` bytes for a request of `requested` bytes comes from the
+    /// system: evicts what the budget could not keep with that block added, so reserved bytes
+    /// never peak with both the block and the idle ones it replaces (a decode loop's scratch,
+    /// growing class by class, would otherwise hold its largest buffer twice at every step).
+    pub(crate) fn trim_before_growth(&self, class_size: usize, requested: usize) {
+        self.trim_within_budget(class_size, requested);
+    }
+
+    /// Evicts least recently used idle blocks until reserved bytes plus `incoming` are within
+    /// the working-set budget (counting `incoming_requested` more bytes asked for by live
+    /// blocks), or nothing is idle.
+    fn trim_within_budget(&self, incoming: usize, incoming_requested: usize) {
+        if !self.budget.is_on() {
+            return;
+        }
+        let ws = self.working_set_figures();
+        let live = ws.reserved.saturating_sub(ws.idle) + incoming;
+        let reserved = ws.reserved + incoming;
+        // The working set is what the runtime asked for at its peak, not the blocks that served
+        // it: wide fit hands out larger blocks, which must not raise the budget that pays for
+        // them. Idle blocks are all that is evicted, so live bytes above the budget stay.
+        let peak = ws
+            .peak_requested
+            .max(ws.requested.saturating_add(incoming_requested));
+        let budget = self.budget.bytes_for(peak);
+        let mut over = reserved.saturating_sub(budget.max(live));
+        if over > 0 {
+            self.budget.engage();
+        }
+        // Another thread may take the block chosen first (then 0 bytes are freed): a few such
+        // races and the next trim finishes the job.
+        let mut races = 0;
+        while over > 0 && races < 4 {
+            match self.evict_oldest_bytes() {
+                None => break,
+                Some(0) => races += 1,
+                Some(freed) => over = over.saturating_sub(freed),
+            }
+        }
     }
 }

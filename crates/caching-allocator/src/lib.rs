@@ -53,6 +53,7 @@ mod allocator;
 mod api2;
 mod arena;
 mod block;
+mod clock;
 mod config;
 mod debug;
 mod directory;
@@ -62,7 +63,6 @@ mod huge_pages;
 mod live_table;
 mod registry;
 mod reset;
-mod retention;
 mod scope;
 mod scratch;
 mod shared_cache;
@@ -71,6 +71,7 @@ mod stats;
 mod sync;
 mod temp;
 mod thread_cache;
+mod working_set;
 
 /// The `allocator-api2` crate this one implements `Allocator` for (0.2): use its collections
 /// through this path (`caching_allocator::allocator_api2::vec::Vec`) and no second copy of the

@@ -6,7 +6,7 @@
 //! them, and a table at most 7/8 full keeps probes short. No tombstones: a removal shifts the
 //! following entries of its run back, so lookups never scan deleted slots.
 
-use crate::thread_cache::Live;
+use crate::block::Live;
 
 pub(crate) struct LiveTable {
     /// The block inserted last, kept out of the table: scratch is mostly released in the

@@ -21,9 +21,9 @@
 //! (a scope may be open on another thread while a reset runs).
 
 use crate::allocator::CachingAllocator;
-use crate::block::Block;
+use crate::block::{Block, Live};
 use crate::sync::{Arc, Ordering};
-use crate::thread_cache::{Live, ThreadCache};
+use crate::thread_cache::{Local, ThreadCache};
 use crate::AllocError;
 
 impl CachingAllocator {
@@ -56,9 +56,11 @@ impl CachingAllocator {
     ///
     /// # Panics
     /// As [`reset`](Self::reset).
+    #[inline]
     pub unsafe fn reset_unchecked(&self) {
-        let overruns = self.reset_all();
-        report_overruns(&overruns);
+        if self.reset_arenas() {
+            report_overruns(&self.reset_live_tables());
+        }
     }
 
     /// Like [`reset`](Self::reset), but an overrun found by debug checks is an error instead of
@@ -87,49 +89,91 @@ impl CachingAllocator {
     /// Returns every live block of every thread to its thread's cache, within the cap, then
     /// hands unused credit back. Returns the errors of blocks found overrun (already freed).
     fn reset_all(&self) -> Vec<AllocError> {
-        // The arenas: one increment takes back every block they handed out before it (each
-        // owner rewinds on its next call). An RMW, so two resets never move it backwards.
+        if self.reset_arenas() {
+            self.reset_live_tables()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Takes back every block of the threads' arenas in one step; `true` if some thread cache
+    /// may hold size-class blocks too (then `reset_live_tables` must run).
+    #[inline(always)]
+    fn reset_arenas(&self) -> bool {
+        // One increment takes back every block the arenas handed out before it (each owner
+        // rewinds on its next call). An RMW, so two resets never move it backwards.
         self.epoch.fetch_add(1, Ordering::AcqRel);
-        let mut overruns = Vec::new();
         // The size classes' live blocks: a block booked before this reset began was counted
         // in `live_caches` before its `allocate` returned.
-        if !self.any_live_tables() {
-            return overruns;
-        }
+        self.any_live_tables()
+    }
+
+    /// The walk over the thread caches' live tables.
+    #[inline(never)]
+    fn reset_live_tables(&self) -> Vec<AllocError> {
+        let mut overruns = Vec::new();
         self.tick();
         // Blocks that do not fit their cache's credit need eviction, which walks the registry:
         // they wait until the walk is over (rare: a reset usually returns what the cache held).
         let mut spilled: Vec<(Arc<ThreadCache>, Block)> = Vec::new();
-        self.registry.for_each(|cache| {
-            if !cache.may_have_live() {
-                // Nothing booked before the reset began (see `live_hint`): not worth a lock.
-                return;
+        match self.only_live_table() {
+            // A runtime that resets its own thread's blocks: no registry walk.
+            Some(own) => {
+                self.reset_cache(own.cache(), &|| own.to_arc(), &mut spilled, &mut overruns)
             }
-            let mut state = cache.lock();
-            let mut returning: Vec<Live> = core::mem::take(&mut state.returning);
-            state.live.drain_into(&mut returning);
-            let before = spilled.len();
-            for live in returning.drain(..) {
-                state.counters.remove_live(&live);
-                match self.checked(live) {
-                    Ok(block) => {
-                        if let Some(block) = self.cache_locked(&mut state, block) {
-                            spilled.push((cache.clone(), block));
-                        }
-                    }
-                    Err(overrun) => overruns.push(overrun),
+            None => self.registry.for_each(|cache| {
+                if cache.may_have_live() {
+                    self.reset_cache(cache, &|| cache.clone(), &mut spilled, &mut overruns);
                 }
-            }
-            state.returning = returning;
-            if spilled.len() == before {
-                self.trim_credit(&mut state);
-            }
-            cache.publish(&state);
-        });
+            }),
+        }
         for (cache, block) in spilled {
-            self.cache_slow(&cache, block);
+            self.keep_or_free(&cache, block);
         }
         overruns
+    }
+
+    /// The calling thread's cache, if its live table is the only one that may hold a block:
+    /// `live_caches` is 1 and this cache counts in it. A block booked on another thread before
+    /// this reset began would have counted too (its `allocate` raised the count before it
+    /// returned), so no other cache needs a visit.
+    fn only_live_table(&self) -> Option<Local<'_>> {
+        let own = self.last_local()?;
+        (self.live_tables() == 1 && own.may_have_live()).then_some(own)
+    }
+
+    /// Returns every live block of `cache` to its idle blocks, within its credit; blocks the
+    /// credit cannot cover go to `spilled` (with `arc`, an `Arc` of the cache), overruns found
+    /// by debug checks to `overruns`.
+    fn reset_cache(
+        &self,
+        cache: &ThreadCache,
+        arc: &dyn Fn() -> Arc<ThreadCache>,
+        spilled: &mut Vec<(Arc<ThreadCache>, Block)>,
+        overruns: &mut Vec<AllocError>,
+    ) {
+        let mut state = cache.lock();
+        // Nothing booked since the last reset: the hint was stale (see `live_hint`).
+        cache.clear_live_hint(&state);
+        let mut returning: Vec<Live> = core::mem::take(&mut state.returning);
+        state.live.drain_into(&mut returning);
+        let before = spilled.len();
+        for live in returning.drain(..) {
+            state.counters.remove_live(&live);
+            match self.checked(live) {
+                Ok(block) => {
+                    if let Some(block) = self.keep_idle(&mut state, block) {
+                        spilled.push((arc(), block));
+                    }
+                }
+                Err(overrun) => overruns.push(overrun),
+            }
+        }
+        state.returning = returning;
+        if spilled.len() == before {
+            self.trim_credit(&mut state);
+        }
+        cache.publish(&state);
     }
 }
 

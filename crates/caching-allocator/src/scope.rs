@@ -9,7 +9,7 @@ use core::ptr::NonNull;
 use crate::allocator::{dangling, Request};
 use crate::block::MIN_ALIGN;
 use crate::config::SCOPE_BUMP_MAX;
-use crate::thread_cache::{Local, Scoped};
+use crate::thread_cache::{CacheState, Local, Scoped};
 use crate::SizeClass;
 use crate::{AllocError, CachingAllocator};
 
@@ -44,8 +44,20 @@ pub struct Scope<'a> {
     /// Chunks taken so far: each is twice the last, up to 16 times the first, so a scope that
     /// makes many small requests takes few chunks (as bumpalo's chunks grow).
     chunks: Cell<u32>,
+    /// The first chunk: the thread's spare scope chunk, borrowed without a lock (`Lent`), or
+    /// one taken from the cache (`Taken`), which may become the spare when the scope drops.
+    first_chunk: Cell<FirstChunk>,
     /// Explicit, though `Local` already makes the scope `!Send`.
     _not_send: PhantomData<*mut ()>,
+}
+
+/// Where a scope's first chunk came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FirstChunk {
+    None,
+    Lent,
+    /// The chunk's address.
+    Taken(usize),
 }
 
 /// A scope's chunks double up to `2^MAX_CHUNK_DOUBLINGS` times the first.
@@ -65,6 +77,7 @@ impl CachingAllocator {
             bump: Cell::new(core::ptr::null_mut()),
             bump_left: Cell::new(0),
             chunks: Cell::new(0),
+            first_chunk: Cell::new(FirstChunk::None),
             _not_send: PhantomData,
         }
     }
@@ -135,27 +148,48 @@ impl<'a> Scope<'a> {
             return None;
         }
         let n = self.chunks.get();
-        let class = SizeClass::for_size(self.alloc.scope_chunk << n.min(MAX_CHUNK_DOUBLINGS))?;
-        let req = Request {
-            size: class.size(),
-            align: MIN_ALIGN,
-            class: Some(class),
-            retry: true,
+        let lent = if n == 0 && self.cache.owned() {
+            // SAFETY: the owner thread (`owned`; a scope stays on the thread of its `Local`),
+            // and no other borrow of the arena is alive (it is confined to this statement).
+            let arena = unsafe { self.cache.arena.owner() };
+            // A spare was a scope's first chunk: at least `scope_chunk` bytes.
+            arena.lend_spare(&self.cache.arena.shared, self.alloc.scope_chunk)
+        } else {
+            None
         };
-        let chunk = self.take_block(class, &req).ok()?;
+        let (chunk, class_size) = match lent {
+            Some(spare) => {
+                self.first_chunk.set(FirstChunk::Lent);
+                (spare.ptr, spare.size())
+            }
+            None => {
+                let class =
+                    SizeClass::for_size(self.alloc.scope_chunk << n.min(MAX_CHUNK_DOUBLINGS))?;
+                let req = Request {
+                    size: class.size(),
+                    align: MIN_ALIGN,
+                    class: Some(class),
+                    retry: true,
+                };
+                let chunk = self.take_block(class, &req).ok()?;
+                if n == 0 {
+                    self.first_chunk
+                        .set(FirstChunk::Taken(chunk.as_ptr().addr()));
+                }
+                (chunk, class.size())
+            }
+        };
         self.chunks.set(n + 1);
         // A new chunk is 64-aligned and at least twice `SCOPE_BUMP_MAX` long, so a request of
         // at most `SCOPE_BUMP_MAX` bytes and alignment fits with its padding.
-        self.bump.set(chunk.as_ptr());
-        self.bump_left.set(class.size());
         let start = chunk.as_ptr();
         let pad = (start as usize).wrapping_neg() & (align - 1);
-        debug_assert!(pad + size <= class.size());
-        // SAFETY: `pad + size <= class.size()`: inside the chunk.
+        debug_assert!(pad + size <= class_size);
+        // SAFETY: `pad + size <= class_size`: inside the chunk.
         let ptr = unsafe { start.add(pad) };
         // SAFETY: as above.
         self.bump.set(unsafe { ptr.add(size) });
-        self.bump_left.set(class.size() - pad - size);
+        self.bump_left.set(class_size - pad - size);
         NonNull::new(ptr)
     }
 
@@ -237,13 +271,43 @@ unsafe fn assume_init<T>(slice: &mut [MaybeUninit<T>]) -> &mut [T] {
     unsafe { &mut *(slice as *mut [MaybeUninit<T>] as *mut [T]) }
 }
 
+impl Scope<'_> {
+    /// Keeps the scope's first chunk (`entry`, just taken out of the books of the locked
+    /// cache `state`) as the thread's spare scope chunk, if the cache's credit covers it.
+    fn keep_as_spare(&self, state: &mut CacheState, entry: Scoped) -> bool {
+        let chunk = entry.live.block;
+        if state.scope_chunk.is_some() || state.held() + chunk.size() > state.credit {
+            return false;
+        }
+        state.scope_chunk = Some(chunk);
+        // SAFETY: as in `bump_slow` (the caller checked `owned`); one borrow, here.
+        unsafe { self.cache.arena.owner() }.set_spare(Some(chunk));
+        true
+    }
+}
+
 impl Drop for Scope<'_> {
     fn drop(&mut self) {
+        let first = self.first_chunk.get();
+        if first == FirstChunk::Lent {
+            // SAFETY: as in `bump_slow`: only an owned cache lends its spare, to scopes on its
+            // thread; one borrow, in this statement.
+            unsafe { self.cache.arena.owner() }.return_spare(&self.cache.arena.shared);
+        }
         let mut remaining = self.blocks.get();
         if remaining == 0 {
             self.cache.scope_closed();
             return;
         }
+        let keep = match first {
+            FirstChunk::Taken(chunk) if self.cache.owned() => {
+                // SAFETY: as above.
+                unsafe { self.cache.arena.owner() }
+                    .wants_spare()
+                    .then_some(chunk)
+            }
+            _ => None,
+        };
         let mut overruns = Vec::new();
         let mut spilled = Vec::new();
         let mut state = self.cache.lock();
@@ -258,8 +322,11 @@ impl Drop for Scope<'_> {
             };
             remaining -= 1;
             state.counters.remove_live(&entry.live);
+            if keep == Some(entry.live.block.addr()) && self.keep_as_spare(&mut state, entry) {
+                continue;
+            }
             match self.alloc.checked(entry.live) {
-                Ok(block) => spilled.extend(self.alloc.cache_locked(&mut state, block)),
+                Ok(block) => spilled.extend(self.alloc.keep_idle(&mut state, block)),
                 Err(e) => overruns.push(e),
             }
         }
@@ -271,8 +338,11 @@ impl Drop for Scope<'_> {
                 let entry = state.scoped.remove(i);
                 remaining -= 1;
                 state.counters.remove_live(&entry.live);
+                if keep == Some(entry.live.block.addr()) && self.keep_as_spare(&mut state, entry) {
+                    continue;
+                }
                 match self.alloc.checked(entry.live) {
-                    Ok(block) => spilled.extend(self.alloc.cache_locked(&mut state, block)),
+                    Ok(block) => spilled.extend(self.alloc.keep_idle(&mut state, block)),
                     Err(e) => overruns.push(e),
                 }
             }
@@ -280,7 +350,7 @@ impl Drop for Scope<'_> {
         self.cache.publish(&state);
         drop(state);
         for block in spilled {
-            self.alloc.cache_slow(self.cache.cache(), block);
+            self.alloc.keep_or_free(self.cache.cache(), block);
         }
         self.cache.scope_closed();
         if !overruns.is_empty() && !std::thread::panicking() {

@@ -11,7 +11,7 @@ use core::marker::PhantomData;
 use core::ops::Deref;
 
 use crate::arena::ArenaCell;
-use crate::block::{Block, IdleLists};
+use crate::block::{Block, IdleLists, Live};
 use crate::live_table::LiveTable;
 use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Ordering, SpinGuard, SpinLock};
 
@@ -35,12 +35,13 @@ pub(crate) struct ThreadCache {
     /// caches without locking them (and without bouncing their lock's cache line). Only a
     /// hint: a stale value costs a wasted lock or a missed steal, never a wrong result.
     idle_hint: AtomicUsize,
-    /// Whether the cache held blocks from `allocate` when last unlocked, so a reset skips
-    /// caches with nothing to take back (the fallback cache, threads that only use scopes).
-    /// Stored with `Release` at every unlock that follows a change and read with `Acquire`:
-    /// a block booked before a reset began (in happens-before order) is seen, or else a later
-    /// unlock already gave it back; a block booked during the reset may survive it, as the
-    /// reset contract allows.
+    /// Whether the cache may hold blocks from `allocate`, so a reset skips caches with nothing
+    /// to take back (the fallback cache, threads that only use scopes or the arena). Set (with
+    /// `Release`) at the unlock that follows the first booking, read with `Acquire`: a block
+    /// booked before a reset began (in happens-before order) is seen. Cleared only by a reset
+    /// that finds the table empty (or when the cache is forgotten), not each time the table
+    /// empties: a runtime that takes a large block every kernel call then pays no
+    /// read-modify-write of `live_caches` per call. A stale `true` costs a reset one visit.
     live_hint: AtomicBool,
     /// The thread exited (its thread-locals were dropped): nobody takes the fast path of this
     /// cache any more, and once it holds no live block and no open scope it can be forgotten.
@@ -52,13 +53,6 @@ pub(crate) struct ThreadCache {
     /// Numbers the scopes opened on this cache, so each scope finds its own blocks among the
     /// cache's scoped blocks. Written like `open_scopes`.
     scope_serial: AtomicU64,
-}
-
-/// A live block handed out by `allocate` or the `Allocator` trait, and the size asked for.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Live {
-    pub(crate) block: Block,
-    pub(crate) requested: usize,
 }
 
 /// A live block that belongs to a `Scope`.
@@ -85,7 +79,7 @@ pub(crate) struct Counters {
     pub(crate) interval_peak: usize,
     pub(crate) last_interval_peak: usize,
     /// The most bytes requested by live blocks at once: the working set as the runtime sees
-    /// it (`retention` budgets from it, so best fit's larger blocks do not raise the budget).
+    /// it (`working_set` budgets from it, so best fit's larger blocks do not raise the budget).
     pub(crate) peak_requested_bytes: usize,
 }
 
@@ -96,6 +90,10 @@ pub(crate) struct CacheState {
     /// The chunk the arena bumps through, if it has one. Only the owner thread sets or takes
     /// it (or anyone, once the owner exited and the arena holds nothing live).
     pub(crate) arena_chunk: Option<Block>,
+    /// The thread's spare scope chunk, if it has one: lent without a lock to the first scope
+    /// that needs a chunk (see `Arena::lend_spare`), and charged to the credit like the
+    /// arena's chunk. Only the owner thread sets or takes it (or anyone, once it exited).
+    pub(crate) scope_chunk: Option<Block>,
     /// Bytes of the allocator's cap reserved for `idle` and the arena's chunk:
     /// `held() <= credit` always, so a release that fits needs no shared lock to respect the
     /// global cap.
@@ -114,10 +112,17 @@ pub(crate) struct CacheState {
 }
 
 impl CacheState {
-    /// Bytes charged to the cache's credit: idle blocks and the arena's chunk.
+    /// Bytes charged to the cache's credit: idle blocks, the arena's chunk and the spare scope
+    /// chunk.
     #[inline]
     pub(crate) fn held(&self) -> usize {
-        self.idle.bytes() + self.arena_chunk.map_or(0, |c| c.size())
+        self.idle.bytes() + self.chunk_bytes()
+    }
+
+    /// Bytes of the arena's chunk and the spare scope chunk: held, whether in use or not.
+    #[inline]
+    pub(crate) fn chunk_bytes(&self) -> usize {
+        self.arena_chunk.map_or(0, |c| c.size()) + self.scope_chunk.map_or(0, |c| c.size())
     }
 }
 
@@ -162,11 +167,12 @@ impl ThreadCache {
     pub(crate) fn new_arc(owned: bool, live_caches: Arc<AtomicUsize>) -> Arc<Self> {
         Arc::new(ThreadCache {
             owned,
-            arena: ArenaCell::new(),
+            arena: ArenaCell::new(owned),
             live_caches,
             state: SpinLock::new(CacheState {
                 idle: IdleLists::new(),
                 arena_chunk: None,
+                scope_chunk: None,
                 credit: 0,
                 live: LiveTable::new(),
                 returning: Vec::new(),
@@ -234,17 +240,29 @@ impl ThreadCache {
     /// follows a change of either.
     #[inline]
     pub(crate) fn publish(&self, state: &CacheState) {
+        // The cap's invariant: what a cache holds idle (and its chunks) is covered by the
+        // credit it was granted, so the sum over caches stays within `max_cached_bytes`.
+        debug_assert!(
+            state.held() <= state.credit,
+            "a cache holds {} B on a credit of {} B",
+            state.held(),
+            state.credit
+        );
         self.idle_hint.store(state.idle.blocks(), Ordering::Relaxed);
-        let live = !state.live.is_empty();
         // `live_hint` is written under this cache's lock only, so this load is exact.
-        if live != self.live_hint.load(Ordering::Relaxed) {
-            self.live_hint.store(live, Ordering::Release);
+        if !state.live.is_empty() && !self.live_hint.load(Ordering::Relaxed) {
+            self.live_hint.store(true, Ordering::Release);
             // Counted before the unlock: a reset that begins after this call returns sees it.
-            if live {
-                self.live_caches.fetch_add(1, Ordering::Release);
-            } else {
-                self.live_caches.fetch_sub(1, Ordering::Release);
-            }
+            self.live_caches.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Clears `live_hint` if the cache's table (of `state`, locked) is empty: a reset found it
+    /// so, or the cache is being forgotten.
+    pub(crate) fn clear_live_hint(&self, state: &CacheState) {
+        if state.live.is_empty() && self.live_hint.load(Ordering::Relaxed) {
+            self.live_hint.store(false, Ordering::Release);
+            self.live_caches.fetch_sub(1, Ordering::Release);
         }
     }
 

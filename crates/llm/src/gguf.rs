@@ -373,21 +373,7 @@ impl<'a> Reader<'a> {
 impl GgufFile {
     /// Maps and parses `path`; checks every tensor's data lies within the file.
     pub fn open(path: &Path) -> Result<GgufFile> {
-        let io = |source| LlmError::Io {
-            path: path.into(),
-            source,
-        };
-        let f = std::fs::File::open(path).map_err(io)?;
-        let len = f.metadata().map_err(io)?.len();
-        let backing = if len == 0 {
-            Backing::owned(&[])
-        } else {
-            // SAFETY: the mapping is read-only and private; a file changed by another process
-            // while mapped could change what we read (the caveat of every runtime that maps
-            // weights) but not invalidate the mapping, which lives until dropped.
-            Backing::Mmap(unsafe { memmap2::Mmap::map(&f) }.map_err(io)?)
-        };
-        Self::parse(path, Arc::new(backing))
+        Self::parse(path, Arc::new(Backing::map(path)?))
     }
 
     /// Parses a GGUF image held in memory (`path` names it in messages).

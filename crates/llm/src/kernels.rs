@@ -18,9 +18,13 @@ use crate::runtime::Scratch;
 use crate::safetensors::TensorData;
 use caching_allocator::TempAllocator;
 pub use kernel_simd::{available_levels, Level};
+pub use row_jobs::LinearJob;
 use simd::{deinterleave, pair_block, Rows};
 
+pub(crate) mod row_jobs;
 mod simd;
+#[cfg(test)]
+pub(crate) mod test_data;
 
 /// Rows of the weight matrix widened at a time per task by the prefill matmul.
 const NB: usize = 16;
@@ -28,11 +32,18 @@ const NB: usize = 16;
 /// A `*mut f32` shared by tasks that write disjoint elements.
 #[derive(Clone, Copy)]
 struct SharedOut(*mut f32);
-// SAFETY: only used by `linear`, whose tasks write disjoint elements (distinct output
-// columns) of one buffer that outlives the parallel section.
+// SAFETY: only used by `prefill` and `row_jobs::run`, whose tasks write disjoint elements
+// (distinct output columns or row chunks) of buffers that outlive the parallel section.
 unsafe impl Send for SharedOut {}
 // SAFETY: as above.
 unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// The pointer (a method, so closures capture the `Send` wrapper, not the raw field).
+    fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
 
 /// The process-wide cap of [`set_max_level`], as a rank (`u8::MAX`: none).
 static MAX_RANK: AtomicU8 = AtomicU8::new(u8::MAX);
@@ -81,47 +92,124 @@ pub fn linear<A: TempAllocator + ?Sized>(
         TensorData::F32(d) => d.len(),
         TensorData::BF16(d) | TensorData::F16(d) => d.len(),
     };
-    if wlen != n * k || x.len() < m * k || out.len() < m * n || bias.is_some_and(|b| b.len() != n) {
+    if wlen != n * k {
         return Err(LlmError::InvalidArgument {
-            message: format!(
-                "linear: weights {wlen} (want {n}x{k}), x {} (want {m}x{k}), out {} (want {m}x{n})",
-                x.len(),
-                out.len()
-            ),
+            message: format!("linear: weights of {wlen} elements, want {n}x{k}"),
         });
     }
+    check_buffers("linear", [m, n, k], x, out, bias)?;
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let isa = isa();
     if m == 1 {
         // Decode: chunks of output rows in parallel, one row at a time per task.
-        let chunk = decode_chunk(n);
         let x = &x[..k];
-        let xd = deinterleave_into(s, isa, matches!(w, TensorData::BF16(_)), x)?;
-        out[..n]
-            .par_chunks_mut(chunk)
-            .enumerate()
-            .for_each(|(ci, o)| {
-                let r0 = ci * chunk;
-                simd::matvec::run(isa, rows(w), r0, x, xd, o, accumulate);
-                if let Some(b) = bias {
-                    for (oi, bi) in o.iter_mut().zip(&b[r0..]) {
-                        *oi += bi;
-                    }
-                }
-            });
+        let bf16 = matches!(w, TensorData::BF16(_));
+        let isa = decode_level(bf16);
+        let xd = deinterleave_into(s, isa, bf16, x)?;
+        let job = LinearJob {
+            w,
+            n,
+            bias,
+            out,
+            accumulate,
+        };
+        row_jobs::run([job], decode_chunk, |w, r0, o, add| {
+            simd::matvec::run(isa, rows(*w), r0, x, xd, o, add)
+        });
         return Ok(());
     }
-    // Prefill: `tasks` contiguous ranges of output rows (columns of `out`), each with its own
-    // scratch block of NB widened weight rows.
+    prefill(s, x, m, &w, n, k, bias, out, accumulate)
+}
+
+/// Checks the buffers of a linear layer of `[m, n, k]` (rows of `x`, outputs, inputs): `x`
+/// of at least `m * k` floats, `out` of `m * n`, a bias of exactly `n`. The error names
+/// `what`.
+pub(crate) fn check_buffers(
+    what: &str,
+    [m, n, k]: [usize; 3],
+    x: &[f32],
+    out: &[f32],
+    bias: Option<&[f32]>,
+) -> Result<()> {
+    if x.len() < m * k || out.len() < m * n || bias.is_some_and(|b| b.len() != n) {
+        return Err(LlmError::InvalidArgument {
+            message: format!(
+                "{what}: x {} (want {m}x{k}), out {} (want {m}x{n}), bias {:?} (want {n})",
+                x.len(),
+                out.len(),
+                bias.map(<[f32]>::len)
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Weight rows as the prefill matmul reads them: f32, a block of rows at a time.
+pub(crate) trait PrefillRows: Sync {
+    /// Whether [`PrefillRows::rows`] widens into its buffer (so [`prefill`] takes a scratch
+    /// block per task) rather than borrowing f32 weights.
+    fn widens(&self) -> bool;
+    /// Rows `r .. r + nb` (`k` floats each) as f32: borrowed from the weights, or widened
+    /// into `buf` (`nb * k` floats when [`PrefillRows::widens`]).
+    fn rows<'b>(
+        &'b self,
+        isa: Level,
+        r: usize,
+        nb: usize,
+        k: usize,
+        buf: &'b mut [f32],
+    ) -> &'b [f32];
+}
+
+impl PrefillRows for TensorData<'_> {
+    fn widens(&self) -> bool {
+        !matches!(self, TensorData::F32(_))
+    }
+
+    fn rows<'b>(
+        &'b self,
+        isa: Level,
+        r: usize,
+        nb: usize,
+        k: usize,
+        buf: &'b mut [f32],
+    ) -> &'b [f32] {
+        let span = r * k..(r + nb) * k;
+        match *self {
+            TensorData::F32(d) => &d[span],
+            TensorData::BF16(d) | TensorData::F16(d) => {
+                let bf16 = matches!(self, TensorData::BF16(_));
+                simd::widen::run(isa, &d[span], bf16, &mut buf[..nb * k]);
+                &buf[..nb * k]
+            }
+        }
+    }
+}
+
+/// The prefill matmul `out[i, r] (+)= x[i] . w[r] + bias[r]` (`m` rows of `x`, `n` of `w`,
+/// shapes checked by the caller): `tasks` contiguous ranges of output rows (columns of
+/// `out`), each widening [`NB`] weight rows at a time into its own scratch block and
+/// multiplying every input row against them.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn prefill<A: TempAllocator + ?Sized, R: PrefillRows>(
+    s: &Scratch<'_, A>,
+    x: &[f32],
+    m: usize,
+    w: &R,
+    n: usize,
+    k: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    accumulate: bool,
+) -> Result<()> {
+    let isa = isa();
     let threads = rayon::current_num_threads().max(1);
     let tasks = (threads * 4).min(n.div_ceil(NB)).max(1);
     let per_task = n.div_ceil(tasks).next_multiple_of(4);
     let tasks = n.div_ceil(per_task);
-    let widen = !matches!(w, TensorData::F32(_));
-    // f32 weights are used in place: a 1-float placeholder block per task.
-    let block = if widen { NB * k } else { 1 };
+    // Borrowed f32 weights need no block: a 1-float placeholder per task.
+    let block = if w.widens() { NB * k } else { 1 };
     let scratch = s.f32s(tasks * block)?;
     let outp = SharedOut(out.as_mut_ptr());
     scratch
@@ -134,25 +222,10 @@ pub fn linear<A: TempAllocator + ?Sized>(
             let mut rb = r_begin;
             while rb < r_end {
                 let nb = NB.min(r_end - rb);
-                let rows: &[f32] = match w {
-                    TensorData::F32(d) => &d[rb * k..(rb + nb) * k],
-                    TensorData::BF16(d) => {
-                        simd::widen::run(isa, &d[rb * k..(rb + nb) * k], true, &mut wbuf[..nb * k]);
-                        &wbuf[..nb * k]
-                    }
-                    TensorData::F16(d) => {
-                        simd::widen::run(
-                            isa,
-                            &d[rb * k..(rb + nb) * k],
-                            false,
-                            &mut wbuf[..nb * k],
-                        );
-                        &wbuf[..nb * k]
-                    }
-                };
+                let rows = w.rows(isa, rb, nb, k, wbuf);
                 // SAFETY: this task writes only columns rb..rb + nb of rows 0..m of `out`
-                // (which holds m * n floats, checked above); the column ranges of tasks are
-                // disjoint, and `out` outlives the parallel loop.
+                // (which holds m * n floats, the caller's check); the column ranges of tasks
+                // are disjoint, and `out` outlives the parallel loop.
                 unsafe { gemm_block(isa, x, m, k, rows, nb, outp, n, rb, bias, accumulate) };
                 rb += nb;
             }
@@ -160,24 +233,21 @@ pub fn linear<A: TempAllocator + ?Sized>(
     Ok(())
 }
 
-/// One matrix of [`linear_many`]: `out (+)= w x + bias`, `w` of `n` rows.
-pub struct LinearJob<'a> {
-    /// The weights, `[n, k]`.
-    pub w: TensorData<'a>,
-    /// Output rows.
-    pub n: usize,
-    /// Optional bias of `n`.
-    pub bias: Option<&'a [f32]>,
-    /// `n` outputs.
-    pub out: &'a mut [f32],
-    /// Add to `out` instead of overwriting it.
-    pub accumulate: bool,
-}
-
 /// Rows of one parallel task of the decode matvec over `n` rows.
 fn decode_chunk(n: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     (n / (threads * 8)).clamp(4, 256).next_multiple_of(4)
+}
+
+/// The level of a decode matvec: [`isa`], but at most AVX2 when weights are bf16. Those
+/// rows are memory-bound, and the AVX-512 instantiation decoded slower than the AVX2 one on
+/// this project's AVX-512 machines (measured interleaved in one run: 0.5-0.9x on 2 threads,
+/// 0.88-0.99x on 1), so AVX-512 buys nothing there.
+fn decode_level(bf16: bool) -> Level {
+    match isa() {
+        Level::Avx512 if bf16 => Level::Avx2,
+        level => level,
+    }
 }
 
 /// `x` de-interleaved into pair blocks ([`simd::deinterleave`]) in scratch, for the bf16
@@ -203,7 +273,7 @@ pub fn linear_many<A: TempAllocator + ?Sized, const J: usize>(
     s: &Scratch<'_, A>,
     x: &[f32],
     k: usize,
-    jobs: [LinearJob<'_>; J],
+    jobs: [LinearJob<'_, TensorData<'_>>; J],
 ) -> Result<()> {
     let x = x.get(..k).ok_or_else(|| LlmError::InvalidArgument {
         message: format!("linear_many: x has {} floats, want {k}", x.len()),
@@ -225,33 +295,10 @@ pub fn linear_many<A: TempAllocator + ?Sized, const J: usize>(
             });
         }
     }
-    let isa = isa();
+    let isa = decode_level(bf16);
     let xd = deinterleave_into(s, isa, bf16, x)?;
-    let chunk: [usize; J] = core::array::from_fn(|i| decode_chunk(jobs[i].n));
-    let counts: [usize; J] = core::array::from_fn(|i| jobs[i].n.div_ceil(chunk[i]));
-    let total: usize = counts.iter().sum();
-    let outs: [SharedOut; J] = core::array::from_fn(|i| SharedOut(jobs[i].out.as_ptr().cast_mut()));
-    let jobs = &jobs;
-    (0..total).into_par_iter().for_each(|mut ci| {
-        let mut j = 0;
-        while ci >= counts[j] {
-            ci -= counts[j];
-            j += 1;
-        }
-        let job = &jobs[j];
-        let r0 = ci * chunk[j];
-        let len = chunk[j].min(job.n - r0);
-        // SAFETY: `outs[j]` points to job j's output of at least `n` floats (checked above),
-        // borrowed mutably by `jobs` for the whole call and not otherwise accessed during the
-        // parallel section; task (j, ci) writes only rows r0 .. r0 + len < n, and the row
-        // ranges of the tasks of one job are disjoint.
-        let o = unsafe { core::slice::from_raw_parts_mut(outs[j].0.add(r0), len) };
-        simd::matvec::run(isa, rows(job.w), r0, x, xd, o, job.accumulate);
-        if let Some(b) = job.bias {
-            for (oi, bi) in o.iter_mut().zip(&b[r0..]) {
-                *oi += bi;
-            }
-        }
+    row_jobs::run(jobs, decode_chunk, |w, r0, o, add| {
+        simd::matvec::run(isa, rows(*w), r0, x, xd, o, add)
     });
     Ok(())
 }
@@ -276,9 +323,9 @@ pub fn linear_swiglu<A: TempAllocator + ?Sized>(
             message: "linear_swiglu: length mismatch".into(),
         });
     }
-    let isa = isa();
     let x = &x[..k];
     let bf16 = matches!(gate, TensorData::BF16(_)) || matches!(up, TensorData::BF16(_));
+    let isa = decode_level(bf16);
     let xd = deinterleave_into(s, isa, bf16, x)?;
     let chunk = decode_chunk(n);
     out[..n]

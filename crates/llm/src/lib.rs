@@ -12,8 +12,8 @@
 //!   [`gguf_tokenizer::from_gguf`] builds its tokenizer and [`chat`] renders its chat
 //!   template. [`Weights::load`] takes a `.gguf` file or a checkpoint directory.
 //! - Weight matrices are [`matrix::Matrix`]es, dense or block-quantized ([`quant`]); the
-//!   quantized linear kernels ([`quant_kernels`], inner loops in [`quant_simd`]) keep f32
-//!   activations.
+//!   quantized linear kernels ([`quant_kernels`], inner loops in [`quant_simd`] on the
+//!   [`quant_groups`] layout) keep f32 activations.
 //! - [`Llama`] is the module: `Llama::new(weights, temp, &options)` ([`Module`], the one
 //!   constructor shape of every model type) owns the temp allocator, the KV cache and the
 //!   activation buffers. Each forward pass is a sequence of kernel calls (embed, RMSNorm,
@@ -59,6 +59,7 @@ pub mod kernels;
 pub mod matrix;
 pub mod model;
 pub mod quant;
+pub mod quant_groups;
 pub mod quant_kernels;
 pub mod quant_simd;
 pub mod runtime;

@@ -107,19 +107,8 @@ pub fn linear<A: TempAllocator + ?Sized>(
     }
 }
 
-/// One matrix of [`linear_many`].
-pub struct Job<'a> {
-    /// The weights, `n` rows.
-    pub w: &'a Matrix,
-    /// Output rows.
-    pub n: usize,
-    /// Optional bias of `n`.
-    pub bias: Option<&'a [f32]>,
-    /// `n` outputs.
-    pub out: &'a mut [f32],
-    /// Add to `out` instead of overwriting it.
-    pub accumulate: bool,
-}
+/// One matrix of [`linear_many`], of either kind.
+pub type Job<'a> = kernels::LinearJob<'a, &'a Matrix>;
 
 /// Several decode matvecs over the same `x` (`k` floats) in one parallel section when every
 /// matrix is of one kind; one after another otherwise.
@@ -143,16 +132,7 @@ pub fn linear_many<A: TempAllocator + ?Sized, const J: usize>(
         });
         return kernels::linear_many(s, x, k, jobs);
     }
-    if jobs
-        .iter()
-        .all(|j| matches!(j.w, Matrix::Quant(q) if q.rows() == j.n))
-    {
-        let jobs = jobs.map(|j| quant_kernels::QJob {
-            w: j.w,
-            bias: j.bias,
-            out: j.out,
-            accumulate: j.accumulate,
-        });
+    if jobs.iter().all(|j| matches!(j.w, Matrix::Quant(_))) {
         return quant_kernels::linear_many(s, x, k, jobs);
     }
     for j in jobs {

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{LlmError, Result};
+use crate::quant_groups::RowGroups;
 use crate::safetensors::{f16_to_f32, Backing};
 
 /// Weights per block, in every supported format.
@@ -101,7 +102,9 @@ pub fn dequantize_row(t: QType, row: &[u8], out: &mut [f32]) {
 }
 
 /// A block-quantized matrix `[rows, cols]` (`cols` a multiple of [`QK`]): `rows` rows of
-/// `cols / 32` blocks, on a shared backing (a memory-mapped file or an owned copy).
+/// `cols / 32` blocks, on a shared backing (a memory-mapped file or an owned copy), and the
+/// same blocks in the decode kernels' group layout ([`RowGroups`], packed when the matrix
+/// is made).
 #[derive(Clone)]
 pub struct QTensor {
     qtype: QType,
@@ -110,6 +113,7 @@ pub struct QTensor {
     backing: Arc<Backing>,
     offset: usize,
     path: Arc<PathBuf>,
+    groups: RowGroups,
 }
 
 impl std::fmt::Debug for QTensor {
@@ -133,6 +137,7 @@ impl QTensor {
         offset: usize,
         path: &Arc<PathBuf>,
     ) -> QTensor {
+        let bytes = &backing.bytes()[offset..offset + rows * qtype.row_bytes(cols)];
         QTensor {
             qtype,
             rows,
@@ -140,6 +145,7 @@ impl QTensor {
             backing: backing.clone(),
             offset,
             path: path.clone(),
+            groups: RowGroups::pack(qtype, rows, cols, bytes),
         }
     }
 
@@ -166,6 +172,7 @@ impl QTensor {
             backing: Arc::new(Backing::owned(bytes)),
             offset: 0,
             path: Arc::new(PathBuf::from("<memory>")),
+            groups: RowGroups::pack(qtype, rows, cols, bytes),
         })
     }
 
@@ -181,6 +188,7 @@ impl QTensor {
         QTensor {
             backing: Arc::new(Backing::owned(&out)),
             offset: 0,
+            groups: RowGroups::pack(self.qtype, self.rows, self.cols, &out),
             ..self.clone()
         }
     }
@@ -219,6 +227,11 @@ impl QTensor {
     /// The file the matrix comes from.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The blocks in the decode kernels' group layout.
+    pub fn groups(&self) -> &RowGroups {
+        &self.groups
     }
 
     /// Every weight dequantized, row-major (for tests and references).

@@ -67,6 +67,24 @@ impl Backing {
         }
     }
 
+    /// The file at `path`, memory-mapped read-only (an empty file: an empty owned buffer,
+    /// which cannot be mapped).
+    pub(crate) fn map(path: &Path) -> Result<Backing> {
+        let io = |source| LlmError::Io {
+            path: path.into(),
+            source,
+        };
+        let f = std::fs::File::open(path).map_err(io)?;
+        if f.metadata().map_err(io)?.len() == 0 {
+            return Ok(Backing::owned(&[]));
+        }
+        // SAFETY: the mapping is read-only and private; a file changed by another process
+        // while mapped could change what we read (the caveat of every runtime that maps
+        // weights) but not invalidate the mapping, which stays valid until dropped.
+        let map = unsafe { memmap2::Mmap::map(&f) }.map_err(io)?;
+        Ok(Backing::Mmap(map))
+    }
+
     /// An owned copy of `bytes`, 8-byte aligned.
     pub(crate) fn owned(bytes: &[u8]) -> Backing {
         let mut words = vec![0u64; bytes.len().div_ceil(8)];
@@ -329,21 +347,7 @@ struct File {
 
 impl File {
     fn open(path: &Path) -> Result<File> {
-        let io = |source| LlmError::Io {
-            path: path.into(),
-            source,
-        };
-        let f = std::fs::File::open(path).map_err(io)?;
-        let file_len = f.metadata().map_err(io)?.len();
-        let backing = if file_len == 0 {
-            Backing::owned(&[])
-        } else {
-            // SAFETY: the mapping is read-only and private; a file changed by another process
-            // while mapped could change what we read (the usual caveat of mapped model files,
-            // as in every runtime that maps weights) but not break memory safety of the mapping
-            // itself, which stays valid until dropped.
-            Backing::Mmap(unsafe { memmap2::Mmap::map(&f) }.map_err(io)?)
-        };
+        let backing = Backing::map(path)?;
         let bytes = backing.bytes();
         let len = bytes.len() as u64;
         let trunc = |needed: u64, tensor: Option<String>| LlmError::Truncated {

@@ -32,6 +32,28 @@ fn greedy_ids(dir: &std::path::Path, prompt: &[u32], n: usize) -> Vec<u32> {
     out
 }
 
+/// `llm generate --model MODEL ARGS...`, run to completion.
+fn generate(model: &std::path::Path, args: &[&std::ffi::OsStr]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_llm"))
+        .args(["generate", "--model"])
+        .arg(model)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// [`generate`], which must succeed (its stderr is the failure message).
+fn generate_ok(model: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    let out = generate(model, &args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 #[test]
 fn generate_streams_only_the_generated_text() {
     let spec = Spec {
@@ -47,23 +69,16 @@ fn generate_streams_only_the_generated_text() {
     let ids = greedy_ids(dir.path(), &tok.encode(prompt).unwrap(), 12);
     assert!(!ids.is_empty());
     let want = tok.decode(&ids).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_llm"))
-        .args(["generate", "--model"])
-        .arg(dir.path())
-        .args([
+    let out = generate_ok(
+        dir.path(),
+        &[
             "--prompt",
             prompt,
             "--max-new-tokens",
             "12",
             "--temperature",
             "0",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert_eq!(stdout.trim_end_matches('\n'), want);
@@ -83,23 +98,16 @@ fn generate_on_ids_without_tokenizer() {
     let dir = TempDir::new("cli-ids");
     spec.write(dir.path());
     let ids = greedy_ids(dir.path(), &[5, 6, 7], 6);
-    let out = Command::new(env!("CARGO_BIN_EXE_llm"))
-        .args(["generate", "--model"])
-        .arg(dir.path())
-        .args([
+    let out = generate_ok(
+        dir.path(),
+        &[
             "--prompt-ids",
             "5,6,7",
             "--max-new-tokens",
             "6",
             "--temperature",
             "0",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
     // In the input's format: comma-separated, no spaces, so it can be passed back.
     let want: Vec<String> = ids.iter().map(u32::to_string).collect();
@@ -108,12 +116,7 @@ fn generate_on_ids_without_tokenizer() {
         want.join(",") + "\n"
     );
     // Text without a tokenizer is a clear error.
-    let out = Command::new(env!("CARGO_BIN_EXE_llm"))
-        .args(["generate", "--model"])
-        .arg(dir.path())
-        .args(["--prompt", "hello"])
-        .output()
-        .unwrap();
+    let out = generate(dir.path(), &["--prompt".as_ref(), "hello".as_ref()]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no tokenizer.json"));
     assert!(out.stdout.is_empty());
@@ -137,23 +140,17 @@ fn generate_runs_a_gguf_file_and_writes_the_scratch_profile() {
     w.write(&model);
     let ids = greedy_ids(&model, &[5, 6, 7], 6);
     let prof = dir.path().join("prof.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_llm"))
-        .args(["generate", "--model"])
-        .arg(&model)
-        .args([
+    let prof_arg = prof.to_str().expect("a UTF-8 temp path");
+    let out = generate_ok(
+        &model,
+        &[
             "--prompt-ids",
             "5,6,7",
             "--max-new-tokens",
             "6",
             "--scratch-profile",
-        ])
-        .arg(&prof)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+            prof_arg,
+        ],
     );
     // Ids out in the input's format: comma-separated.
     let got: Vec<u32> = String::from_utf8(out.stdout)

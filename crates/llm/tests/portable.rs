@@ -36,46 +36,56 @@ fn lower_levels_match_reference() {
     }
 }
 
-/// The portable quantized kernels (what CPUs without AVX2 run), forced: a tiny GGUF model in
+/// The quantized kernels on each level below this CPU's best, forced: a tiny GGUF model in
 /// each quantized type against the f64 reference.
 #[test]
-fn portable_quantized_kernels_match_reference() {
+fn lower_levels_quantized_kernels_match_reference() {
     use llm::quant::QType;
-    llm::quant_kernels::force_portable(true);
-    assert_eq!(
-        llm::quant_kernels::qisa(),
-        llm::quant_kernels::QIsa::Portable
-    );
-    let dir = common::TempDir::new("portable-gguf");
-    for (i, qt) in [QType::Q4_0, QType::Q4_1, QType::Q8_0]
-        .into_iter()
-        .enumerate()
-    {
-        let spec = Spec {
-            hidden: 64,
-            heads: 4,
-            kv_heads: 2,
-            ffn: 96,
-            seed: 20 + i as u64,
-            ..Spec::default()
-        };
-        let (w, ts) = common::gguf::tiny_model(&spec, Some(qt));
-        let p = dir.path().join(format!("{i}.gguf"));
-        w.write(&p);
-        let reference = common::Reference::new(&spec, &ts);
-        let mut m = common::model(&p);
-        let tokens = common::prompt(spec.vocab, 10, 3);
-        let got = m.forward_all(&tokens).unwrap().to_vec();
-        let v = spec.vocab;
-        for (pos, want) in reference.logits(&tokens).iter().enumerate() {
-            let e = common::rel_err(&got[pos * v..][..v], want);
-            assert!(e < 1e-4, "{qt:?} position {pos}: {e:e}");
+    let dir = common::TempDir::new("levels-gguf");
+    let levels = available_levels();
+    for &level in levels.iter().skip(1) {
+        set_max_level(Some(level));
+        assert_eq!(isa(), level, "the cap picks the level");
+        for (i, qt) in [QType::Q4_0, QType::Q4_1, QType::Q8_0]
+            .into_iter()
+            .enumerate()
+        {
+            quantized_model_matches_reference(&dir, level, i, qt);
         }
-        let got = m.forward(&[5]).unwrap().to_vec();
-        let mut all = tokens.clone();
-        all.push(5);
-        let e = common::rel_err(&got, reference.logits(&all).last().unwrap());
-        assert!(e < 1e-4, "{qt:?} decode: {e:e}");
     }
-    llm::quant_kernels::force_portable(false);
+    set_max_level(None);
+}
+
+/// A tiny GGUF model in `qt` (seed from `i`) against the f64 reference, prefill and decode.
+fn quantized_model_matches_reference(
+    dir: &common::TempDir,
+    level: llm::kernels::Level,
+    i: usize,
+    qt: llm::quant::QType,
+) {
+    let spec = Spec {
+        hidden: 64,
+        heads: 4,
+        kv_heads: 2,
+        ffn: 96,
+        seed: 20 + i as u64,
+        ..Spec::default()
+    };
+    let (w, ts) = common::gguf::tiny_model(&spec, Some(qt));
+    let p = dir.path().join(format!("{level}-{i}.gguf"));
+    w.write(&p);
+    let reference = common::Reference::new(&spec, &ts);
+    let mut m = common::model(&p);
+    let tokens = common::prompt(spec.vocab, 10, 3);
+    let got = m.forward_all(&tokens).unwrap().to_vec();
+    let v = spec.vocab;
+    for (pos, want) in reference.logits(&tokens).iter().enumerate() {
+        let e = common::rel_err(&got[pos * v..][..v], want);
+        assert!(e < 1e-4, "{level} {qt:?} position {pos}: {e:e}");
+    }
+    let got = m.forward(&[5]).unwrap().to_vec();
+    let mut all = tokens.clone();
+    all.push(5);
+    let e = common::rel_err(&got, reference.logits(&all).last().unwrap());
+    assert!(e < 1e-4, "{level} {qt:?} decode: {e:e}");
 }

@@ -8,7 +8,8 @@ use rayon::prelude::*;
 
 use crate::elem::Element;
 use crate::inputs::as_f32;
-use crate::kernels::row::{KvRow, PvTable, PV_MAX_TILE, PV_ROWS, Q16};
+use crate::kernels::int8::{PvTable, PvWeightsIn, PV_MAX_TILE, PV_ROWS, Q16};
+use crate::kernels::row::KvRow;
 use crate::plan::{regions, Path, Plan, RowsLayout, ROW_TILE, V_GROUP};
 use crate::sync::{Scratch, SharedOut};
 use crate::Args;
@@ -273,10 +274,12 @@ fn chunk<T: Element>(
                 // SAFETY: slice-based kernel (checks its lengths); set from `detect`.
                 unsafe {
                     (kern.pv_weights)(
-                        &s[i * heads * tile..],
-                        tile,
-                        group,
-                        tab,
+                        PvWeightsIn {
+                            p: &s[i * heads * tile..],
+                            ldp: tile,
+                            group,
+                            tab,
+                        },
                         ldw,
                         &mut pv_w16[i * heads * ldw..(i + 1) * heads * ldw],
                         &mut pv_step[i * heads..(i + 1) * heads],

@@ -163,31 +163,25 @@ impl Element for f32 {
     }
 }
 
-impl Element for Bf16 {
-    const DTYPE: Dtype = Dtype::Bf16;
-    fn to_f32(self) -> f32 {
-        Bf16::to_f32(self)
-    }
-    fn from_f32(x: f32) -> Self {
-        Bf16::from_f32(x)
-    }
-    fn elems(s: &[Self]) -> Elems<'_> {
-        Elems::Bf16(s)
-    }
+/// The 16-bit float types: their own conversions, and their variant of [`Elems`] (named as
+/// the type).
+macro_rules! half_element {
+    ($($t:ident),*) => {$(
+        impl Element for $t {
+            const DTYPE: Dtype = Dtype::$t;
+            fn to_f32(self) -> f32 {
+                $t::to_f32(self)
+            }
+            fn from_f32(x: f32) -> Self {
+                $t::from_f32(x)
+            }
+            fn elems(s: &[Self]) -> Elems<'_> {
+                Elems::$t(s)
+            }
+        }
+    )*};
 }
-
-impl Element for F16 {
-    const DTYPE: Dtype = Dtype::F16;
-    fn to_f32(self) -> f32 {
-        F16::to_f32(self)
-    }
-    fn from_f32(x: f32) -> Self {
-        F16::from_f32(x)
-    }
-    fn elems(s: &[Self]) -> Elems<'_> {
-        Elems::F16(s)
-    }
-}
+half_element!(Bf16, F16);
 
 #[cfg(test)]
 mod tests {

@@ -2,7 +2,8 @@
 //! f16) or dequantized (int8 cache) into a scratch buffer of the caller's worker slice.
 
 use crate::elem::{Element, Elems};
-use crate::kernels::row::{KvRow, Q16};
+use crate::kernels::int8::Q16;
+use crate::kernels::row::KvRow;
 use crate::kernels::Kernels;
 use crate::quant::QuantizedKv;
 
@@ -113,7 +114,7 @@ impl<T: Element> Kv<'_, T> {
     /// Scores of the query heads `q` (`heads * d` floats, `kv_heads = heads / group`)
     /// against position row `t`: `s[h * lds] = q_h . k_{t, h / group}`. The int8 cache takes
     /// the same query rows quantized to i16 (`q16`, required then; see
-    /// [`crate::kernels::row::scores_row_q16`]).
+    /// [`crate::kernels::int8::scores_q16`]).
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub(crate) fn scores_row(

@@ -239,7 +239,7 @@ impl RowsLayout {
         let pv32 = q16_sum.saturating_add(round_up(q16_heads, LINE_FLOATS));
         // The integer P . V (int8 cache): the same regions on every kernel set, so the
         // scratch size does not depend on the SIMD level (NEON leaves them unused).
-        let pv_ldw = round_up(tile, crate::kernels::row::PV_ROWS);
+        let pv_ldw = round_up(tile, crate::kernels::int8::PV_ROWS);
         let (pv_acc_floats, pv_w_floats) = if conv.q16 {
             (nq.saturating_mul(d), nq.saturating_mul(pv_ldw).div_ceil(2))
         } else {
@@ -251,7 +251,7 @@ impl RowsLayout {
         let tab = if conv.q16 {
             shape
                 .kv_heads
-                .saturating_mul(crate::kernels::row::PV_MAX_TILE)
+                .saturating_mul(crate::kernels::int8::PV_MAX_TILE)
         } else {
             0
         };

@@ -5,6 +5,7 @@ use rayon::prelude::*;
 
 use crate::elem::Element;
 use crate::inputs::{as_f32, Kv};
+use crate::kernels::scalar::KTile;
 use crate::plan::{regions, round_up, Path, Plan, TiledLayout, MR, NR};
 use crate::sync::{Scratch, SharedOut};
 use crate::Args;
@@ -179,8 +180,14 @@ fn block<T: Element>(
                 (&kt[..nk * d], d)
             }
         };
+        let tile = KTile {
+            stride: k_stride,
+            nk,
+            nkp,
+            d,
+        };
         // SAFETY: slice-based kernel; kernel set from `detect`.
-        unsafe { (kern.pack_k)(k_tile, k_stride, nk, nkp, d, kp) };
+        unsafe { (kern.pack_k)(k_tile, tile, kp) };
         // Start fetching the next tile's K and V rows while this one is computed.
         let next = (kv_hi - t0 - nk).min(bk);
         if next > 0 {

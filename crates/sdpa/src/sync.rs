@@ -91,37 +91,30 @@ impl Scratch {
     /// the floats must be written before they are read (they start uninitialised).
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn chunk(&self, c: usize) -> &mut [f32] {
-        assert!(c < self.chunks);
-        let off = self.flag_bytes + self.threads * self.thread_bytes + c * self.chunk_bytes;
-        // SAFETY: the chunk area starts after the flags and worker slices and holds `chunks`
-        // chunks of `chunk_bytes` (a multiple of 64) inside the buffer (`new`'s contract), so
-        // the range is in bounds and 4-aligned; f32 has no invalid bit patterns and exclusive
-        // access is the caller's guarantee.
-        unsafe {
-            core::slice::from_raw_parts_mut(
-                self.base.as_ptr().add(off).cast::<f32>(),
-                self.chunk_bytes / 4,
-            )
-        }
+        // SAFETY: the range is in bounds and 4-aligned (`chunk_ptr`); f32 has no invalid bit
+        // patterns and exclusive access is the caller's guarantee.
+        unsafe { core::slice::from_raw_parts_mut(self.chunk_ptr(c), self.chunk_bytes / 4) }
     }
-}
 
-impl Scratch {
     /// The partial result of chunk `c` (row path), read-only.
     ///
     /// # Safety
     /// No mutable reference to chunk `c` may be alive while the returned one is, and its
     /// floats must have been written.
     pub(crate) unsafe fn chunk_ref(&self, c: usize) -> &[f32] {
+        // SAFETY: in bounds and aligned (`chunk_ptr`); no writer exists (caller's guarantee).
+        unsafe { core::slice::from_raw_parts(self.chunk_ptr(c), self.chunk_bytes / 4) }
+    }
+
+    /// The first float of chunk `c`, 64-aligned, with `chunk_bytes` bytes of the buffer
+    /// behind it; panics unless `c < chunks`.
+    fn chunk_ptr(&self, c: usize) -> *mut f32 {
         assert!(c < self.chunks);
         let off = self.flag_bytes + self.threads * self.thread_bytes + c * self.chunk_bytes;
-        // SAFETY: in bounds and aligned as in `chunk`; no writer exists (caller's guarantee).
-        unsafe {
-            core::slice::from_raw_parts(
-                self.base.as_ptr().add(off).cast::<f32>(),
-                self.chunk_bytes / 4,
-            )
-        }
+        // SAFETY: the chunk area starts after the flags and worker slices and holds `chunks`
+        // chunks of `chunk_bytes` (a multiple of 64) inside the buffer (`new`'s contract), so
+        // `off` is in bounds.
+        unsafe { self.base.as_ptr().add(off).cast::<f32>() }
     }
 }
 

@@ -4,7 +4,7 @@
 
 mod common;
 
-use caching_allocator::{AllocError, TempAllocator};
+use caching_allocator::AllocError;
 use common::*;
 use sdpa::{
     attention_dyn, attention_quantized, attention_typed, quantize_kv, Bf16, Dtype, KvRef, Params,
@@ -383,29 +383,6 @@ fn quantize_kv_checks_its_arguments() {
     let e = call(&rows, vals, scales, zps, &over);
     assert!(matches!(e, SdpaError::KvOverflow { .. }), "{e:?}");
     assert_eq!(c.kv[0], before, "nothing written");
-}
-
-/// Hands out memory one byte past a 64-byte boundary.
-struct MisalignedAlloc(PoisonAlloc);
-
-// SAFETY: NOT upheld on purpose for alignment (the kernel must refuse the pointer before any
-// use; this test checks it does). The block is valid for `size` bytes (`size + align` were
-// allocated).
-unsafe impl TempAllocator for MisalignedAlloc {
-    fn allocate(&self, size: usize, align: usize) -> Result<std::ptr::NonNull<u8>, AllocError> {
-        let p = self.0.allocate(size + align, align)?;
-        // SAFETY: `p + 1` is inside the `size + align` bytes just allocated.
-        Ok(unsafe { p.add(1) })
-    }
-}
-
-// SAFETY: the reset takes back exactly what this type's `allocate` handed out, as the
-// `TempAllocator` impl above describes.
-unsafe impl caching_allocator::TempReset for MisalignedAlloc {
-    unsafe fn reset_unchecked(&self) {
-        // SAFETY: forwarded under the caller's guarantee.
-        unsafe { self.0.reset_unchecked() }
-    }
 }
 
 /// A refused (too small a budget) or misaligned scratch buffer is reported on every

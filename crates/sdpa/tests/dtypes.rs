@@ -119,6 +119,16 @@ fn each_level(mut f: impl FnMut(&str)) {
     }
 }
 
+/// The call asked `temp` for one buffer, of the documented scratch size.
+fn assert_one_request(temp: &PoisonAlloc, sh: &Shape, dtype: Dtype, cache: KvCache, what: &str) {
+    let bytes = scratch_bytes_for(sh, rayon::current_num_threads(), dtype, cache).unwrap();
+    assert_eq!(
+        *temp.requests.lock().unwrap(),
+        vec![(bytes, SCRATCH_ALIGN)],
+        "{what}"
+    );
+}
+
 fn dense<T: Element>() {
     each_level(|level| {
         for (name, sh) in shapes() {
@@ -131,33 +141,27 @@ fn dense<T: Element>() {
                 attention_typed(&q, &k, &v, &mut out, &sh, &p, &temp).unwrap();
                 let what = format!("{} {level} {name} causal={}", T::DTYPE, p.causal);
                 check_out(&out, &want, &what);
-                let bytes =
-                    scratch_bytes_for(&sh, rayon::current_num_threads(), T::DTYPE, KvCache::Dense)
-                        .unwrap();
-                assert_eq!(
-                    *temp.requests.lock().unwrap(),
-                    vec![(bytes, SCRATCH_ALIGN)],
-                    "{what}"
-                );
+                assert_one_request(&temp, &sh, T::DTYPE, KvCache::Dense, &what);
             }
         }
     });
 }
 
-#[test]
-fn f32_matrix() {
-    dense::<f32>();
+/// One `#[test]` per element type, each running a whole matrix (so a failure names its type).
+macro_rules! per_dtype {
+    ($($name:ident => $run:expr),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            $run;
+        }
+    )*};
 }
 
-#[test]
-fn bf16_matrix() {
-    dense::<Bf16>();
-}
-
-#[test]
-fn f16_matrix() {
-    dense::<F16>();
-}
+per_dtype!(
+    f32_matrix => dense::<f32>(),
+    bf16_matrix => dense::<Bf16>(),
+    f16_matrix => dense::<F16>(),
+);
 
 /// An int8 cache `[batch, cap, kv_heads, d]` with NaN scales everywhere (so a position never
 /// written would poison any output that read it).
@@ -298,14 +302,7 @@ fn quantized<T: Element>() {
                 let what = format!("int8 kv, {} {level} {name} causal={}", T::DTYPE, p.causal);
                 let extra = q16_bound(&widen(&q), &kc, &vd, &sh, &p) + pv16_bound(&vc, &sh);
                 check_out_plus(&out, &want, &what, extra);
-                let bytes =
-                    scratch_bytes_for(&sh, rayon::current_num_threads(), T::DTYPE, KvCache::Int8)
-                        .unwrap();
-                assert_eq!(
-                    *temp.requests.lock().unwrap(),
-                    vec![(bytes, SCRATCH_ALIGN)],
-                    "{what}"
-                );
+                assert_one_request(&temp, &sh, T::DTYPE, KvCache::Int8, &what);
                 // The quantized cache is close to the f32 one it came from (half a step).
                 let kv_len = sh.kv_len() * sh.kv_heads * sh.head_dim;
                 for (a, b) in kd[..kv_len].iter().zip(&k[..kv_len]) {
@@ -319,20 +316,11 @@ fn quantized<T: Element>() {
     });
 }
 
-#[test]
-fn int8_kv_f32_matrix() {
-    quantized::<f32>();
-}
-
-#[test]
-fn int8_kv_bf16_matrix() {
-    quantized::<Bf16>();
-}
-
-#[test]
-fn int8_kv_f16_matrix() {
-    quantized::<F16>();
-}
+per_dtype!(
+    int8_kv_f32_matrix => quantized::<f32>(),
+    int8_kv_bf16_matrix => quantized::<Bf16>(),
+    int8_kv_f16_matrix => quantized::<F16>(),
+);
 
 /// Long prefill and long decode through the conversion paths (several tiles and chunks).
 #[test]

@@ -17,6 +17,21 @@ macro_rules! feat {
     };
 }
 
+/// `op` over the 8 lanes: the two halves, then the pairs of 64-bit halves, then the last two
+/// lanes (`op` works lane-wise on `__m128`).
+///
+/// # Safety
+/// The CPU has AVX (the caller's token).
+#[inline(always)]
+unsafe fn reduce(v: __m256, op: impl Fn(__m128, __m128) -> __m128) -> f32 {
+    // SAFETY: the caller's token proves AVX (and SSE, its predecessor).
+    unsafe {
+        let x = op(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let x = op(x, _mm_movehl_ps(x, x));
+        _mm_cvtss_f32(op(x, _mm_shuffle_ps::<1>(x, x)))
+    }
+}
+
 // SAFETY: a value of `Avx2` exists only when `Level::Avx2.is_available()` (or its caller
 // promised so); every primitive uses only AVX2, FMA, F16C and their predecessors.
 unsafe impl Simd for Avx2 {
@@ -103,21 +118,11 @@ unsafe impl Simd for Avx2 {
     }
     #[inline(always)]
     fn reduce_sum(self, v: __m256) -> f32 {
-        feat!({
-            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-            _mm_cvtss_f32(s)
-        })
+        feat!(reduce(v, |a, b| _mm_add_ps(a, b)))
     }
     #[inline(always)]
     fn reduce_max(self, v: __m256) -> f32 {
-        feat!({
-            let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-            let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
-            _mm_cvtss_f32(m)
-        })
+        feat!(reduce(v, |a, b| _mm_max_ps(a, b)))
     }
     #[inline(always)]
     fn exp2_neg(self, x: __m256) -> __m256 {
@@ -199,5 +204,53 @@ unsafe impl Simd for Avx2 {
     #[inline(always)]
     fn bits_to_f32(self, a: __m256i) -> __m256 {
         feat!(_mm256_castsi256_ps(a))
+    }
+    #[inline(always)]
+    unsafe fn load_i16(self, p: *const i16) -> __m256i {
+        // SAFETY: the features (token) and 8 readable i16 (16 bytes) at `p` (caller).
+        unsafe { _mm256_cvtepi16_epi32(_mm_loadu_si128(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn store_i16(self, p: *mut i16, v: __m256i) {
+        // SAFETY: the features (token) and 8 writable i16 (16 bytes) at `p` (caller).
+        unsafe {
+            let lo = _mm256_castsi256_si128(v);
+            let hi = _mm256_extracti128_si256::<1>(v);
+            _mm_storeu_si128(p.cast(), _mm_packs_epi32(lo, hi));
+        }
+    }
+    #[inline(always)]
+    unsafe fn madd_i16_i8(self, acc: __m256i, q: *const i16, k: *const i8) -> __m256i {
+        // SAFETY: the features (token); 16 readable i16 at `q`, 16 bytes at `k` (caller).
+        unsafe {
+            let kv = _mm256_cvtepi8_epi16(_mm_loadu_si128(k.cast()));
+            let qv = _mm256_loadu_si256(q.cast());
+            _mm256_add_epi32(acc, _mm256_madd_epi16(qv, kv))
+        }
+    }
+    #[inline(always)]
+    unsafe fn madd_rows_i8(
+        self,
+        acc: [__m256i; 2],
+        w: __m256i,
+        a: *const i8,
+        b: *const i8,
+    ) -> [__m256i; 2] {
+        // SAFETY: the features (token); 16 readable bytes at `a` and at `b` (caller).
+        unsafe {
+            let (x, y) = (_mm_loadu_si128(a.cast()), _mm_loadu_si128(b.cast()));
+            // Bytes interleaved `a[j], b[j]` and widened: each i16 pair meets `(w0, w1)`.
+            let lo = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(x, y));
+            let hi = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(x, y));
+            [
+                _mm256_add_epi32(acc[0], _mm256_madd_epi16(lo, w)),
+                _mm256_add_epi32(acc[1], _mm256_madd_epi16(hi, w)),
+            ]
+        }
+    }
+    #[inline(always)]
+    fn madd_rows_order(self, acc: [__m256i; 2]) -> [__m256i; 2] {
+        // The 128-bit unpacks keep column order: columns 0..8, then 8..16.
+        acc
     }
 }

@@ -24,12 +24,17 @@ macro_rules! feat {
     };
 }
 
-/// Per lane `if a > b { a } else { b }` (`b` when either is NaN), as `vmaxps` defines it.
+/// Per lane `if a > b { a } else { b }` (`MAX`) or `if a < b { a } else { b }`: `b` when
+/// either is NaN, as `vmaxps` / `vminps` define it.
 #[inline(always)]
-fn max_ps(a: __m512, b: __m512) -> __m512 {
+fn pick_ps<const MAX: bool>(a: __m512, b: __m512) -> __m512 {
     #[cfg(not(miri))]
     {
-        feat!(_mm512_max_ps(a, b))
+        if MAX {
+            feat!(_mm512_max_ps(a, b))
+        } else {
+            feat!(_mm512_min_ps(a, b))
+        }
     }
     #[cfg(miri)]
     {
@@ -37,25 +42,14 @@ fn max_ps(a: __m512, b: __m512) -> __m512 {
         // in both.
         let (a, b): ([f32; 16], [f32; 16]) =
             unsafe { (core::mem::transmute(a), core::mem::transmute(b)) };
-        let m: [f32; 16] = core::array::from_fn(|i| if a[i] > b[i] { a[i] } else { b[i] });
-        // SAFETY: as above.
-        unsafe { core::mem::transmute(m) }
-    }
-}
-
-/// Per lane `if a < b { a } else { b }`, as `vminps` defines it.
-#[inline(always)]
-fn min_ps(a: __m512, b: __m512) -> __m512 {
-    #[cfg(not(miri))]
-    {
-        feat!(_mm512_min_ps(a, b))
-    }
-    #[cfg(miri)]
-    {
-        // SAFETY: as in `max_ps`.
-        let (a, b): ([f32; 16], [f32; 16]) =
-            unsafe { (core::mem::transmute(a), core::mem::transmute(b)) };
-        let m: [f32; 16] = core::array::from_fn(|i| if a[i] < b[i] { a[i] } else { b[i] });
+        let m: [f32; 16] = core::array::from_fn(|i| {
+            let keep_a = if MAX { a[i] > b[i] } else { a[i] < b[i] };
+            if keep_a {
+                a[i]
+            } else {
+                b[i]
+            }
+        });
         // SAFETY: as above.
         unsafe { core::mem::transmute(m) }
     }
@@ -140,11 +134,11 @@ unsafe impl Simd for Avx512 {
     }
     #[inline(always)]
     fn max(self, a: __m512, b: __m512) -> __m512 {
-        max_ps(a, b)
+        pick_ps::<true>(a, b)
     }
     #[inline(always)]
     fn min(self, a: __m512, b: __m512) -> __m512 {
-        min_ps(a, b)
+        pick_ps::<false>(a, b)
     }
     #[inline(always)]
     fn reduce_sum(self, v: __m512) -> f32 {
@@ -160,7 +154,7 @@ unsafe impl Simd for Avx512 {
         // constant's plus `n` (its unit in the last place is 1), and subtracting the constant
         // back gives `n` as a float (no `vrndscaleps`, which Miri lacks).
         const MAGIC: f32 = 12_582_912.0;
-        let x = max_ps(x, self.splat(-127.0));
+        let x = pick_ps::<true>(x, self.splat(-127.0));
         feat!({
             let big = _mm512_add_ps(x, _mm512_set1_ps(MAGIC));
             let n = _mm512_sub_ps(big, _mm512_set1_ps(MAGIC));
@@ -236,5 +230,61 @@ unsafe impl Simd for Avx512 {
     #[inline(always)]
     fn bits_to_f32(self, a: __m512i) -> __m512 {
         feat!(_mm512_castsi512_ps(a))
+    }
+    #[inline(always)]
+    unsafe fn load_i16(self, p: *const i16) -> __m512i {
+        // SAFETY: the features (token) and 16 readable i16 (32 bytes) at `p` (caller).
+        unsafe { _mm512_cvtepi16_epi32(_mm256_loadu_si256(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn store_i16(self, p: *mut i16, v: __m512i) {
+        // The 256-bit saturating pack (not `vpmovsdw`, which Miri lacks): it interleaves
+        // the halves' 128-bit blocks, which the permute puts back in order.
+        // SAFETY: the features (token) and 16 writable i16 (32 bytes) at `p` (caller).
+        unsafe {
+            let lo = _mm512_castsi512_si256(v);
+            let hi = _mm512_extracti64x4_epi64::<1>(v);
+            let packed = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(lo, hi));
+            _mm256_storeu_si256(p.cast(), packed);
+        }
+    }
+    #[inline(always)]
+    unsafe fn madd_i16_i8(self, acc: __m512i, q: *const i16, k: *const i8) -> __m512i {
+        // SAFETY: the features (token); 32 readable i16 at `q`, 32 bytes at `k` (caller).
+        unsafe {
+            let kv = _mm512_cvtepi8_epi16(_mm256_loadu_si256(k.cast()));
+            let qv = _mm512_loadu_si512(q.cast());
+            _mm512_add_epi32(acc, _mm512_madd_epi16(qv, kv))
+        }
+    }
+    #[inline(always)]
+    unsafe fn madd_rows_i8(
+        self,
+        acc: [__m512i; 2],
+        w: __m512i,
+        a: *const i8,
+        b: *const i8,
+    ) -> [__m512i; 2] {
+        // SAFETY: the features (token); 32 readable bytes at `a` and at `b` (caller).
+        unsafe {
+            let (x, y) = (_mm256_loadu_si256(a.cast()), _mm256_loadu_si256(b.cast()));
+            // The 256-bit unpacks work per 128-bit half: `lo` holds columns 0..8 and
+            // 16..24, `hi` 8..16 and 24..32 (put in order by `madd_rows_order`).
+            let lo = _mm512_cvtepi8_epi16(_mm256_unpacklo_epi8(x, y));
+            let hi = _mm512_cvtepi8_epi16(_mm256_unpackhi_epi8(x, y));
+            [
+                _mm512_add_epi32(acc[0], _mm512_madd_epi16(lo, w)),
+                _mm512_add_epi32(acc[1], _mm512_madd_epi16(hi, w)),
+            ]
+        }
+    }
+    #[inline(always)]
+    fn madd_rows_order(self, acc: [__m512i; 2]) -> [__m512i; 2] {
+        // 128-bit blocks of acc[0]: columns 0..4, 4..8, 16..20, 20..24; of acc[1]: 8..12,
+        // 12..16, 24..28, 28..32.
+        feat!([
+            _mm512_shuffle_i64x2::<0x44>(acc[0], acc[1]),
+            _mm512_shuffle_i64x2::<0xEE>(acc[0], acc[1]),
+        ])
     }
 }

@@ -41,6 +41,22 @@ macro_rules! instantiate {
             [$($($gp: $gb),+)?] ($($arg: $ty),*) [$($ret)?] $body }
         $crate::instantiate! { $($rest)* }
     };
+    // One ISA's instantiation: the body compiled with the level's target features, on a
+    // token made without a check (the caller promises the features).
+    (@isa $(#[$doc:meta])* $isa:ident $arch:literal $features:literal $token:ident
+        [$($gp:ident : $gb:path),*] ($($arg:ident : $ty:ty),*) [$($ret:ty)?] $body:ident) => {
+        $(#[$doc])*
+        #[cfg(target_arch = $arch)]
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $isa<$($gp: $gb),*>($($arg: $ty),*) $(-> $ret)? {
+            // SAFETY: the CPU has the token's features (this function's contract).
+            let s = unsafe { <$crate::$token as $crate::Simd>::new_unchecked() };
+            #[allow(unused_unsafe)]
+            // SAFETY: forwarded from this function's contract.
+            unsafe { super::$body(s, $($arg),*) }
+        }
+    };
     (@emit [$($uns:tt)?] $(#[$meta:meta])* $vis:vis $name:ident [$($gp:ident : $gb:path),*]
         ($($arg:ident : $ty:ty),*) [$($ret:ty)?] $body:ident) => {
         $(#[$meta])*
@@ -61,52 +77,32 @@ macro_rules! instantiate {
                 $($uns)? { super::$body($crate::Portable, $($arg),*) }
             }
 
-            /// The kernel compiled for AVX2 + FMA + F16C.
-            ///
-            /// # Safety
-            /// The CPU has AVX2, FMA and F16C (`Level::Avx2.is_available()`), and the body's
-            /// contract holds if it has one.
-            #[cfg(target_arch = "x86_64")]
-            #[target_feature(enable = "avx2,fma,f16c")]
-            #[allow(clippy::too_many_arguments)]
-            pub unsafe fn avx2<$($gp: $gb),*>($($arg: $ty),*) $(-> $ret)? {
-                // SAFETY: the CPU has the token's features (this function's contract).
-                let s = unsafe { <$crate::Avx2 as $crate::Simd>::new_unchecked() };
-                #[allow(unused_unsafe)]
-                // SAFETY: forwarded from this function's contract.
-                unsafe { super::$body(s, $($arg),*) }
+            $crate::instantiate! { @isa
+                /// The kernel compiled for AVX2 + FMA + F16C.
+                ///
+                /// # Safety
+                /// The CPU has AVX2, FMA and F16C (`Level::Avx2.is_available()`), and the
+                /// body's contract holds if it has one.
+                avx2 "x86_64" "avx2,fma,f16c" Avx2
+                [$($gp: $gb),*] ($($arg: $ty),*) [$($ret)?] $body
             }
-
-            /// The kernel compiled for AVX-512F + AVX-512BW (with AVX2, FMA, F16C).
-            ///
-            /// # Safety
-            /// The CPU has those features (`Level::Avx512.is_available()`), and the body's
-            /// contract holds if it has one.
-            #[cfg(target_arch = "x86_64")]
-            #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-            #[allow(clippy::too_many_arguments)]
-            pub unsafe fn avx512<$($gp: $gb),*>($($arg: $ty),*) $(-> $ret)? {
-                // SAFETY: the CPU has the token's features (this function's contract).
-                let s = unsafe { <$crate::Avx512 as $crate::Simd>::new_unchecked() };
-                #[allow(unused_unsafe)]
-                // SAFETY: forwarded from this function's contract.
-                unsafe { super::$body(s, $($arg),*) }
+            $crate::instantiate! { @isa
+                /// The kernel compiled for AVX-512F + AVX-512BW (with AVX2, FMA, F16C).
+                ///
+                /// # Safety
+                /// The CPU has those features (`Level::Avx512.is_available()`), and the body's
+                /// contract holds if it has one.
+                avx512 "x86_64" "avx512f,avx512bw,avx2,fma,f16c" Avx512
+                [$($gp: $gb),*] ($($arg: $ty),*) [$($ret)?] $body
             }
-
-            /// The kernel compiled for NEON.
-            ///
-            /// # Safety
-            /// The CPU has NEON (`Level::Neon.is_available()`), and the body's contract holds
-            /// if it has one.
-            #[cfg(target_arch = "aarch64")]
-            #[target_feature(enable = "neon")]
-            #[allow(clippy::too_many_arguments)]
-            pub unsafe fn neon<$($gp: $gb),*>($($arg: $ty),*) $(-> $ret)? {
-                // SAFETY: the CPU has the token's features (this function's contract).
-                let s = unsafe { <$crate::Neon as $crate::Simd>::new_unchecked() };
-                #[allow(unused_unsafe)]
-                // SAFETY: forwarded from this function's contract.
-                unsafe { super::$body(s, $($arg),*) }
+            $crate::instantiate! { @isa
+                /// The kernel compiled for NEON.
+                ///
+                /// # Safety
+                /// The CPU has NEON (`Level::Neon.is_available()`), and the body's contract
+                /// holds if it has one.
+                neon "aarch64" "neon" Neon
+                [$($gp: $gb),*] ($($arg: $ty),*) [$($ret)?] $body
             }
 
             /// The kernel on `level`, or on the portable level if this CPU does not run

@@ -225,6 +225,87 @@ pub unsafe trait Simd: Copy + Send + Sync + 'static {
     fn f32_to_bits(self, a: Self::F32) -> Self::I32;
     /// Each lane's bits as an f32.
     fn bits_to_f32(self, a: Self::I32) -> Self::F32;
+
+    /// `LANES` i32 from `p` (any alignment): the float load and a bit cast, which moves the
+    /// bits unchanged on every level.
+    ///
+    /// # Safety
+    /// `p` is readable for `LANES` i32.
+    #[inline(always)]
+    unsafe fn load_i32(self, p: *const i32) -> Self::I32 {
+        // SAFETY: `p` is readable for LANES 4-byte lanes (caller).
+        self.f32_to_bits(unsafe { self.load(p.cast()) })
+    }
+    /// Writes the lanes to `p` (any alignment), as [`Simd::load_i32`] reads them.
+    ///
+    /// # Safety
+    /// `p` is writable for `LANES` i32.
+    #[inline(always)]
+    unsafe fn store_i32(self, p: *mut i32, v: Self::I32) {
+        // SAFETY: `p` is writable for LANES 4-byte lanes (caller).
+        unsafe { self.store(p.cast(), self.bits_to_f32(v)) }
+    }
+    /// `LANES` i16 from `p`, each sign-extended to an i32 lane.
+    ///
+    /// # Safety
+    /// `p` is readable for `LANES` i16.
+    unsafe fn load_i16(self, p: *const i16) -> Self::I32;
+    /// Writes the lanes to `p` as i16, each saturated to `i16::MIN..=i16::MAX`.
+    ///
+    /// # Safety
+    /// `p` is writable for `LANES` i16.
+    unsafe fn store_i16(self, p: *mut i16, v: Self::I32);
+    /// The integer multiply-add of a dot product of i16 and int8 (`vpmaddwd` on x86):
+    /// lane `i` of the result is `acc[i] + q[2i] * k[2i] + q[2i + 1] * k[2i + 1]` (wrapping),
+    /// over `2 * LANES` i16 at `q` and `2 * LANES` sign-extended bytes at `k`.
+    ///
+    /// # Safety
+    /// `q` is readable for `2 * LANES` i16, `k` for `2 * LANES` bytes.
+    unsafe fn madd_i16_i8(self, acc: Self::I32, q: *const i16, k: *const i8) -> Self::I32;
+    /// Two int8 rows weighted by a pair of i16, `2 * LANES` columns: each lane of `w` holds
+    /// `w0` in its low and `w1` in its high 16 bits (`splat_i32(w0 as u16 as i32 | w1 << 16)`),
+    /// and column `j`'s `w0 * a[j] + w1 * b[j]` is added (wrapping) to one lane of `acc`, in
+    /// an order of this ISA's choosing (the one its instructions produce cheaply);
+    /// [`Simd::madd_rows_order`] puts the lanes in column order. Sums of several calls stay in
+    /// that order, so one reorder serves them all.
+    ///
+    /// # Safety
+    /// `a` and `b` are readable for `2 * LANES` bytes each.
+    unsafe fn madd_rows_i8(
+        self,
+        acc: [Self::I32; 2],
+        w: Self::I32,
+        a: *const i8,
+        b: *const i8,
+    ) -> [Self::I32; 2];
+    /// Accumulators of [`Simd::madd_rows_i8`] in column order: lane `i` of the first vector
+    /// is column `i`, of the second column `LANES + i`.
+    fn madd_rows_order(self, acc: [Self::I32; 2]) -> [Self::I32; 2];
+}
+
+/// `|a|` lane-wise (the sign bit cleared; NaNs stay NaN).
+#[inline(always)]
+pub fn abs<S: Simd>(s: S, a: S::F32) -> S::F32 {
+    s.bits_to_f32(s.and_i32(s.f32_to_bits(a), s.splat_i32(0x7fff_ffff)))
+}
+
+/// `a` rounded to the nearest integer, ties to even, as i32 lanes, for `|a| <= 2^22` (other
+/// lanes give unspecified values): `1.5 * 2^23` is added, which leaves the integer in the low
+/// bits of the sum. Unlike [`Simd::f32_to_i32`] it needs no rounding-mode instruction, so it
+/// runs under Miri at every level.
+#[inline(always)]
+pub fn round_small<S: Simd>(s: S, a: S::F32) -> S::I32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
+    let big = s.f32_to_bits(s.add(a, s.splat(MAGIC)));
+    s.sub_i32(big, s.splat_i32(MAGIC.to_bits() as i32))
+}
+
+/// `a * 0` lane-wise: NaN where `a` is NaN or infinite, a (signed) zero elsewhere. Summed
+/// over a row with [`Simd::add`], its [`Simd::reduce_sum`] is NaN exactly when the row holds
+/// a NaN or an infinity (a check without a compare instruction).
+#[inline(always)]
+pub fn non_finite<S: Simd>(s: S, a: S::F32) -> S::F32 {
+    s.mul(a, s.zero())
 }
 
 /// The low and high nibbles of `LANES` bytes at `p`, zero-extended to i32 lanes: lane `i` of

@@ -196,4 +196,47 @@ unsafe impl Simd for Neon {
     fn bits_to_f32(self, a: int32x4_t) -> float32x4_t {
         feat!(vreinterpretq_f32_s32(a))
     }
+    #[inline(always)]
+    unsafe fn load_i16(self, p: *const i16) -> int32x4_t {
+        feat!(vmovl_s16(vld1_s16(p)))
+    }
+    #[inline(always)]
+    unsafe fn store_i16(self, p: *mut i16, v: int32x4_t) {
+        feat!(vst1_s16(p, vqmovn_s32(v)))
+    }
+    #[inline(always)]
+    unsafe fn madd_i16_i8(self, acc: int32x4_t, q: *const i16, k: *const i8) -> int32x4_t {
+        feat!({
+            let (qv, kv) = (vld1q_s16(q), vmovl_s8(vld1_s8(k)));
+            let lo = vmull_s16(vget_low_s16(qv), vget_low_s16(kv));
+            let hi = vmull_high_s16(qv, kv);
+            // Adjacent products summed pairwise, as `vpmaddwd` does.
+            vaddq_s32(acc, vpaddq_s32(lo, hi))
+        })
+    }
+    #[inline(always)]
+    unsafe fn madd_rows_i8(
+        self,
+        acc: [int32x4_t; 2],
+        w: int32x4_t,
+        a: *const i8,
+        b: *const i8,
+    ) -> [int32x4_t; 2] {
+        feat!({
+            let (x, y) = (vmovl_s8(vld1_s8(a)), vmovl_s8(vld1_s8(b)));
+            // i16 lanes 0 and 1 of `w` are the pair (w0, w1).
+            let w = vreinterpretq_s16_s32(w);
+            let lo = vmlal_laneq_s16::<0>(acc[0], vget_low_s16(x), w);
+            let hi = vmlal_laneq_s16::<0>(acc[1], vget_high_s16(x), w);
+            [
+                vmlal_laneq_s16::<1>(lo, vget_low_s16(y), w),
+                vmlal_laneq_s16::<1>(hi, vget_high_s16(y), w),
+            ]
+        })
+    }
+    #[inline(always)]
+    fn madd_rows_order(self, acc: [int32x4_t; 2]) -> [int32x4_t; 2] {
+        // Widened halves keep column order.
+        acc
+    }
 }

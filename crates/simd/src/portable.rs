@@ -178,4 +178,55 @@ unsafe impl Simd for Portable {
     fn bits_to_f32(self, a: [i32; L]) -> [f32; L] {
         map(a, |x| f32::from_bits(x as u32))
     }
+    #[inline(always)]
+    unsafe fn load_i16(self, p: *const i16) -> [i32; L] {
+        // SAFETY: `p` is readable for LANES i16 (caller).
+        let h = unsafe { p.cast::<[i16; L]>().read_unaligned() };
+        map(h, i32::from)
+    }
+    #[inline(always)]
+    unsafe fn store_i16(self, p: *mut i16, v: [i32; L]) {
+        let h = map(v, |x| x.clamp(i16::MIN.into(), i16::MAX.into()) as i16);
+        // SAFETY: `p` is writable for LANES i16 (caller).
+        unsafe { p.cast::<[i16; L]>().write_unaligned(h) }
+    }
+    #[inline(always)]
+    unsafe fn madd_i16_i8(self, acc: [i32; L], q: *const i16, k: *const i8) -> [i32; L] {
+        // SAFETY: `q` is readable for 2 * LANES i16, `k` for 2 * LANES bytes (caller).
+        let (q, k) = unsafe {
+            (
+                q.cast::<[i16; 2 * L]>().read_unaligned(),
+                k.cast::<[i8; 2 * L]>().read_unaligned(),
+            )
+        };
+        let pair = |j: usize| i32::from(q[j]) * i32::from(k[j]);
+        core::array::from_fn(|i| {
+            acc[i]
+                .wrapping_add(pair(2 * i))
+                .wrapping_add(pair(2 * i + 1))
+        })
+    }
+    #[inline(always)]
+    unsafe fn madd_rows_i8(
+        self,
+        acc: [[i32; L]; 2],
+        w: [i32; L],
+        a: *const i8,
+        b: *const i8,
+    ) -> [[i32; L]; 2] {
+        // SAFETY: `a` and `b` are readable for 2 * LANES bytes each (caller).
+        let (a, b) = unsafe {
+            (
+                a.cast::<[i8; 2 * L]>().read_unaligned(),
+                b.cast::<[i8; 2 * L]>().read_unaligned(),
+            )
+        };
+        let (w0, w1) = (i32::from(w[0] as i16), w[0] >> 16);
+        let col = |j: usize| w0 * i32::from(a[j]) + w1 * i32::from(b[j]);
+        core::array::from_fn(|v| core::array::from_fn(|i| acc[v][i].wrapping_add(col(v * L + i))))
+    }
+    #[inline(always)]
+    fn madd_rows_order(self, acc: [[i32; L]; 2]) -> [[i32; L]; 2] {
+        acc
+    }
 }

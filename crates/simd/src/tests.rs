@@ -1,6 +1,9 @@
 //! Every primitive of every level this CPU runs, against scalar Rust.
 
-use crate::{available_levels, bf16_to_f32, dot, f16_to_f32, load_nibbles, Level, Simd};
+use crate::{
+    abs, available_levels, bf16_to_f32, dot, f16_to_f32, load_nibbles, non_finite, round_small,
+    Level, Simd,
+};
 
 fn lanes<S: Simd>(s: S, v: S::F32) -> Vec<f32> {
     let mut buf = [0f32; 64];
@@ -198,6 +201,98 @@ fn check_int_body<S: Simd>(s: S) {
     );
 }
 
+/// The integer dot-product pieces, the i16 / i32 loads and stores and the float helpers
+/// built on the primitives.
+#[inline(always)]
+fn check_madd_body<S: Simd>(s: S) {
+    let l = S::LANES;
+    let q: Vec<i16> = (0..2 * l as i32)
+        .map(|i| (i * 9_001 % 65_536 - 32_768) as i16)
+        .collect();
+    let k: Vec<i8> = (0..2 * l as i32)
+        .map(|i| (i * 77 % 256) as u8 as i8)
+        .collect();
+    let acc0: Vec<i32> = (0..l as i32).map(|i| i * 1_000 - 5).collect();
+    // SAFETY: `acc0` holds LANES i32; `q` 2 * LANES i16; `k` 2 * LANES bytes.
+    let got = unsafe {
+        let acc = s.load_i32(acc0.as_ptr());
+        lanes_i32(s, s.madd_i16_i8(acc, q.as_ptr(), k.as_ptr()))
+    };
+    let want: Vec<i32> = (0..l)
+        .map(|i| {
+            let p = |j: usize| i32::from(q[j]) * i32::from(k[j]);
+            acc0[i] + p(2 * i) + p(2 * i + 1)
+        })
+        .collect();
+    assert_eq!(got, want, "madd_i16_i8");
+
+    let (w0, w1) = (-32_767i16, 12_345i16);
+    let w = s.splat_i32(i32::from(w0 as u16) | i32::from(w1) << 16);
+    let a: Vec<i8> = (0..2 * l as i32)
+        .map(|i| (i * 53 % 256) as u8 as i8)
+        .collect();
+    let b: Vec<i8> = (0..2 * l as i32)
+        .map(|i| (i * 91 + 7) as u8 as i8)
+        .collect();
+    let col = |j: usize| i32::from(w0) * i32::from(a[j]) + i32::from(w1) * i32::from(b[j]);
+    let mut acc = [s.splat_i32(0), s.splat_i32(0)];
+    for _ in 0..3 {
+        // SAFETY: `a` and `b` hold 2 * LANES bytes.
+        acc = unsafe { s.madd_rows_i8(acc, w, a.as_ptr(), b.as_ptr()) };
+    }
+    let [c0, c1] = s.madd_rows_order(acc);
+    let got: Vec<i32> = lanes_i32(s, c0)
+        .into_iter()
+        .chain(lanes_i32(s, c1))
+        .collect();
+    let want: Vec<i32> = (0..2 * l).map(|j| 3 * col(j)).collect();
+    assert_eq!(got, want, "madd_rows_i8, three calls, then the order");
+
+    let wide: Vec<i32> = (0..l as i32).map(|i| (i - 2) * 20_000).collect();
+    let mut out = vec![0i16; l + 1];
+    // SAFETY: `wide` holds LANES i32, `out` LANES + 1 i16.
+    let (back, reloaded) = unsafe {
+        let v = s.load_i32(wide.as_ptr());
+        s.store_i16(out.as_mut_ptr(), v);
+        let mut back = vec![0i32; l];
+        s.store_i32(back.as_mut_ptr(), v);
+        (back, lanes_i32(s, s.load_i16(out.as_ptr())))
+    };
+    assert_eq!(back, wide, "load_i32 / store_i32");
+    let sat: Vec<i16> = wide
+        .iter()
+        .map(|&x| x.clamp(-32_768, 32_767) as i16)
+        .collect();
+    assert_eq!(out[..l], sat[..], "store_i16 saturates");
+    assert_eq!(out[l], 0, "store_i16 wrote past LANES");
+    let sat: Vec<i32> = sat.into_iter().map(i32::from).collect();
+    assert_eq!(reloaded, sat, "load_i16");
+
+    let x: Vec<f32> = (0..l).map(|i| i as f32 * 2.75 - 9.5).collect();
+    let want: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+    assert_eq!(lanes(s, abs(s, vec_of(s, &x))), want, "abs");
+    let want: Vec<i32> = x.iter().map(|v| v.round_ties_even() as i32).collect();
+    assert_eq!(
+        lanes_i32(s, round_small(s, vec_of(s, &x))),
+        want,
+        "round_small"
+    );
+    let ties: Vec<f32> = (0..l).map(|i| i as f32 - 3.5).collect();
+    let want: Vec<i32> = ties.iter().map(|v| v.round_ties_even() as i32).collect();
+    assert_eq!(lanes_i32(s, round_small(s, vec_of(s, &ties))), want, "ties");
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut y = x.clone();
+        y[l - 1] = bad;
+        let sum = s.reduce_sum(non_finite(s, vec_of(s, &y)));
+        assert!(sum.is_nan(), "non_finite({bad})");
+    }
+    assert_eq!(
+        s.reduce_sum(non_finite(s, vec_of(s, &x))),
+        0.0,
+        "finite row"
+    );
+}
+
 #[inline(always)]
 fn dot_body<S: Simd>(s: S, a: &[f32], b: &[f32]) -> f32 {
     dot(s, a, b)
@@ -218,6 +313,8 @@ crate::instantiate! {
     fn check_convert() = check_convert_body;
     /// Integer primitives.
     fn check_int() = check_int_body;
+    /// Integer dot-product primitives and the float helpers.
+    fn check_madd() = check_madd_body;
     /// The dot product helper.
     fn dot_at(a: &[f32], b: &[f32]) -> f32 = dot_body;
 }
@@ -237,6 +334,7 @@ fn every_level_matches_scalar() {
         check_float::run(level);
         check_convert::run(level);
         check_int::run(level);
+        check_madd::run(level);
     }
 }
 

@@ -6,15 +6,15 @@
 //! example.
 
 use std::hint::black_box;
-use std::time::Instant;
 
 use crate::measure::{
     best, decode_shape, fill, gbs, interleaved, median, prefill_flops, prefill_shape, sgemm,
-    stream_read,
+    stream_read, Ratios,
 };
-use ::sdpa::{Params, Shape};
+use ::sdpa::{Params, SdpaError, Shape};
 
 use super::inputs::{Inputs, SdpaDtype};
+use super::SdpaConfig;
 use crate::source::TempReset;
 
 /// Decode's efficiency at one KV length.
@@ -33,10 +33,9 @@ pub struct DecodeEfficiency {
     /// Best kernel GB/s, counting the K and V bytes read (int8: values, scales and zero
     /// points).
     pub kernel_gbs: f64,
-    /// `kernel_gbs / stream_gbs`.
-    pub ratio_best: f64,
-    /// Median over rounds of the same-round ratio.
-    pub ratio_median: f64,
+    /// Its ratios to the baseline (best, median), flattened into the JSON.
+    #[serde(flatten)]
+    pub ratios: Ratios,
     /// Best time of one attention call (one layer), milliseconds, the calls made from a
     /// worker of the rayon pool.
     pub ms_per_call: f64,
@@ -58,12 +57,22 @@ pub struct PrefillEfficiency {
     pub sgemm_gflops: f64,
     /// Best kernel GFLOP/s.
     pub kernel_gflops: f64,
-    /// `kernel_gflops / sgemm_gflops`.
-    pub ratio_best: f64,
-    /// Median over rounds of the same-round ratio.
-    pub ratio_median: f64,
+    /// Its ratios to the baseline (best, median), flattened into the JSON.
+    #[serde(flatten)]
+    pub ratios: Ratios,
     /// Best time of one attention call (one layer), milliseconds.
     pub ms_per_call: f64,
+}
+
+/// What both efficiency probes run on: the model's heads, head_dim and efficiency settings
+/// (`cfg`), a dtype, and the allocator the kernel's scratch comes from (reset after every call).
+pub struct Probe<'a> {
+    /// The model and the probes' settings (`eff_*`).
+    pub cfg: &'a SdpaConfig,
+    /// The dtype column.
+    pub dtype: SdpaDtype,
+    /// The kernel's temp allocator.
+    pub temp: &'a (dyn TempReset + Sync),
 }
 
 /// Runs `f` on a worker of the current rayon pool (inline when the caller is one, as
@@ -108,31 +117,22 @@ fn call_each(
     black_box(inputs);
 }
 
-/// Measures decode in `dtype` at `kv_len` over enough separate layer caches to span
-/// `span_bytes` of K/V (at most 64), against a streaming read of a `span_bytes` buffer on the
-/// same threads, `reps` rounds: both count the bytes they must read (for int8, the values, the
-/// scales and the zero points). Scratch comes from `temp`, reset after every call. A round's
-/// layer calls run on a worker of the current rayon pool (inline when the caller is one), as a
+/// Measures decode in the probe's dtype at `kv_len` over enough separate layer caches to span
+/// `cfg.eff_span_bytes` of K/V (at most 64), against a streaming read of a buffer that size on
+/// the same threads, `cfg.eff_rounds` rounds: both count the bytes they must read (for int8,
+/// the values, the scales and the zero points). A round's layer calls run on a worker of the current rayon pool (inline when the caller is one), as a
 /// model's forward pass does.
-#[allow(clippy::too_many_arguments)]
-pub fn decode_efficiency(
-    dtype: SdpaDtype,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    kv_len: usize,
-    span_bytes: usize,
-    reps: usize,
-    temp: &(dyn TempReset + Sync),
-) -> Result<DecodeEfficiency, sdpa::SdpaError> {
-    let sh = decode_shape(heads, kv_heads, head_dim, kv_len.max(1));
+pub fn decode_efficiency(probe: &Probe<'_>, kv_len: usize) -> Result<DecodeEfficiency, SdpaError> {
+    let (cfg, dtype, temp) = (probe.cfg, probe.dtype, probe.temp);
+    let (head_dim, span_bytes) = (cfg.head_dim, cfg.eff_span_bytes);
+    let sh = decode_shape(cfg.heads, cfg.kv_heads, head_dim, kv_len.max(1));
     let per_layer = sh.kv_elems()? / head_dim * dtype.kv_bytes_per_head_row(head_dim);
     let layers = span_bytes.div_ceil(per_layer.max(1)).clamp(1, 64);
     let mut inputs = layer_inputs(dtype, &sh, layers)?;
     let stream = fill(span_bytes.div_ceil(4).max(1), 7);
     let mut err = None;
     let rounds = interleaved(
-        reps,
+        cfg.eff_rounds,
         &mut [
             &mut || stream_read(&stream, 1),
             &mut || stream_read(&stream, 4),
@@ -159,32 +159,27 @@ pub fn decode_efficiency(
         span_bytes: sb,
         stream_gbs,
         kernel_gbs,
-        ratio_best: kernel_gbs / stream_gbs,
-        ratio_median,
+        ratios: Ratios {
+            ratio_best: kernel_gbs / stream_gbs,
+            ratio_median,
+        },
         ms_per_call: best(&rounds, 2) * 1e3 / layers as f64,
     })
 }
 
-/// Measures a causal prefill in `dtype` of `len` tokens from position 0 against sgemm on each
-/// of `sgemm_shapes` (`m, k, n`; the fastest counts), `reps` rounds. Scratch comes from `temp`.
+/// Measures a causal prefill in the probe's dtype of `len` tokens from position 0 against
+/// sgemm on each of `cfg.eff_sgemm_shapes` (`m, k, n`; the fastest counts), `cfg.eff_rounds`
+/// rounds.
 ///
 /// A round times enough layer calls back to back, each on its own inputs (as a model's layers
 /// are), for about the FLOPs of the smallest sgemm (at most 32 calls): a single 1 ms call timed
 /// right after a 20 ms sgemm measured the thread pool waking up as much as the kernel (it ran
 /// at 30% or 60% of sgemm from one round to the next at 128 tokens). The calls run on a pool
 /// worker, as decode's do (at 128 tokens that changed the time per call by under 2%).
-#[allow(clippy::too_many_arguments)]
-pub fn prefill_efficiency(
-    dtype: SdpaDtype,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    len: usize,
-    sgemm_shapes: &[(usize, usize, usize)],
-    reps: usize,
-    temp: &(dyn TempReset + Sync),
-) -> Result<PrefillEfficiency, sdpa::SdpaError> {
-    let sh = prefill_shape(heads, kv_heads, head_dim, len);
+pub fn prefill_efficiency(probe: &Probe<'_>, len: usize) -> Result<PrefillEfficiency, SdpaError> {
+    let (cfg, dtype, temp) = (probe.cfg, probe.dtype, probe.temp);
+    let (sgemm_shapes, reps) = (&cfg.eff_sgemm_shapes, cfg.eff_rounds);
+    let sh = prefill_shape(cfg.heads, cfg.kv_heads, cfg.head_dim, len);
     let flops = prefill_flops(&sh, true);
     let smallest_sgemm = sgemm_shapes
         .iter()
@@ -194,30 +189,20 @@ pub fn prefill_efficiency(
     let mut inputs = layer_inputs(dtype, &sh, calls)?;
     let mut err = None;
     let mut kernel = || on_pool(|| call_each(&mut inputs, &sh, temp, &mut err));
-    // One sgemm per shape, each with its own operands (m, k, n, a, b, c), then the kernel.
-    let mut mats: Vec<SgemmCase> = sgemm_shapes
+    // One sgemm per shape, each with its own operands, then the kernel, in turns.
+    let mut mats: Vec<_> = sgemm_shapes
         .iter()
-        .map(|&(m, k, n)| (m, k, n, fill(m * k, 5), fill(k * n, 6), vec![0f32; m * n]))
+        .map(|&(m, k, n)| (fill(m * k, 5), fill(k * n, 6), vec![0f32; m * n]))
         .collect();
-    let shape_count = mats.len();
-    let mut times: Vec<Vec<f64>> = Vec::new();
-    // Warm-up, then rounds in turns (as `interleaved`, with a run-time number of closures).
-    for (m, k, n, a, b, c) in &mut mats {
-        sgemm(*m, *k, *n, a, b, c);
-    }
-    kernel();
-    for _ in 0..reps.max(1) {
-        let mut round = Vec::with_capacity(shape_count + 1);
-        for (m, k, n, a, b, c) in &mut mats {
-            let t = Instant::now();
-            sgemm(*m, *k, *n, a, b, c);
-            round.push(t.elapsed().as_secs_f64());
-        }
-        let t = Instant::now();
-        kernel();
-        round.push(t.elapsed().as_secs_f64());
-        times.push(round);
-    }
+    let mut gemms: Vec<Box<dyn FnMut() + '_>> = sgemm_shapes
+        .iter()
+        .zip(&mut mats)
+        .map(|(&(m, k, n), (a, b, c))| Box::new(move || sgemm(m, k, n, a, b, c)) as Box<_>)
+        .collect();
+    let mut turns: Vec<&mut dyn FnMut()> = gemms.iter_mut().map(|g| g.as_mut() as _).collect();
+    turns.push(&mut kernel);
+    let shape_count = sgemm_shapes.len();
+    let times = interleaved(reps, &mut turns);
     if let Some(e) = err {
         return Err(e);
     }
@@ -248,11 +233,10 @@ pub fn prefill_efficiency(
         calls,
         sgemm_gflops: sgemm_best,
         kernel_gflops: kernel_best,
-        ratio_best: kernel_best / sgemm_best,
-        ratio_median,
+        ratios: Ratios {
+            ratio_best: kernel_best / sgemm_best,
+            ratio_median,
+        },
         ms_per_call: best_call * 1e3,
     })
 }
-
-/// An sgemm baseline: `m, k, n` and the operands `a`, `b`, `c`.
-type SgemmCase = (usize, usize, usize, Vec<f32>, Vec<f32>, Vec<f32>);

@@ -25,16 +25,15 @@
 pub mod baseline;
 pub mod inputs;
 
-use comfy_table::Table;
-use serde_json::{json, Value};
+use serde_json::json;
 
-use crate::harness::Measurement;
+use crate::measure::Ratios;
 use crate::report::{
     align_right, comparison_table, efficiency_check, goal, markdown_table, pct, within_static,
-    RunInfo, TargetCheck, CACHING, CACHING_SCOPE,
+    RunInfo, Section, TargetCheck, CACHING, CACHING_SCOPE,
 };
 use crate::source::{ScratchSource, ScratchWorker, SourceConfig, SourceKind};
-use crate::steps::Steps;
+use crate::steps::{KernelRun, Steps};
 use ::sdpa::{Params, Shape};
 use baseline::{DecodeEfficiency, PrefillEfficiency};
 pub use inputs::{Inputs, SdpaDtype};
@@ -138,15 +137,11 @@ impl SdpaConfig {
         }
     }
 
+    /// A decode call at `kv_len` into the run's cache of `kv_capacity` positions.
     fn decode_shape(&self, kv_len: usize) -> Shape {
         Shape {
-            batch: 1,
-            q_len: 1,
-            heads: self.heads,
-            kv_heads: self.kv_heads,
-            head_dim: self.head_dim,
             kv_capacity: self.kv_capacity,
-            start_pos: kv_len.saturating_sub(1),
+            ..crate::measure::decode_shape(self.heads, self.kv_heads, self.head_dim, kv_len)
         }
     }
 
@@ -221,26 +216,21 @@ fn describe_tokens(t: &[usize]) -> String {
     }
 }
 
-/// A whole `allocbench sdpa` run.
-#[derive(Clone, Debug)]
-pub struct SdpaReport {
-    /// Where and how it ran (`threads`: rayon threads the kernel ran on).
-    pub info: RunInfo,
-    /// What ran.
-    pub config: SdpaConfig,
-    /// matrixmultiply's thread count, if known.
-    pub sgemm_threads: Option<usize>,
-    /// The kernel's SIMD level.
-    pub simd: String,
-    /// Every (workload, source), in run order: time per token (decode) or per prefill;
-    /// faults and system allocations per attention call (one layer).
-    pub rows: Vec<Measurement>,
-    /// Decode efficiency per KV length.
-    pub decode_eff: Vec<DecodeEfficiency>,
-    /// Prefill efficiency per length.
-    pub prefill_eff: Vec<PrefillEfficiency>,
-    /// Efficiency figures that could not be measured, with why.
-    pub eff_errors: Vec<String>,
+/// What one `allocbench sdpa` run measured: every (workload, source) in run order (time per
+/// token for decode, per prefill; faults and system allocations per attention call), and the
+/// efficiency per dtype and KV length (decode) or length (prefill).
+pub type SdpaRun = KernelRun<Vec<DecodeEfficiency>, Vec<PrefillEfficiency>>;
+
+/// The inputs of `dtype` for `sh` (seeded by `seed`), or `None` with why noted in `errors`.
+fn inputs_or_note(
+    dtype: SdpaDtype,
+    sh: &Shape,
+    seed: u32,
+    errors: &mut Vec<String>,
+) -> Option<Inputs> {
+    Inputs::new(dtype, sh, seed)
+        .map_err(|e| errors.push(format!("{} inputs: {e}", dtype.name())))
+        .ok()
 }
 
 /// Runs the comparison (every source) and the efficiency measurements. `tick` is called after
@@ -250,12 +240,7 @@ pub fn run(
     kinds: &[&SourceKind],
     source_config: &SourceConfig,
     tick: &dyn Fn(),
-) -> (
-    Vec<Measurement>,
-    Vec<DecodeEfficiency>,
-    Vec<PrefillEfficiency>,
-    Vec<String>,
-) {
+) -> SdpaRun {
     let mut rows = Vec::new();
     let sources: Vec<Box<dyn ScratchSource>> =
         kinds.iter().map(|k| (k.build)(source_config)).collect();
@@ -280,12 +265,10 @@ pub fn run(
 
     for &dt in &cfg.dtypes {
         // ---- decode: one layer's cache, shared by every layer ----
-        let mut inputs = match Inputs::new(dt, &cfg.decode_shape(cfg.kv_capacity), 11) {
-            Ok(i) => i,
-            Err(e) => {
-                eff_errors.push(format!("{} inputs: {e}", dt.name()));
-                continue;
-            }
+        let Some(mut inputs) =
+            inputs_or_note(dt, &cfg.decode_shape(cfg.kv_capacity), 11, &mut eff_errors)
+        else {
+            continue;
         };
         let mut steps = Steps::new(kinds, &counters);
         for i in 0..kinds.len() {
@@ -316,12 +299,8 @@ pub fn run(
         // ---- prefill: one layer call per step ----
         for &(len, n_calls) in &cfg.prefill {
             let sh = cfg.prefill_shape(len);
-            let mut inputs = match Inputs::new(dt, &sh, 21) {
-                Ok(i) => i,
-                Err(e) => {
-                    eff_errors.push(format!("{} inputs: {e}", dt.name()));
-                    continue;
-                }
+            let Some(mut inputs) = inputs_or_note(dt, &sh, 21, &mut eff_errors) else {
+                continue;
             };
             let mut steps = Steps::new(kinds, &counters);
             for i in 0..kinds.len() {
@@ -355,33 +334,20 @@ pub fn run(
     let mut dec = Vec::new();
     let mut pre = Vec::new();
     for &dt in &cfg.dtypes {
+        let probe = baseline::Probe {
+            cfg,
+            dtype: dt,
+            temp: &w,
+        };
         for &kv in &cfg.eff_decode_kvs {
-            match baseline::decode_efficiency(
-                dt,
-                cfg.heads,
-                cfg.kv_heads,
-                cfg.head_dim,
-                kv,
-                cfg.eff_span_bytes,
-                cfg.eff_rounds,
-                &w,
-            ) {
+            match baseline::decode_efficiency(&probe, kv) {
                 Ok(e) => dec.push(e),
                 Err(e) => errors.push(format!("{} decode efficiency at kv {kv}: {e}", dt.name())),
             }
             tick();
         }
         for &(len, _) in &cfg.prefill {
-            match baseline::prefill_efficiency(
-                dt,
-                cfg.heads,
-                cfg.kv_heads,
-                cfg.head_dim,
-                len,
-                &cfg.eff_sgemm_shapes,
-                cfg.eff_rounds,
-                &w,
-            ) {
+            match baseline::prefill_efficiency(&probe, len) {
                 Ok(e) => pre.push(e),
                 Err(e) => errors.push(format!(
                     "{} prefill efficiency at {len} tokens: {e}",
@@ -391,245 +357,246 @@ pub fn run(
             tick();
         }
     }
-    (rows, dec, pre, errors)
+    SdpaRun {
+        rows,
+        decode_eff: dec,
+        prefill_eff: pre,
+        errors,
+    }
 }
 
-/// Runs `allocbench sdpa` on `kinds` in this process: the report's rows, JSON section, targets
-/// and the text of its detail tables.
+/// Runs `allocbench sdpa` on `kinds` in this process and reports it as a [`Section`].
 pub fn run_part(
     cfg: &SdpaConfig,
     quick: bool,
     kinds: &[&SourceKind],
     source_config: &SourceConfig,
-) -> crate::report::Section {
-    let machine = crate::measure::Machine::detect();
-    let threads = rayon::current_num_threads();
+) -> Section {
     let started = std::time::Instant::now();
     let pb = crate::output::progress_bar(cfg.progress_units());
     pb.set_message("sdpa");
-    let (rows, decode_eff, prefill_eff, eff_errors) = run(cfg, kinds, source_config, &|| pb.inc(1));
+    let r = run(cfg, kinds, source_config, &|| pb.inc(1));
     pb.finish_and_clear();
-    let command: Vec<String> = std::env::args().collect();
-    let report = SdpaReport {
-        info: RunInfo::new(machine, command.join(" "), quick, threads, started),
-        config: cfg.clone(),
-        sgemm_threads: crate::measure::sgemm_threads(),
-        simd: ::sdpa::simd_level().name().to_string(),
-        rows,
-        decode_eff,
-        prefill_eff,
-        eff_errors,
-    };
-    crate::report::Section {
-        details: vec![report.details()],
-        json: Some(("sdpa".into(), report.to_json())),
-        targets: report.targets(),
-        rows: report.rows,
-        errors: Vec::new(),
-    }
+    section(
+        cfg,
+        r,
+        &RunInfo::now(quick, rayon::current_num_threads(), started),
+    )
 }
 
-impl SdpaReport {
-    /// The comparison table, as Markdown.
-    pub fn table(&self) -> Table {
-        comparison_table(&self.rows, &[], &[])
+/// The report's section of run `r` on `info.threads` rayon threads: the comparison and
+/// efficiency tables, the targets and the JSON.
+pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
+    let c = cfg;
+    let sgemm_threads = crate::measure::sgemm_threads();
+    let sgemm = sgemm_threads.map_or_else(|| "?".into(), |t| t.to_string());
+    let simd = ::sdpa::simd_level().name();
+    let mut head = format!(
+        "kernel on {} rayon threads (SIMD: {simd}), sgemm on {sgemm} threads; {} layers, {} \
+         heads, {} kv heads, head_dim {}; one layer's KV cache ({} positions, {} MiB for K and \
+         V) is shared by every layer",
+        info.threads,
+        c.layers,
+        c.heads,
+        c.kv_heads,
+        c.head_dim,
+        c.kv_capacity,
+        (2 * c.kv_capacity * c.kv_heads * c.head_dim * 4) >> 20
+    );
+    let workloads = c.workloads();
+    for (label, what) in &workloads {
+        head += &format!("\nworkload {label}: {what}");
     }
-
-    /// What ran and every table but the targets, as printed under `--details`.
-    pub fn details(&self) -> String {
-        let c = &self.config;
-        let mut out = format!(
-            "## sdpa: the attention kernel over a model\n\nkernel on {} rayon threads (SIMD: \
-             {}), sgemm on {} threads; {} layers, {} heads, {} kv heads, head_dim {}; one \
-             layer's KV cache ({} positions, {} MiB for K and V) is shared by every layer\n",
-            self.info.threads,
-            self.simd,
-            self.sgemm_threads
-                .map(|t| t.to_string())
-                .unwrap_or_else(|| "?".into()),
-            c.layers,
-            c.heads,
-            c.kv_heads,
-            c.head_dim,
-            c.kv_capacity,
-            (2 * c.kv_capacity * c.kv_heads * c.head_dim * 4) >> 20
+    // Cells of an efficiency row: the dtype, the call's size (KV length, tokens) and count
+    // (layer caches, calls per round), time per call, the baseline's and the kernel's rates.
+    let cells = |dtype: SdpaDtype, counts: [usize; 2], ms: String, rates: [f64; 2]| {
+        let mut row = vec![dtype.name().to_string()];
+        row.extend(counts.map(|n| n.to_string()));
+        row.push(ms);
+        row.extend(rates.map(|x| format!("{x:.1}")));
+        row
+    };
+    let mut decode = r.decode_eff.iter().map(|e| {
+        let ms = format!("{:.3}", e.ms_per_call);
+        let row = cells(
+            e.dtype,
+            [e.kv_len, e.layers],
+            ms,
+            [e.stream_gbs, e.kernel_gbs],
         );
-        for (label, what) in c.workloads() {
-            out += &format!("workload {label}: {what}\n");
+        (row, e.ratios)
+    });
+    let mut prefill = r.prefill_eff.iter().map(|e| {
+        let ms = format!("{:.2}", e.ms_per_call);
+        (
+            cells(
+                e.dtype,
+                [e.len, e.calls],
+                ms,
+                [e.sgemm_gflops, e.kernel_gflops],
+            ),
+            e.ratios,
+        )
+    });
+    let eff = |first: [&str; 5], rows: &mut dyn Iterator<Item = (Vec<String>, Ratios)>| {
+        let mut header = vec!["dtype"];
+        header.extend(first);
+        header.extend(["ratio (best)", "ratio (median)"]);
+        let mut t = markdown_table(&header);
+        for (mut row, ratios) in rows {
+            row.extend(ratios.percent());
+            t.add_row(row);
         }
-        let (dt, pt) = self.efficiency_tables();
-        out += &format!(
-            "\nAllocator comparison (median: per token over {} layers for decode, per prefill of \
+        align_right(&mut t, 1..header.len());
+        t
+    };
+    let mut blocks = vec![
+        head,
+        format!(
+            "Allocator comparison (median: per token over {} layers for decode, per prefill of \
              {} layer calls; x static / x caching: median of step-by-step ratios over the same \
-             interleaved steps; faults and system allocations per attention call):\n\n{}\n\n\
-             Decode efficiency (q_len 1, layer caches cycled so K/V come from DRAM; GB/s of K and \
-             V read) vs a streaming read on {} threads:\n\n{dt}\n\nPrefill efficiency (causal, \
-             start_pos 0; FLOPs = 4 * head_dim per visible pair) vs matrixmultiply sgemm (best of \
-             the shapes {:?}):\n\n{pt}\n",
+             interleaved steps; faults and system allocations per attention call):\n\n{}",
             c.layers,
             c.layers,
-            self.table(),
-            self.info.threads,
-            c.eff_sgemm_shapes
-        );
-        for e in &self.eff_errors {
-            out += &format!("efficiency not measured: {e}\n");
-        }
-        out
-    }
-
-    /// The efficiency tables (decode, prefill), as Markdown.
-    pub fn efficiency_tables(&self) -> (Table, Table) {
-        let mut d = markdown_table(&[
-            "dtype",
-            "kv_len",
-            "layer caches",
-            "ms/call",
-            "stream GB/s",
-            "K/V GB/s",
-            "ratio (best)",
-            "ratio (median)",
-        ]);
-        for e in &self.decode_eff {
-            d.add_row(vec![
-                e.dtype.name().to_string(),
-                e.kv_len.to_string(),
-                e.layers.to_string(),
-                format!("{:.3}", e.ms_per_call),
-                format!("{:.1}", e.stream_gbs),
-                format!("{:.1}", e.kernel_gbs),
-                pct(e.ratio_best),
-                pct(e.ratio_median),
-            ]);
-        }
-        let mut p = markdown_table(&[
-            "dtype",
-            "tokens",
-            "calls/round",
-            "ms/call",
-            "sgemm GFLOP/s",
-            "kernel GFLOP/s",
-            "ratio (best)",
-            "ratio (median)",
-        ]);
-        for e in &self.prefill_eff {
-            p.add_row(vec![
-                e.dtype.name().to_string(),
-                e.len.to_string(),
-                e.calls.to_string(),
-                format!("{:.2}", e.ms_per_call),
-                format!("{:.1}", e.sgemm_gflops),
-                format!("{:.1}", e.kernel_gflops),
-                pct(e.ratio_best),
-                pct(e.ratio_median),
-            ]);
-        }
-        for t in [&mut d, &mut p] {
-            align_right(t, 1..8);
-        }
-        (d, p)
-    }
-
-    /// The issue's targets: `caching` (and `caching-scope`) within 1.02x of `static` on every
-    /// row; decode >= 85% of the streaming read at kv >= 1024, int8-KV decode 3x faster than
-    /// f32; prefill >= 60% of sgemm ([`goal`]). Verdicts use the median same-round ratios.
-    pub fn targets(&self) -> Vec<TargetCheck> {
-        let mut out = within_static(
-            &self.rows,
-            goal::SDPA_WITHIN_STATIC,
-            &[CACHING, CACHING_SCOPE],
-            false,
-        );
-        for e in self
-            .decode_eff
+            comparison_table(&r.rows, &[], &[])
+        ),
+        format!(
+            "Decode efficiency (q_len 1, layer caches cycled so K/V come from DRAM; GB/s of K \
+             and V read) vs a streaming read on {} threads:\n\n{}",
+            info.threads,
+            eff(
+                [
+                    "kv_len",
+                    "layer caches",
+                    "ms/call",
+                    "stream GB/s",
+                    "K/V GB/s"
+                ],
+                &mut decode
+            )
+        ),
+    ];
+    blocks.push(format!(
+        "Prefill efficiency (causal, start_pos 0; FLOPs = 4 * head_dim per visible pair) vs \
+         matrixmultiply sgemm (best of the shapes {:?}):\n\n{}",
+        c.eff_sgemm_shapes,
+        eff(
+            [
+                "tokens",
+                "calls/round",
+                "ms/call",
+                "sgemm GFLOP/s",
+                "kernel GFLOP/s"
+            ],
+            &mut prefill
+        )
+    ));
+    blocks.extend(
+        r.errors
             .iter()
-            .filter(|e| e.kv_len >= goal::SDPA_DECODE_KV)
-        {
-            out.push(efficiency_check(
-                format!(
-                    "{} decode >= {} of streaming-read bandwidth at kv {}",
-                    e.dtype.name(),
-                    pct(goal::SDPA_DECODE_STREAM),
-                    e.kv_len
-                ),
+            .map(|e| format!("efficiency not measured: {e}")),
+    );
+    let fields = json!({
+        "sgemm_threads": sgemm_threads,
+        "simd": simd,
+        "config": cfg,
+        "workloads": workloads.iter().map(|(n, d)| json!({"name": n, "step": d})).collect::<Vec<_>>(),
+        "efficiency": {
+            "decode": r.decode_eff,
+            "prefill": r.prefill_eff,
+            "errors": r.errors,
+        },
+    });
+    Section {
+        title: "sdpa: the attention kernel over a model".into(),
+        blocks,
+        targets: targets(&r, &sgemm),
+        rows: r.rows,
+        ..Section::default()
+    }
+    .with_json("sdpa", info, fields)
+}
+
+/// The developers' targets: `caching` (and `caching-scope`) within 1.02x of `static` on every
+/// row; decode >= 85% of the streaming read at kv >= 1024, int8-KV decode 3x faster than
+/// f32; prefill >= 60% of sgemm on `sgemm_threads` ([`goal`]). Verdicts use the median
+/// same-round ratios.
+fn targets(r: &SdpaRun, sgemm_threads: &str) -> Vec<TargetCheck> {
+    let mut out = within_static(
+        &r.rows,
+        goal::SDPA_WITHIN_STATIC,
+        &[CACHING, CACHING_SCOPE],
+        false,
+    );
+    for e in r
+        .decode_eff
+        .iter()
+        .filter(|e| e.kv_len >= goal::SDPA_DECODE_KV)
+    {
+        out.push(efficiency_check(
+            format!(
+                "{} decode >= {} of streaming-read bandwidth at kv {}",
+                e.dtype.name(),
+                pct(goal::SDPA_DECODE_STREAM),
+                e.kv_len
+            ),
+            [
                 format!("{:.1} GB/s K/V", e.kernel_gbs),
                 format!("{:.1} GB/s read", e.stream_gbs),
-                e.ratio_median,
-                e.ratio_best,
-                goal::SDPA_DECODE_STREAM,
-            ));
-        }
-        let at_kv = |dtype| {
-            self.decode_eff
-                .iter()
-                .find(|e| e.dtype == dtype && e.kv_len == goal::SDPA_INT8_KV)
-        };
-        if let (Some(e), Some(f)) = (at_kv(SdpaDtype::Int8Kv), at_kv(SdpaDtype::F32)) {
-            let x = f.ms_per_call / e.ms_per_call;
-            out.push(TargetCheck {
-                target: format!(
-                    "int8-kv decode >= {:.0}x faster per call than f32 at kv {}",
-                    goal::SDPA_INT8_SPEEDUP,
-                    e.kv_len
-                ),
-                measured: format!(
-                    "{x:.2}x ({:.3} ms vs {:.3} ms, best calls of the same run)",
-                    e.ms_per_call, f.ms_per_call
-                ),
-                met: Some(x >= goal::SDPA_INT8_SPEEDUP),
-            });
-        }
-        // Prefill targets are for f32 and bf16 (int8-KV prefill is reported, not targeted).
-        for e in self
-            .prefill_eff
+            ],
+            e.ratios,
+            goal::SDPA_DECODE_STREAM,
+        ));
+    }
+    let at_kv = |dtype| {
+        r.decode_eff
             .iter()
-            .filter(|e| e.dtype != SdpaDtype::Int8Kv)
-        {
-            out.push(efficiency_check(
-                format!(
-                    "{} prefill {} >= {} of sgemm GFLOP/s ({} threads)",
-                    e.dtype.name(),
-                    e.len,
-                    pct(goal::SDPA_PREFILL_SGEMM),
-                    self.sgemm_threads
-                        .map(|t| t.to_string())
-                        .unwrap_or_else(|| "?".into())
-                ),
+            .find(|e| e.dtype == dtype && e.kv_len == goal::SDPA_INT8_KV)
+    };
+    if let (Some(e), Some(f)) = (at_kv(SdpaDtype::Int8Kv), at_kv(SdpaDtype::F32)) {
+        let x = f.ms_per_call / e.ms_per_call;
+        out.push(TargetCheck {
+            target: format!(
+                "int8-kv decode >= {:.0}x faster per call than f32 at kv {}",
+                goal::SDPA_INT8_SPEEDUP,
+                e.kv_len
+            ),
+            measured: format!(
+                "{x:.2}x ({:.3} ms vs {:.3} ms, best calls of the same run)",
+                e.ms_per_call, f.ms_per_call
+            ),
+            met: Some(x >= goal::SDPA_INT8_SPEEDUP),
+        });
+    }
+    // Prefill targets are for f32 and bf16 (int8-KV prefill is reported, not targeted).
+    for e in r
+        .prefill_eff
+        .iter()
+        .filter(|e| e.dtype != SdpaDtype::Int8Kv)
+    {
+        out.push(efficiency_check(
+            format!(
+                "{} prefill {} >= {} of sgemm GFLOP/s ({sgemm_threads} threads)",
+                e.dtype.name(),
+                e.len,
+                pct(goal::SDPA_PREFILL_SGEMM),
+            ),
+            [
                 format!("{:.1} GFLOP/s", e.kernel_gflops),
                 format!("sgemm {:.1}", e.sgemm_gflops),
-                e.ratio_median,
-                e.ratio_best,
-                goal::SDPA_PREFILL_SGEMM,
-            ));
-        }
-        out
+            ],
+            e.ratios,
+            goal::SDPA_PREFILL_SGEMM,
+        ));
     }
-
-    /// Every figure, with units, as JSON.
-    pub fn to_json(&self) -> Value {
-        let mut j = self.info.json("sdpa", &self.rows, &self.targets());
-        j["sgemm_threads"] = json!(self.sgemm_threads);
-        j["simd"] = json!(self.simd);
-        j["config"] = json!(self.config);
-        j["workloads"] = self
-            .config
-            .workloads()
-            .iter()
-            .map(|(n, d)| json!({"name": n, "step": d}))
-            .collect();
-        j["efficiency"] = json!({
-            "decode": self.decode_eff,
-            "prefill": self.prefill_eff,
-            "errors": self.eff_errors,
-        });
-        j
-    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    use crate::harness::Measurement;
     use crate::measure::Spread;
 
     fn row(w: &str, s: &str, ns: f64, x: Option<f64>) -> Measurement {
@@ -652,36 +619,29 @@ mod tests {
         }
     }
 
-    fn report(rows: Vec<Measurement>) -> SdpaReport {
-        SdpaReport {
-            info: crate::report::tests::info(),
-            config: SdpaConfig::smoke(),
-            sgemm_threads: Some(2),
-            simd: "avx2".into(),
+    /// Decode efficiency of `dtype` at `kv_len`: `ratio` of a 10 GB/s read, `ms` per call.
+    fn decode_at(dtype: SdpaDtype, kv_len: usize, ratio: f64, ms: f64) -> DecodeEfficiency {
+        DecodeEfficiency {
+            dtype,
+            kv_len,
+            layers: 1,
+            span_bytes: 1,
+            stream_gbs: 10.0,
+            kernel_gbs: 10.0 * ratio,
+            ratios: Ratios {
+                ratio_best: ratio,
+                ratio_median: ratio,
+            },
+            ms_per_call: ms,
+        }
+    }
+
+    fn report(rows: Vec<Measurement>) -> SdpaRun {
+        SdpaRun {
             rows,
             decode_eff: vec![
-                DecodeEfficiency {
-                    dtype: SdpaDtype::F32,
-                    kv_len: 512,
-                    layers: 1,
-                    span_bytes: 1,
-                    stream_gbs: 10.0,
-                    kernel_gbs: 1.0,
-                    ratio_best: 0.1,
-                    ratio_median: 0.1,
-                    ms_per_call: 1.0,
-                },
-                DecodeEfficiency {
-                    dtype: SdpaDtype::F32,
-                    kv_len: 1024,
-                    layers: 1,
-                    span_bytes: 1,
-                    stream_gbs: 10.0,
-                    kernel_gbs: 8.0,
-                    ratio_best: 0.8,
-                    ratio_median: 0.74,
-                    ms_per_call: 1.0,
-                },
+                decode_at(SdpaDtype::F32, 512, 0.1, 1.0),
+                decode_at(SdpaDtype::F32, 1024, 0.74, 1.0),
             ],
             prefill_eff: vec![PrefillEfficiency {
                 dtype: SdpaDtype::F32,
@@ -690,11 +650,13 @@ mod tests {
                 calls: 16,
                 sgemm_gflops: 100.0,
                 kernel_gflops: 61.0,
-                ratio_best: 0.61,
-                ratio_median: 0.6,
+                ratios: Ratios {
+                    ratio_best: 0.61,
+                    ratio_median: 0.6,
+                },
                 ms_per_call: 1.0,
             }],
-            eff_errors: vec![],
+            errors: vec![],
         }
     }
 
@@ -705,7 +667,7 @@ mod tests {
             row("sdpa-decode", "caching", 101.0, Some(1.019)),
             row("sdpa-decode", "caching-scope", 103.0, Some(1.03)),
         ]);
-        let t = r.targets();
+        let t = targets(&r, "2");
         let find = |s: &str| {
             t.iter()
                 .find(|c| c.target.contains(s))
@@ -730,20 +692,10 @@ mod tests {
     #[test]
     fn int8_speedup_is_checked_against_f32_at_the_same_kv() {
         let mut r = report(vec![]);
-        let at = |dtype, ms| DecodeEfficiency {
-            dtype,
-            kv_len: goal::SDPA_INT8_KV,
-            layers: 1,
-            span_bytes: 1,
-            stream_gbs: 10.0,
-            kernel_gbs: 9.0,
-            ratio_best: 0.9,
-            ratio_median: 0.9,
-            ms_per_call: ms,
-        };
+        let at = |dtype, ms| decode_at(dtype, goal::SDPA_INT8_KV, 0.9, ms);
         r.decode_eff = vec![at(SdpaDtype::F32, 3.0), at(SdpaDtype::Int8Kv, 1.1)];
         r.prefill_eff[0].dtype = SdpaDtype::Int8Kv; // reported, not a target
-        let t = r.targets();
+        let t = targets(&r, "2");
         let speed = t.iter().find(|c| c.target.contains("3x faster")).unwrap();
         assert_eq!(speed.met, Some(false), "{speed:?}");
         assert!(speed.measured.starts_with("2.73x"), "{speed:?}");
@@ -752,7 +704,7 @@ mod tests {
             .any(|c| c.target.starts_with("int8-kv decode >= 85%")));
         assert!(!t.iter().any(|c| c.target.contains("prefill")));
         r.decode_eff[1].ms_per_call = 1.0;
-        let t = r.targets();
+        let t = targets(&r, "2");
         assert_eq!(
             t.iter()
                 .find(|c| c.target.contains("3x faster"))
@@ -770,8 +722,11 @@ mod tests {
             row("sdpa-prefill-7", "static", 100.0, Some(1.0)),
             failed,
         ]);
-        assert_eq!(r.targets()[0].met, Some(false));
-        let j = r.to_json();
+        assert_eq!(targets(&r, "2")[0].met, Some(false));
+        let j = section(&SdpaConfig::smoke(), r, &crate::report::tests::info())
+            .json
+            .unwrap()
+            .1;
         assert_eq!(
             j["measurements"][0]["time_per_call"]["median"]["unit"],
             "ns/prefill"

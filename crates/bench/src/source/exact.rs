@@ -255,24 +255,25 @@ mod tests {
         p.as_ptr() as usize
     }
 
+    /// A fresh cache's block of `first` (size, alignment), then after a reset one of `second`.
+    fn around_a_reset(
+        first: (usize, usize),
+        second: (usize, usize),
+    ) -> (ExactCache, [NonNull<u8>; 2]) {
+        let c = ExactCache::new(10 << 20);
+        let a = c.allocate(first.0, first.1).unwrap();
+        // SAFETY: `a` is not used after the reset (only its address is compared).
+        unsafe { c.reset() };
+        let b = c.allocate(second.0, second.1).unwrap();
+        (c, [a, b])
+    }
+
     #[test]
     fn small_allocations_are_64_aligned() {
         let c = ExactCache::new(10 << 20);
         for size in [16, 32, 64] {
             assert_eq!(addr(c.allocate(size, 1).unwrap()) % 64, 0);
         }
-    }
-
-    #[test]
-    fn exact_size_is_reused_after_reset() {
-        let c = ExactCache::new(10 << 20);
-        let a = c.allocate(256, 64).unwrap();
-        // SAFETY: `a` is not used after the reset.
-        unsafe { c.reset() };
-        let b = c.allocate(256, 64).unwrap();
-        assert_eq!(a, b);
-        let s = c.stats();
-        assert_eq!((s.hits, s.misses), (1, 1));
     }
 
     #[test]
@@ -289,26 +290,20 @@ mod tests {
     }
 
     #[test]
-    fn a_different_size_misses() {
-        let c = ExactCache::new(10 << 20);
-        let a = c.allocate(256, 64).unwrap();
-        // SAFETY: `a` is not used after the reset.
-        unsafe { c.reset() };
-        // One byte more is a different key: a miss, a new malloc, a different block.
-        let b = c.allocate(257, 64).unwrap();
-        assert_ne!(a, b);
+    fn only_the_exact_size_is_reused_after_reset() {
+        let (c, [a, b]) = around_a_reset((256, 64), (256, 64));
         let s = c.stats();
-        assert_eq!((s.hits, s.misses), (0, 2));
-        assert_eq!(s.idle_blocks, 1);
+        assert_eq!((a, s.hits, s.misses), (b, 1, 1));
+        // One byte more is a different key: a miss, a new malloc, a different block.
+        let (c, [a, b]) = around_a_reset((256, 64), (257, 64));
+        let s = c.stats();
+        assert_ne!(a, b);
+        assert_eq!((s.hits, s.misses, s.idle_blocks), (0, 2, 1));
     }
 
     #[test]
     fn same_size_different_alignment_is_a_different_key() {
-        let c = ExactCache::new(10 << 20);
-        let a = c.allocate(100, 256).unwrap();
-        // SAFETY: `a` is not used after the reset.
-        unsafe { c.reset() };
-        let b = c.allocate(100, 512).unwrap();
+        let (c, [a, b]) = around_a_reset((100, 256), (100, 512));
         assert_eq!(addr(a) % 256, 0);
         assert_eq!(addr(b) % 512, 0);
         assert_eq!(c.stats().misses, 2);

@@ -360,20 +360,8 @@ kernel_simd::instantiate! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::test_data::{close, data};
     use kernel_simd::available_levels;
-
-    /// Deterministic values in `[-1, 1)`.
-    fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-            })
-            .collect()
-    }
 
     fn to_bf16(x: f32) -> u16 {
         (x.to_bits() >> 16) as u16 // truncation: any bf16 value will do
@@ -387,13 +375,6 @@ mod tests {
             return ((b >> 16) & 0x8000) as u16;
         }
         (((b >> 16) & 0x8000) | ((e as u32) << 10) | ((b >> 13) & 0x3ff)) as u16
-    }
-
-    fn close(got: f32, want: f64, what: &str) {
-        assert!(
-            (f64::from(got) - want).abs() <= 1e-4 * (1.0 + want.abs()),
-            "{what}: {got} vs {want}"
-        );
     }
 
     /// Every level's matvec and fused SwiGLU on every weight type, against f64 dot products

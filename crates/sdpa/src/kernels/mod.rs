@@ -4,11 +4,14 @@
 //! - [`scalar`]: the portable kernels, and the reference the others are tested against;
 //! - [`tile`]: the prefill micro-kernels and the online-softmax step, one generic body each;
 //! - [`row`]: decode's row kernels (scores and `acc += P . V` over a whole position row), the
-//!   portable ones and one generic body each, and the int8 cache's integer kernels;
+//!   portable ones and one generic body each;
+//! - [`int8`]: the int8 cache's integer kernels (i16 query, integer scores and `P . V`), one
+//!   generic body each, whose portable instantiation is the portable set's;
 //! - [`convert`]: bf16 / f16 / int8 tiles to f32;
-//! - `avx2` and `avx512`: what stays per ISA (register transposes, the integer `vpmaddwd`
-//!   kernels, prefetches); NEON has no file of its own, every NEON kernel is a generic one;
-//! - `tests`: every level against [`scalar`].
+//! - `avx2`: what stays per ISA on x86 (register transposes, the bf16 split-query scores,
+//!   prefetches), used by the AVX2 and AVX-512 sets; the per-ISA integer multiply-adds are
+//!   `kernel_simd` primitives, so no other ISA has a file here;
+//! - `tests`: every level against the portable set.
 //!
 //! The generic bodies are written over `kernel_simd::Simd` and instantiated per ISA by
 //! `kernel_simd::instantiate!`.
@@ -20,20 +23,20 @@
 //! - packed V tile: `[t][d_pad]` row-major, head dim padded to a multiple of NR with zeros.
 
 pub(crate) mod convert;
+pub(crate) mod int8;
 pub(crate) mod row;
 pub(crate) mod scalar;
 pub(crate) mod tile;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx512;
 #[cfg(test)]
 pub(crate) mod tests;
 
 use crate::elem::{Bf16, F16};
 use crate::simd::{simd_level, SimdLevel};
-use row::{AxpyRow, PvFlush, PvMadd, PvTableFn, PvWeights, QuantizeQ16, ScoresQ16, ScoresRow};
+use int8::{PvFlush, PvMadd, PvTableFn, PvWeights, QuantizeQ16, ScoresQ16};
+use row::{AxpyRow, ScoresRow};
 
 /// The kernel set of a call. Every function pointer is `unsafe` because the SIMD versions
 /// require the CPU features checked by [`Kernels::for_level`], on top of each kernel's own
@@ -49,7 +52,7 @@ pub(crate) struct Kernels {
     /// `x *= a`.
     pub scale: unsafe fn(&mut [f32], f32),
     /// Packs a K tile into panels: see [`scalar::pack_k`].
-    pub pack_k: unsafe fn(&[f32], usize, usize, usize, usize, &mut [f32]),
+    pub pack_k: unsafe fn(&[f32], scalar::KTile, &mut [f32]),
     /// Prefetches rows of a strided tensor towards L2: see [`scalar::prefetch_rows`].
     pub prefetch_rows: unsafe fn(*const u8, usize, usize, usize, usize, usize),
     /// bf16 to f32: see [`convert::widen_bf16`].
@@ -65,9 +68,9 @@ pub(crate) struct Kernels {
     /// Whether `scores_bf16` takes its query rows reordered by `row::split16`.
     pub bf16_split_q: bool,
     /// The same on an int8 K row, with the query quantized to i16 (an integer dot product):
-    /// see [`row::scores_row_q16`].
+    /// see [`int8::scores_q16`].
     pub scores_q16: ScoresQ16,
-    /// Quantizes query rows to i16 for `scores_q16`: see [`row::quantize_q16`].
+    /// Quantizes query rows to i16 for `scores_q16`: see [`int8::quantize_q16`].
     pub quantize_q16: QuantizeQ16,
     /// Decode's `acc += P . V` over f32 V position rows: see [`row::axpy_row`].
     pub axpy_f32: AxpyRow<f32>,
@@ -75,17 +78,17 @@ pub(crate) struct Kernels {
     pub axpy_bf16: AxpyRow<Bf16>,
     /// The same on int8 V rows (used when `int_pv` is false).
     pub axpy_i8: AxpyRow<i8>,
-    /// Whether decode computes an int8 cache's `P . V` in integers (`row::pv_weights`,
+    /// Whether decode computes an int8 cache's `P . V` in integers (`int8::pv_weights`,
     /// then `pv_madd` per four V rows, `pv_flush` per tile) instead of with `axpy_i8`.
     pub int_pv: bool,
     /// The integer `P . V`'s table of a tile's V scales and zero points: see
-    /// [`row::pv_table`].
+    /// [`int8::pv_table`].
     pub pv_table: PvTableFn,
-    /// The integer `P . V`'s i16 weights of a tile: see [`row::pv_weights`].
+    /// The integer `P . V`'s i16 weights of a tile: see [`int8::pv_weights`].
     pub pv_weights: PvWeights,
-    /// Integer `acc32 += W . V` over four int8 V rows: see [`row::pv_madd`].
+    /// Integer `acc32 += W . V` over four int8 V rows: see [`int8::pv_madd`].
     pub pv_madd: PvMadd,
-    /// Ends a tile of the integer `P . V`: see [`row::pv_flush`].
+    /// Ends a tile of the integer `P . V`: see [`int8::pv_flush`].
     pub pv_flush: PvFlush,
     /// Which set this is.
     pub level: SimdLevel,
@@ -109,6 +112,11 @@ macro_rules! generic_set {
             axpy_f32: row::axpy_simd::$isa,
             axpy_bf16: row::axpy_simd::$isa,
             axpy_i8: row::axpy_simd::$isa,
+            scores_q16: int8::scores_q16::$isa,
+            quantize_q16: int8::quantize_q16::$isa,
+            pv_weights: int8::pv_weights::$isa,
+            pv_madd: int8::pv_madd::$isa,
+            pv_flush: int8::pv_flush::$isa,
             level: $level,
             ..Kernels::scalar()
         }
@@ -124,23 +132,20 @@ impl Kernels {
     /// The kernel set of `level`, which must be one of `available_simd_levels()` (any other
     /// gives the portable set).
     pub(crate) fn for_level(level: SimdLevel) -> Kernels {
-        use kernel_simd::Level;
         match level {
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx2 if Level::Avx2.is_available() => Kernels {
-                // The 256-bit integer kernels and the bf16 scores on the split query.
+            SimdLevel::Avx2 if level.is_available() => Kernels {
+                // The bf16 scores on the split query.
                 scores_bf16: avx2::scores_row_bf16_split,
                 bf16_split_q: true,
                 ..Kernels::x86_common(generic_set!(avx2, level))
             },
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 if Level::Avx512.is_available() => Kernels {
-                scores_q16: avx512::scores_row_q16,
-                pv_madd: avx512::pv_madd,
-                ..Kernels::x86_common(generic_set!(avx512, level))
-            },
+            SimdLevel::Avx512 if level.is_available() => {
+                Kernels::x86_common(generic_set!(avx512, level))
+            }
             #[cfg(target_arch = "aarch64")]
-            SimdLevel::Neon if Level::Neon.is_available() => Kernels {
+            SimdLevel::Neon if level.is_available() => Kernels {
                 // NEON keeps the f32 `P . V` (its axpy converts in registers).
                 int_pv: false,
                 ..generic_set!(neon, level)
@@ -149,20 +154,14 @@ impl Kernels {
         }
     }
 
-    /// `set` with the x86-64 kernels that are AVX2 on both x86 levels: the packing
-    /// transposes, the prefetches and the int8 cache's integer kernels.
+    /// `set` with the x86-64 kernels that are AVX2 on both x86 levels: the transposes (of
+    /// `pack_k` and the int8 scale table) and the prefetches.
     #[cfg(target_arch = "x86_64")]
     fn x86_common(set: Kernels) -> Kernels {
         Kernels {
             pack_k: avx2::pack_k,
             prefetch_rows: avx2::prefetch_rows,
-            scores_q16: avx2::scores_row_q16,
-            quantize_q16: avx2::quantize_q16,
-            int_pv: true,
             pv_table: avx2::pv_table,
-            pv_weights: avx2::pv_weights,
-            pv_madd: avx2::pv_madd,
-            pv_flush: avx2::pv_flush,
             ..set
         }
     }
@@ -210,16 +209,16 @@ impl Kernels {
             scores_f32: row::scores_row,
             scores_bf16: row::scores_row,
             bf16_split_q: false,
-            scores_q16: row::scores_row_q16,
-            quantize_q16: row::quantize_q16,
+            scores_q16: int8::scores_q16::portable,
+            quantize_q16: int8::quantize_q16::portable,
             axpy_f32: row::axpy_row,
             axpy_bf16: row::axpy_row,
             axpy_i8: row::axpy_row,
             int_pv: true,
-            pv_table: row::pv_table,
-            pv_weights: row::pv_weights,
-            pv_madd: row::pv_madd,
-            pv_flush: row::pv_flush,
+            pv_table: int8::pv_table,
+            pv_weights: int8::pv_weights::portable,
+            pv_madd: int8::pv_madd::portable,
+            pv_flush: int8::pv_flush::portable,
             level: SimdLevel::Portable,
         }
     }

@@ -91,35 +91,40 @@ pub(crate) unsafe fn scale(x: &mut [f32], a: f32) {
     }
 }
 
-/// Packs rows `j < nk` of a K tile (row `j` is `k[j * stride..][..d]`) into NR-column
-/// panels `kp[(j / NR) * d * NR + x * NR + j % NR]`, with columns `nk <= j < nkp` zero.
-/// Panics if `k` or `kp` is too short, or `nkp` is not a multiple of NR.
+/// The layout of a K tile for [`pack_k`]: `nk` rows of `d` floats, row `j` at `j * stride`,
+/// packed into `nkp` columns (a multiple of NR; columns `nk..nkp` are zero).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KTile {
+    pub stride: usize,
+    pub nk: usize,
+    pub nkp: usize,
+    pub d: usize,
+}
+
+impl KTile {
+    /// Panics unless `k` holds the tile's rows and `kp` its panels.
+    pub(crate) fn check(&self, k: &[f32], kp: &[f32]) {
+        let KTile { stride, nk, nkp, d } = *self;
+        assert!(nk <= nkp && nkp.is_multiple_of(NR) && kp.len() >= nkp * d);
+        assert!(nk == 0 || k.len() >= (nk - 1) * stride + d);
+    }
+}
+
+/// Packs the rows of a K tile into NR-column panels: element `x` of row `j` goes to
+/// `kp[(j / NR) * d * NR + x * NR + j % NR]`. Panics if `k` or `kp` is too short, or `nkp`
+/// is not a multiple of NR.
 ///
 /// # Safety
 /// None (safe to call).
-pub(crate) unsafe fn pack_k(
-    k: &[f32],
-    stride: usize,
-    nk: usize,
-    nkp: usize,
-    d: usize,
-    kp: &mut [f32],
-) {
-    assert!(nk <= nkp && nkp.is_multiple_of(NR) && kp.len() >= nkp * d);
-    assert!(nk == 0 || k.len() >= (nk - 1) * stride + d);
-    pack_k_rows(k, stride, nk, 0..nkp, d, kp);
+pub(crate) unsafe fn pack_k(k: &[f32], t: KTile, kp: &mut [f32]) {
+    t.check(k, kp);
+    pack_k_rows(k, t, 0..t.nkp, kp);
 }
 
 /// The rows `j` in `rows` of [`pack_k`] (zeros for `j >= nk`), one element at a time; the
 /// AVX2 version packs 8x8 blocks and finishes with this.
-pub(crate) fn pack_k_rows(
-    k: &[f32],
-    stride: usize,
-    nk: usize,
-    rows: core::ops::Range<usize>,
-    d: usize,
-    kp: &mut [f32],
-) {
+pub(crate) fn pack_k_rows(k: &[f32], t: KTile, rows: core::ops::Range<usize>, kp: &mut [f32]) {
+    let KTile { stride, nk, d, .. } = t;
     for j in rows {
         let base = (j / NR) * d * NR + j % NR;
         if j < nk {

@@ -4,6 +4,8 @@
 use super::*;
 use crate::plan::{MR, NR};
 
+mod whole_calls;
+
 /// Deterministic pseudo-random floats in `[-1, 1)` (xorshift), `n` of them.
 pub(crate) fn data(n: usize, seed: u32) -> Vec<f32> {
     let mut s = seed.wrapping_mul(2_654_435_761) | 1;
@@ -14,6 +16,13 @@ pub(crate) fn data(n: usize, seed: u32) -> Vec<f32> {
             s ^= s << 5;
             (s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
         })
+        .collect()
+}
+
+/// `n` int8 values `(j * step + offset) mod 256` (every byte for `step` odd, over 256 of them).
+fn bytes(n: usize, step: usize, offset: usize) -> Vec<i8> {
+    (0..n)
+        .map(|j| ((j * step + offset) % 256) as u8 as i8)
         .collect()
 }
 
@@ -32,7 +41,14 @@ fn close(a: &[f32], b: &[f32], tol: f32) {
 /// Every kernel set this CPU runs agrees with the scalar one.
 #[test]
 fn every_level_matches_scalar() {
-    for level in crate::simd::available_simd_levels() {
+    let levels = crate::simd::available_simd_levels();
+    println!("available SIMD levels: {levels:?}");
+    #[cfg(target_arch = "aarch64")]
+    assert!(
+        levels.contains(&SimdLevel::Neon),
+        "no NEON: an aarch64 run would test only the portable kernels"
+    );
+    for level in levels {
         level_matches_scalar(level);
     }
 }
@@ -73,7 +89,8 @@ fn level_matches_scalar(level: SimdLevel) {
 /// (skipped) and one with a NaN weight (NaN out). The weights are checked one by one:
 /// `|w16 * step - w| <= step * (1/2 + 2^-8)`, and the largest is 32767 (a tight step).
 fn int_pv_matches_model(f: Kernels) {
-    use crate::kernels::row::{KvRow, PvTable, PV_MAX_TILE, PV_ROWS};
+    use crate::kernels::int8::{PvTable, PvWeightsIn, PV_MAX_TILE, PV_ROWS};
+    use crate::kernels::row::KvRow;
     let s = Kernels::scalar();
     // Under Miri (where the AVX-512 `pv_madd` is tested; ~20 s a case) four cases: a
     // scalar-only head, a 32-lane step with a tail, two steps, a group of 3 and of 2.
@@ -103,13 +120,7 @@ fn int_pv_matches_model(f: Kernels) {
     for (d, kvh, group, n) in cases {
         let heads = kvh * group;
         let nr = n.div_ceil(PV_ROWS) * PV_ROWS;
-        let vals: Vec<Vec<i8>> = (0..nr)
-            .map(|t| {
-                (0..kvh * d)
-                    .map(|j| ((j * 37 + t * 101 + d) % 256) as u8 as i8)
-                    .collect()
-            })
-            .collect();
+        let vals: Vec<Vec<i8>> = (0..nr).map(|t| bytes(kvh * d, 37, t * 101 + d)).collect();
         let scales: Vec<Vec<f32>> = (0..nr)
             .map(|t| {
                 data(kvh, 70 + t as u32)
@@ -118,13 +129,7 @@ fn int_pv_matches_model(f: Kernels) {
                     .collect()
             })
             .collect();
-        let zps: Vec<Vec<i8>> = (0..nr)
-            .map(|t| {
-                (0..kvh)
-                    .map(|g| ((g * 53 + t * 7) % 256) as u8 as i8)
-                    .collect()
-            })
-            .collect();
+        let zps: Vec<Vec<i8>> = (0..nr).map(|t| bytes(kvh, 53, t * 7)).collect();
         let row = |t: usize| KvRow {
             x: &vals[t.min(n - 1)][..],
             scales: &scales[t.min(n - 1)][..],
@@ -185,7 +190,13 @@ fn int_pv_matches_model(f: Kernels) {
                 let mut acc32 = vec![0i32; heads * d];
                 // SAFETY: slice-based kernels on a CPU that runs `k`'s level.
                 unsafe {
-                    (k.pv_weights)(&p, ldp, group, tab, ldw, &mut w16, &mut step, &mut zt);
+                    let a = PvWeightsIn {
+                        p: &p,
+                        ldp,
+                        group,
+                        tab,
+                    };
+                    (k.pv_weights)(a, ldw, &mut w16, &mut step, &mut zt);
                     for u in (0..n).step_by(PV_ROWS) {
                         let v: [KvRow<'_, i8>; PV_ROWS] = core::array::from_fn(|j| rows[u + j]);
                         (k.pv_madd)(&mut acc32, d, group, &w16[u..], ldw, v);
@@ -296,7 +307,7 @@ fn conversions_match_scalar(f: Kernels) {
     let x = data(40, 21);
     let bf: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v * 300.0)).collect();
     let hf: Vec<F16> = x.iter().map(|&v| F16::from_f32(v * 300.0)).collect();
-    let q: Vec<i8> = (0..40).map(|i| (i * 37 % 256) as u8 as i8).collect();
+    let q = bytes(40, 37, 0);
     for n in lengths(0..40) {
         let (mut a, mut b) = (vec![f32::NAN; n + 1], vec![f32::NAN; n + 1]);
         // SAFETY: slice-based kernels on a CPU that runs `f`'s level.
@@ -330,7 +341,8 @@ fn conversions_match_scalar(f: Kernels) {
 /// 128, MHA and groups of 2 and 4; 6 and 7 heads (a remainder after the four-head blocks);
 /// head dims 300 and 520 (several 256-lane integer blocks); every `w`, zero weights.
 fn row_kernels_match_scalar(f: Kernels) {
-    use crate::kernels::row::{KvRow, Q16};
+    use crate::kernels::int8::Q16;
+    use crate::kernels::row::KvRow;
     let s = Kernels::scalar();
     // quantize_q16: bit-identical to the scalar version, on heads of zeros, with a NaN,
     // with an infinity, and of every length 1..40 (every vector tail).
@@ -391,21 +403,9 @@ fn row_kernels_match_scalar(f: Kernels) {
             .iter()
             .map(|r| r.iter().map(|&x| Bf16::from_f32(x)).collect())
             .collect();
-        let i8s: Vec<Vec<i8>> = (0..4)
-            .map(|u| {
-                (0..n)
-                    .map(|j| ((j * 37 + u * 11) % 256) as u8 as i8)
-                    .collect()
-            })
-            .collect();
+        let i8s: Vec<Vec<i8>> = (0..4).map(|u| bytes(n, 37, u * 11)).collect();
         let scales: Vec<Vec<f32>> = (0..4).map(|u| data(kvh, 40 + u)).collect();
-        let zps: Vec<Vec<i8>> = (0..4)
-            .map(|u| {
-                (0..kvh)
-                    .map(|g| ((g * 53 + u * 7) % 256) as u8 as i8)
-                    .collect()
-            })
-            .collect();
+        let zps: Vec<Vec<i8>> = (0..4).map(|u| bytes(kvh, 53, u * 7)).collect();
         let rf = |u: usize| KvRow::dense(&fl[u][..]);
         let rb = |u: usize| KvRow::dense(&bf[u][..]);
         let ri = |u: usize| KvRow {
@@ -481,7 +481,7 @@ fn row_kernels_match_scalar(f: Kernels) {
                     );
                 }
                 assert!(s1[h * lds + 1].is_nan(), "wrote between heads");
-                if kind == 2 && f.level == SimdLevel::Avx512 {
+                if kind == 2 {
                     // The same integer sums and last step as the portable kernel.
                     assert_eq!(s1[h * lds].to_bits(), s2[h * lds].to_bits(), "q16 bits");
                 }
@@ -584,8 +584,9 @@ fn matches_scalar(f: Kernels) {
             let (mut p1, mut p2) = (vec![f32::NAN; nkp * d], vec![f32::NAN; nkp * d]);
             // SAFETY: as above.
             unsafe {
-                (f.pack_k)(&k, stride, nk, nkp, d, &mut p1);
-                (s.pack_k)(&k, stride, nk, nkp, d, &mut p2);
+                let t = scalar::KTile { stride, nk, nkp, d };
+                (f.pack_k)(&k, t, &mut p1);
+                (s.pack_k)(&k, t, &mut p2);
             }
             assert_eq!(p1, p2, "pack_k d {d} nk {nk}");
             for j in 0..nkp {

@@ -186,3 +186,26 @@ pub fn shape(
         start_pos,
     }
 }
+
+/// Hands out memory one byte past a 64-byte boundary (from a [`PoisonAlloc`]).
+pub struct MisalignedAlloc(pub PoisonAlloc);
+
+// SAFETY: NOT upheld on purpose for alignment: the pointer is one byte past an aligned block,
+// which sdpa must detect (`MisalignedScratch`) before any use; the tests using this check it
+// does. The block is still valid for `size` bytes (`size + align` were allocated).
+unsafe impl TempAllocator for MisalignedAlloc {
+    fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+        let p = self.0.allocate(size + align, align)?;
+        // SAFETY: `p + 1` is inside the `size + align` bytes just allocated.
+        Ok(unsafe { p.add(1) })
+    }
+}
+
+// SAFETY: the reset takes back exactly what this type's `allocate` handed out, as the
+// `TempAllocator` impl above describes.
+unsafe impl caching_allocator::TempReset for MisalignedAlloc {
+    unsafe fn reset_unchecked(&self) {
+        // SAFETY: forwarded under the caller's guarantee.
+        unsafe { self.0.reset_unchecked() }
+    }
+}

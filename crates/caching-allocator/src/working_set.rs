@@ -10,10 +10,12 @@
 //!
 //! So the allocator keeps a *working set*:
 //!
-//! - **a budget**: after every block taken from the system (the only way reserved bytes grow)
-//!   it evicts least recently used idle blocks until its reserved bytes (live + idle) are at
-//!   most `slack x` the peak of the bytes its live blocks asked for (the working set;
-//!   `Config::working_set_slack`);
+//! - **a budget**: before every block taken from the system (the only way reserved bytes
+//!   grow) it evicts least recently used idle blocks until its reserved bytes (live + idle +
+//!   the new block) are at most `slack x` the peak of the bytes its live blocks asked for (the
+//!   working set, counting the new request; `Config::working_set_slack`), so the peak of
+//!   reserved bytes never holds a growing buffer twice; and again after, as the cap's first
+//!   eviction does;
 //! - **usefulness**: once anything has been evicted (by this budget or by the cap), a miss
 //!   takes the smallest idle block of a larger class before asking the system, of any size
 //!   that keeps what the thread's live blocks asked for within the budget of its own working
@@ -32,12 +34,11 @@
 //! Live memory is never refused: reserved bytes may exceed the budget by live bytes above the
 //! peak and by the block being handed out.
 
-use crate::allocator::CachingAllocator;
-use crate::sync::{lock, AtomicBool, Ordering};
+use crate::sync::{AtomicBool, Ordering};
 use crate::thread_cache::Counters;
 
 /// Whether the policy is on, and its slack.
-pub(crate) struct Retention {
+pub(crate) struct WorkingSetBudget {
     /// Set the first time the cap or the budget evicts (never cleared): wide fit is on. Read on
     /// the fast path after a miss of the request's own class, with one relaxed load: a thread
     /// that sees it late only serves a request or two the bounded way.
@@ -46,16 +47,22 @@ pub(crate) struct Retention {
     slack: Option<f64>,
 }
 
-impl Retention {
+impl WorkingSetBudget {
     pub(crate) fn new(slack: Option<f64>) -> Self {
         debug_assert!(
             slack.is_none_or(|s| s >= 1.0),
             "Config clamps the slack to at least 1: the budget never asks to free live memory"
         );
-        Retention {
+        WorkingSetBudget {
             engaged: AtomicBool::new(false),
             slack,
         }
+    }
+
+    /// Whether the policy is on (`Config::working_set_slack` is set).
+    #[inline]
+    pub(crate) fn is_on(&self) -> bool {
+        self.slack.is_some()
     }
 
     /// Whether the cap or the budget has evicted (and the policy is on).
@@ -79,13 +86,13 @@ impl Retention {
     #[inline]
     pub(crate) fn headroom(&self, c: &Counters) -> Option<usize> {
         let room = self
-            .budget(c.peak_requested_bytes)
+            .bytes_for(c.peak_requested_bytes)
             .checked_sub(c.requested_bytes)?;
         (room > 0).then_some(room)
     }
 
     /// The most bytes worth holding for a working set of `peak` bytes.
-    fn budget(&self, peak: usize) -> usize {
+    pub(crate) fn bytes_for(&self, peak: usize) -> usize {
         let slack = self.slack.unwrap_or(f64::INFINITY);
         let budget = peak as f64 * slack;
         if budget >= usize::MAX as f64 {
@@ -96,49 +103,16 @@ impl Retention {
     }
 }
 
-impl CachingAllocator {
-    /// Evicts least recently used idle blocks until reserved bytes are within the working-set
-    /// budget, or nothing is idle (if the policy is on). Called with no lock held, after a
-    /// block came from the system (the only way reserved bytes grow) and when the cap first
-    /// evicts.
-    pub(crate) fn trim_to_budget(&self) {
-        if self.retention.slack.is_none() {
-            return;
-        }
-        let (cached, peak_requested) = self.idle_and_peak_requested();
-        let reserved = lock(&self.shared).reserved();
-        let live = reserved.saturating_sub(cached);
-        // The working set is what the runtime asked for at its peak, not the blocks that served
-        // it: wide fit hands out larger blocks, which must not raise the budget that pays for
-        // them. Idle blocks are all that is evicted, so live bytes above the budget stay.
-        let budget = self.retention.budget(peak_requested);
-        let mut over = reserved.saturating_sub(budget.max(live));
-        if over > 0 {
-            self.retention.engage();
-        }
-        // Another thread may take the block chosen first (then 0 bytes are freed): a few such
-        // races and the next trim finishes the job.
-        let mut races = 0;
-        while over > 0 && races < 4 {
-            match self.evict_oldest_bytes() {
-                None => break,
-                Some(0) => races += 1,
-                Some(freed) => over = over.saturating_sub(freed),
-            }
-        }
-    }
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
     #[test]
     fn engages_once_and_only_when_on() {
-        let off = Retention::new(None);
+        let off = WorkingSetBudget::new(None);
         assert!(!off.engage());
         assert!(!off.engaged());
-        let on = Retention::new(Some(1.25));
+        let on = WorkingSetBudget::new(Some(1.25));
         assert!(!on.engaged());
         assert!(on.engage());
         assert!(!on.engage(), "only the first call engages");
@@ -147,10 +121,10 @@ mod tests {
 
     #[test]
     fn budget_is_slack_times_peak_and_saturates() {
-        let r = Retention::new(Some(1.25));
-        assert_eq!(r.budget(4 << 20), 5 << 20);
-        assert_eq!(r.budget(0), 0);
-        assert_eq!(r.budget(usize::MAX), usize::MAX);
-        assert_eq!(Retention::new(None).budget(1), usize::MAX);
+        let r = WorkingSetBudget::new(Some(1.25));
+        assert_eq!(r.bytes_for(4 << 20), 5 << 20);
+        assert_eq!(r.bytes_for(0), 0);
+        assert_eq!(r.bytes_for(usize::MAX), usize::MAX);
+        assert_eq!(WorkingSetBudget::new(None).bytes_for(1), usize::MAX);
     }
 }

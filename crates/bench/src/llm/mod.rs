@@ -1,0 +1,496 @@
+//! `allocbench llm`: a whole Llama-family model (crate `llm`) generating tokens, its kernels'
+//! scratch from every temp-memory source, and its speed against this machine's limits.
+//!
+//! **Allocator comparison.** One [`llm::Llama`] per source, all sharing one set of weights
+//! (random, seeded, bf16, at a named real shape; or a checkpoint). Every source is warmed up
+//! in turn (a prefill and the decode steps: every scratch size of the run seen once). A
+//! measured *round* is `prefill_reps` prefills of the prompt (+ sampling the first token),
+//! then `decode_tokens` decode steps (forward of one token + greedy sampling), each step run
+//! on every source back to back in the order of [`crate::steps::step_order`] (forward,
+//! backward, ...), so machine noise hits every source alike. `x static` is the median of a
+//! source's step-by-step time over `static`'s; system allocations, page faults and temp bytes
+//! are per token.
+//!
+//! **Efficiency**, with the `caching` source: decode tokens/s times the bytes of weights a
+//! step reads, against a streaming read of as many bytes ([`crate::measure::stream_read`]);
+//! prefill FLOP/s against matrixmultiply's sgemm on the model's largest matmul shape. Both
+//! timed in alternating turns (module `probe`).
+//!
+//! **Scratch profile**: per phase and kernel name, what the kernels took from the runner's
+//! default temp allocator over one prefill and a round's decode tokens. Module `section`
+//! turns it all into the report's section.
+
+mod probe;
+mod section;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::harness::Measurement;
+use crate::report::{RunInfo, Section};
+use crate::source::{
+    ScratchSource, ScratchWorker, SourceConfig, SourceKind, LLM_ONLY, RUNNER_CAP, SOURCES,
+};
+use crate::steps::{KernelRun, Steps};
+use llm::safetensors::DType;
+use llm::scratch_profile::ScratchProfile;
+use llm::{Llama, ModelOptions, Module, Sampler, TempRef, Weights};
+use probe::Probe;
+pub use probe::{ModelPrefillEfficiency, WeightReadEfficiency};
+use section::{section, Setup};
+
+/// The temp-memory sources of the llm comparison, in table order: [`SOURCES`] entries and
+/// [`LLM_ONLY`]'s, all built with [`llm_source_config`] (caps at the runner's 10 MiB).
+pub const LLM_SOURCE_NAMES: [&str; 6] = [
+    "system",
+    "fresh-pages",
+    "exact-cache",
+    "caching",
+    "caching-unbounded",
+    "static",
+];
+
+/// The source settings of the llm comparison: `exact-cache` and `caching` capped at
+/// [`RUNNER_CAP`], as ExecuTorch's LLM runner caps its temp allocator.
+pub fn llm_source_config() -> SourceConfig {
+    SourceConfig {
+        exact_cap: RUNNER_CAP as u32,
+        caching_cap: RUNNER_CAP,
+    }
+}
+
+/// What `allocbench llm` runs.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LlmConfig {
+    /// The named shape (`smollm2-135m`, `llama-3.2-1b`) or the checkpoint directory.
+    pub model: String,
+    /// Real weights instead of random ones: a .gguf file or a checkpoint directory.
+    #[serde(skip)]
+    pub model_dir: Option<PathBuf>,
+    /// Prompt tokens (random ids, seeded).
+    pub prompt_tokens: usize,
+    /// Decode steps per round.
+    pub decode_tokens: usize,
+    /// Prefills per measured round (each on every source, interleaved).
+    pub prefill_reps: usize,
+    /// Measured rounds (after one warm-up round).
+    pub rounds: usize,
+    /// Alternating turns of each efficiency measurement.
+    pub eff_reps: usize,
+    /// Weight and prompt seed.
+    pub seed: u64,
+}
+
+impl LlmConfig {
+    /// The defaults: quick runs 1 measured round of 32 decode tokens, full runs 3 of 64
+    /// (`allocbench llm` takes its count from `--decode-tokens`).
+    pub fn new(quick: bool, shape: &str) -> Self {
+        LlmConfig {
+            model: shape.into(),
+            model_dir: None,
+            prompt_tokens: 128,
+            decode_tokens: if quick { 32 } else { 64 },
+            prefill_reps: 3,
+            rounds: if quick { 1 } else { 3 },
+            eff_reps: if quick { 3 } else { 7 },
+            seed: 1,
+        }
+    }
+
+    /// Tests: the [`TINY`] shape, a 12-token prompt, 4 decode tokens, one round.
+    pub fn tiny() -> Self {
+        LlmConfig {
+            model: TINY.into(),
+            model_dir: None,
+            prompt_tokens: 12,
+            decode_tokens: 4,
+            prefill_reps: 2,
+            rounds: 1,
+            eff_reps: 1,
+            seed: 1,
+        }
+    }
+}
+
+/// The shape name of a tiny model for tests (2 layers, hidden 64, vocab 300).
+pub const TINY: &str = "tiny";
+
+/// The tiny model's configuration: smollm2-135m's, shrunk.
+fn tiny_config() -> Option<llm::LlamaConfig> {
+    let mut c = llm::shapes::named("smollm2-135m")?;
+    c.hidden_size = 64;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 16;
+    c.intermediate_size = 96;
+    c.num_layers = 2;
+    c.vocab_size = 300;
+    Some(c)
+}
+
+/// What the comparison and the efficiency probes of one `allocbench llm` run measured:
+/// prefill then decode rows, every source (time per prefill or per decode token; faults,
+/// system allocations and temp bytes per token; peaks over both phases, as one temp
+/// allocator serves both).
+pub type LlmRun = KernelRun<Option<WeightReadEfficiency>, Option<ModelPrefillEfficiency>>;
+
+/// A model whose kernels take their scratch from a source's worker.
+type Model<'w> = Llama<TempRef<'w, dyn ScratchWorker + 'w>>;
+
+/// Loads or generates the weights.
+pub fn weights(cfg: &LlmConfig) -> Result<Arc<Weights>, String> {
+    let w = match &cfg.model_dir {
+        Some(dir) => Weights::load(dir).map_err(|e| e.to_string())?,
+        None => {
+            let shape = if cfg.model == TINY {
+                tiny_config()
+            } else {
+                llm::shapes::named(&cfg.model)
+            };
+            let c = shape.ok_or_else(|| {
+                format!(
+                    "unknown shape `{}`; known: {}",
+                    cfg.model,
+                    llm::shapes::NAMES.join(", ")
+                )
+            })?;
+            Weights::random(c, DType::BF16, cfg.seed).map_err(|e| e.to_string())?
+        }
+    };
+    Ok(Arc::new(w))
+}
+
+/// The prompt: `prompt_tokens` random ids (seeded).
+fn prompt(cfg: &LlmConfig, weights: &Weights) -> Vec<u32> {
+    let vocab = weights.config.vocab_size as u64;
+    let mut rng = llm::sample::Rng::new(cfg.seed ^ 0x5eed);
+    (0..cfg.prompt_tokens.max(1))
+        .map(|_| (rng.next_u64() % vocab) as u32)
+        .collect()
+}
+
+/// Runs the comparison on `kinds`, then the scratch profile and the efficiency figures;
+/// `tick` after every step. The profile: the kernels' scratch per phase and kernel name over
+/// one prefill of the prompt and the round's decode tokens, with the runner's default temp
+/// allocator.
+pub fn run(
+    cfg: &LlmConfig,
+    weights: &Arc<Weights>,
+    kinds: &[&SourceKind],
+    source_config: &SourceConfig,
+    tick: &dyn Fn(),
+) -> (LlmRun, Option<ScratchProfile>) {
+    let prompt = prompt(cfg, weights);
+    let opts = ModelOptions {
+        context: Some(prompt.len() + cfg.decode_tokens + cfg.eff_reps + 8),
+    };
+    let mut out = LlmRun::default();
+    match compare(cfg, weights, &prompt, &opts, kinds, source_config, tick) {
+        Ok(rows) => out.rows = rows,
+        Err(e) => {
+            out.errors.push(format!("building the model: {e}"));
+            return (out, None);
+        }
+    }
+    // ---- profile and efficiency, with the runner's default temp allocator ----
+    let model = || {
+        Llama::new(weights.clone(), llm::caching_temp(RUNNER_CAP), &opts).map_err(|e| e.to_string())
+    };
+    let profile = model().and_then(|mut m| {
+        m.enable_scratch_profile();
+        let mut tok = prefill(&mut m, &prompt)?;
+        for _ in 0..cfg.decode_tokens {
+            tok = decode(&mut m, tok)?;
+        }
+        Ok(m.scratch_profile().cloned().unwrap_or_default())
+    });
+    let mut model = match model() {
+        Ok(m) => m,
+        Err(e) => {
+            out.errors.push(format!("efficiency model: {e}"));
+            return (out, None);
+        }
+    };
+    let mut probe = Probe {
+        model: &mut model,
+        prompt: &prompt,
+        reps: cfg.eff_reps,
+    };
+    let decode_eff = probe.decode();
+    tick();
+    let prefill_eff = probe.prefill();
+    tick();
+    let errors = &mut out.errors;
+    let profile = profile
+        .map_err(|e| errors.push(format!("scratch profile: {e}")))
+        .ok();
+    out.decode_eff = decode_eff
+        .map_err(|e| errors.push(format!("decode efficiency: {e}")))
+        .ok();
+    out.prefill_eff = prefill_eff
+        .map_err(|e| errors.push(format!("prefill efficiency: {e}")))
+        .ok();
+    (out, profile)
+}
+
+/// A prefill of `prompt` from an empty cache, then the first token sampled (greedy).
+fn prefill<A: caching_allocator::TempReset>(
+    m: &mut Llama<A>,
+    prompt: &[u32],
+) -> Result<u32, String> {
+    m.clear();
+    m.forward(prompt).map_err(|e| e.to_string())?;
+    m.sample(&mut Sampler::greedy()).map_err(|e| e.to_string())
+}
+
+/// One decode step: the forward pass of `tok`, then the next token sampled (greedy).
+fn decode<A: caching_allocator::TempReset>(m: &mut Llama<A>, tok: u32) -> Result<u32, String> {
+    m.forward(&[tok]).map_err(|e| e.to_string())?;
+    m.sample(&mut Sampler::greedy()).map_err(|e| e.to_string())
+}
+
+/// The allocator comparison: one model per source, warmed up in turn, then the measured
+/// rounds' prefills and decode steps interleaved over the sources.
+fn compare(
+    cfg: &LlmConfig,
+    weights: &Arc<Weights>,
+    prompt: &[u32],
+    opts: &ModelOptions,
+    kinds: &[&SourceKind],
+    source_config: &SourceConfig,
+    tick: &dyn Fn(),
+) -> Result<Vec<Measurement>, String> {
+    let sources: Vec<Box<dyn ScratchSource>> =
+        kinds.iter().map(|k| (k.build)(source_config)).collect();
+    let workers: Vec<Box<dyn ScratchWorker + '_>> = sources.iter().map(|s| s.worker()).collect();
+    let mut models: Vec<Model<'_>> = workers
+        .iter()
+        .map(|w| Llama::new(weights.clone(), TempRef(w.as_ref()), opts))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let counters = |i: usize| sources[i].counters().plus(workers[i].counters());
+    let mut pre = Steps::new(kinds, &counters);
+    let mut dec = Steps::new(kinds, &counters);
+    // The next token of each source's model, and its temp bytes per phase (measured steps).
+    let mut next_tok = vec![0u32; models.len()];
+    let mut temp = vec![[0u64; 2]; models.len()];
+    // Warm-up: one round per source, in turn (every scratch size of the run seen once).
+    for (i, m) in models.iter_mut().enumerate() {
+        pre.warm_up(i, || {
+            next_tok[i] = prefill(m, prompt)?;
+            Ok(())
+        });
+        dec.warm_up(i, || {
+            for _ in 0..cfg.decode_tokens {
+                next_tok[i] = decode(m, next_tok[i])?;
+            }
+            Ok(())
+        });
+    }
+    // One measured step of `phase` (0 prefill, 1 decode) on source `i`, its temp bytes counted.
+    let mut step = |i: usize, phase: usize| {
+        let m = &mut models[i];
+        let b0 = m.temp_usage().bytes;
+        next_tok[i] = match phase {
+            0 => prefill(m, prompt)?,
+            _ => decode(m, next_tok[i])?,
+        };
+        temp[i][phase] += m.temp_usage().bytes - b0;
+        Ok(if phase == 0 { prompt.len() as u64 } else { 1 })
+    };
+    for _ in 0..cfg.rounds {
+        for _ in 0..cfg.prefill_reps.max(1) {
+            pre.step(|i| step(i, 0));
+            tick();
+        }
+        for _ in 0..cfg.decode_tokens {
+            dec.step(|i| step(i, 1));
+            tick();
+        }
+    }
+    let ns = |t: &[f64]| t.iter().map(|x| x * 1e9).collect();
+    let mut rows = pre.measurements("llm-prefill", "prefill", ns);
+    rows.extend(dec.measurements("llm-decode", "token", ns));
+    let n = kinds.len();
+    for (k, r) in rows.iter_mut().enumerate() {
+        r.temp_bytes_per_call = Some(temp[k % n][k / n] as f64 / r.calls_total.max(1) as f64);
+    }
+    Ok(rows)
+}
+
+/// Progress units of a run: the measured steps, plus two efficiency figures.
+pub fn progress_units(cfg: &LlmConfig) -> usize {
+    cfg.rounds * (cfg.decode_tokens + cfg.prefill_reps.max(1)) + 2
+}
+
+/// The model's architecture in one line.
+fn describe(cfg: &LlmConfig, weights: &Weights) -> String {
+    let c = &weights.config;
+    format!(
+        "{}: hidden {}, {} layers, {} heads, {} kv heads, head_dim {}, FFN {}, vocab {}, {}, \
+         rope_theta {}{}; {:?} weights, {:.1} MiB read per decode token",
+        cfg.model,
+        c.hidden_size,
+        c.num_layers,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.intermediate_size,
+        c.vocab_size,
+        if c.tie_word_embeddings {
+            "tied"
+        } else {
+            "separate head"
+        },
+        c.rope_theta,
+        if c.rope_scaling.is_some() {
+            " (llama3 scaling)"
+        } else {
+            ""
+        },
+        weights.layers.first().map_or("no", |l| l.q.type_name()),
+        weights.decode_weight_bytes() as f64 / (1 << 20) as f64
+    )
+}
+
+/// Runs `allocbench llm` on `kinds` in this process and reports it as a [`Section`]; only an
+/// error when the weights could not be had.
+pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> Section {
+    let started = std::time::Instant::now();
+    let weights = match weights(cfg) {
+        Ok(w) => w,
+        Err(e) => return Section::failed(format!("llm: {e}")),
+    };
+    let ready_s = started.elapsed().as_secs_f64();
+    let pb = crate::output::progress_bar(progress_units(cfg));
+    pb.set_message("llm");
+    // On a rayon worker, as `llm generate` runs: the kernels' parallel sections then start
+    // inside the pool instead of waking the main thread through a latch after each of the
+    // ~240 sections per token. Inline when the main thread is a member
+    // ([`crate::parts::init_threads`]); this covers a single-thread pool, which keeps its own worker.
+    let (r, profile) =
+        rayon::scope(|_| run(cfg, &weights, kinds, &llm_source_config(), &|| pb.inc(1)));
+    pb.finish_and_clear();
+    let info = RunInfo::now(quick, rayon::current_num_threads(), started);
+    let about = Setup {
+        cfg,
+        arch: describe(cfg, &weights),
+        isa: format!("{:?}", ::llm::kernels::isa()),
+        threads: info.threads,
+    };
+    section(&about, r, profile.as_ref(), &info, ready_s)
+}
+
+/// Looks an llm source up by name.
+pub fn find_source(name: &str) -> Option<&'static SourceKind> {
+    LLM_SOURCE_NAMES
+        .contains(&name)
+        .then(|| SOURCES.iter().chain(LLM_ONLY).find(|k| k.name == name))?
+}
+
+/// Every llm source, in table order.
+pub fn llm_sources() -> Vec<&'static SourceKind> {
+    LLM_SOURCE_NAMES
+        .iter()
+        .filter_map(|n| find_source(n))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tiny model through the whole run: rows for every (phase, source), ratios against
+    /// static, zero system allocations per token for the cache in steady state, the scratch
+    /// profile, JSON units.
+    #[test]
+    fn smoke_run_on_a_tiny_model() {
+        let cfg = LlmConfig::tiny();
+        let w = weights(&cfg).unwrap();
+        let kinds: Vec<&SourceKind> = ["caching", "static", "system"]
+            .iter()
+            .map(|n| find_source(n).unwrap())
+            .collect();
+        let (r, profile) = run(&cfg, &w, &kinds, &SourceConfig::default(), &|| {});
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(r.rows.len(), 6);
+        let get = |phase: &str, source: &str| {
+            r.rows
+                .iter()
+                .find(|m| m.workload == phase && m.source == source)
+                .unwrap()
+        };
+        let caching = get("llm-decode", "caching");
+        assert_eq!(caching.sys_allocs_per_call, Some(0.0));
+        assert!(caching.x_static.is_some() && caching.calls_per_sec > 0.0);
+        assert!(caching.temp_bytes_per_call.is_some_and(|b| b > 0.0));
+        let system = get("llm-decode", "system");
+        assert!(
+            system.sys_allocs_per_call.unwrap() > 0.0,
+            "system mallocs every kernel's scratch"
+        );
+        assert!(get("llm-prefill", "static").ns_per_call.median > 0.0);
+        assert!(r.decode_eff.is_some() && r.prefill_eff.is_some());
+        let about = Setup {
+            cfg: &cfg,
+            arch: "tiny".into(),
+            isa: "test".into(),
+            threads: 2,
+        };
+        let s = section(
+            &about,
+            r,
+            profile.as_ref(),
+            &crate::report::tests::info(),
+            0.0,
+        );
+        let (key, j) = s.json.clone().unwrap();
+        assert_eq!(key, "llm");
+        assert_eq!(
+            j["measurements"][0]["time_per_call"]["median"]["unit"],
+            "ns/prefill"
+        );
+        let tok_s = j["measurements"][0]["tokens_per_second"].as_f64().unwrap();
+        assert!(tok_s > 0.0, "{tok_s}");
+        assert!(s
+            .targets
+            .iter()
+            .any(|c| c.target.contains("within 1.01x of static on llm-decode")));
+        assert!(j["headline"][0].as_str().unwrap().contains("system takes"));
+        // The scratch profile: one prefill and `decode_tokens` decode steps, every kernel's
+        // largest call no more than its total, and a table row per (phase, kernel).
+        let kernels = j["scratch_profile"]["kernels"].as_array().unwrap();
+        assert!(!kernels.is_empty(), "{j}");
+        for phase in ["prefill", "decode"] {
+            assert!(kernels.iter().any(|k| k["phase"] == phase), "{phase}");
+        }
+        for k in kernels {
+            let (max, total) = (k["max_call_bytes"].as_u64(), k["total_bytes"].as_u64());
+            assert!(k["calls"].as_u64() > Some(0) && max <= total, "{k}");
+        }
+        let attention = |phase: &str| {
+            let k = kernels
+                .iter()
+                .find(|k| k["phase"] == phase && k["kernel"] == "attention");
+            k.and_then(|k| k["max_call_bytes"].as_u64())
+        };
+        // Prefill's attention scores cover the prompt; decode's one row.
+        assert!(attention("prefill") > attention("decode"), "{j}");
+        assert!(attention("decode") > Some(0), "{j}");
+        let decode_calls = kernels
+            .iter()
+            .filter(|k| k["phase"] == "decode")
+            .map(|k| k["calls"].as_u64().unwrap())
+            .max()
+            .unwrap();
+        assert_eq!(decode_calls % cfg.decode_tokens as u64, 0, "{j}");
+        let details = s.details().unwrap();
+        assert!(details.contains("Scratch profile"), "{details}");
+        let rows = details
+            .lines()
+            .filter(|l| l.starts_with("| decode"))
+            .count();
+        let decode_kernels = kernels.iter().filter(|k| k["phase"] == "decode").count();
+        assert_eq!(rows, decode_kernels + 1, "{details}"); // + the efficiency table's row
+    }
+}
