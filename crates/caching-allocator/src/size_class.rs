@@ -192,24 +192,18 @@ mod tests {
     #[test]
     fn largest_within_is_the_last_class_that_fits() {
         assert_eq!(SizeClass::largest_within(63), None);
-        assert_eq!(SizeClass::largest_within(64).map(SizeClass::size), Some(64));
-        assert_eq!(
-            SizeClass::largest_within(1151).map(SizeClass::size),
-            Some(1024)
-        );
-        assert_eq!(
-            SizeClass::largest_within(1152).map(SizeClass::size),
-            Some(1152)
-        );
-        // Twice 4608 (the class of 4097 B) is 9216: the classes there are 9216 exactly.
-        assert_eq!(
-            SizeClass::largest_within(9216).map(SizeClass::size),
-            Some(9216)
-        );
-        assert_eq!(
-            SizeClass::largest_within(9215).map(SizeClass::size),
-            Some(8192)
-        );
+        // (bound, the largest class within it). Twice 4608 (the class of 4097 B) is 9216: the
+        // classes there are 9216 exactly.
+        for (bound, largest) in [
+            (64, 64),
+            (1151, 1024),
+            (1152, 1152),
+            (9216, 9216),
+            (9215, 8192),
+        ] {
+            let got = SizeClass::largest_within(bound).map(SizeClass::size);
+            assert_eq!(got, Some(largest), "bound {bound}");
+        }
         assert!(SizeClass::largest_within(usize::MAX).is_some());
     }
 

@@ -11,19 +11,20 @@ fn system_blocks(s: &Stats) -> u64 {
     s.system_allocs - s.system_frees
 }
 
-/// Two scope trips: the first chunk goes idle (the cache's credit grows to hold it), the
-/// second is kept as the thread's spare.
-fn warm(alloc: &CachingAllocator) {
+/// An allocator (arena off, so only scopes hold blocks) after two scope trips: the first
+/// chunk went idle (the cache's credit grew to hold it), the second is the thread's spare.
+fn warmed() -> CachingAllocator {
+    let alloc = CachingAllocator::with_config(Config::default().arena_max_bytes(0));
     for _ in 0..2 {
         let scope = alloc.scope();
         scope.alloc_slice_fill(16, 0u8).unwrap();
     }
+    alloc
 }
 
 #[test]
 fn a_scope_borrows_the_spare_and_the_books_show_it_live_until_the_scope_drops() {
-    let alloc = CachingAllocator::with_config(Config::default().arena_max_bytes(0));
-    warm(&alloc);
+    let alloc = warmed();
     let idle = alloc.stats();
     assert_eq!((idle.live_blocks, idle.cached_blocks), (0, 1), "{idle}");
     assert_eq!(idle.cached_bytes, CHUNK, "{idle}");
@@ -42,8 +43,7 @@ fn a_scope_borrows_the_spare_and_the_books_show_it_live_until_the_scope_drops() 
 
 #[test]
 fn a_nested_scope_gets_a_chunk_of_its_own_while_the_spare_is_lent() {
-    let alloc = CachingAllocator::with_config(Config::default().arena_max_bytes(0));
-    warm(&alloc);
+    let alloc = warmed();
     let outer = alloc.scope();
     let a = outer.alloc_slice_fill(1000, 1u32).unwrap();
     {
@@ -89,8 +89,7 @@ fn scope_trips_after_the_first_make_no_system_allocation() {
 
 #[test]
 fn free_cached_gives_the_idle_spare_back_but_not_a_lent_one() {
-    let alloc = CachingAllocator::with_config(Config::default().arena_max_bytes(0));
-    warm(&alloc);
+    let alloc = warmed();
     {
         let scope = alloc.scope();
         let xs = scope.alloc_slice_fill(64, 3u8).unwrap();
