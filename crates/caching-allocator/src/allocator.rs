@@ -945,10 +945,21 @@ impl CachingAllocator {
     /// would not fit with every idle block gone fails before anything is evicted.
     fn reserve(&self, class: SizeClass, req: &Request) -> Result<(), AllocError> {
         let size = class.size();
+        let mut chunks_parked = false;
         loop {
             let mut shared = lock(&self.shared);
             if shared.try_reserve(size, self.limit) {
                 return Ok(());
+            }
+            if !chunks_parked && self.limit != usize::MAX {
+                // Arena chunks that hold nothing live are idle bytes too: the caller's own,
+                // and those of arenas a reset emptied. Into the idle blocks with them, where
+                // the eviction below can free them.
+                drop(shared);
+                chunks_parked = true;
+                self.park_own_chunk();
+                self.revoke_stale_chunks();
+                continue;
             }
             let reserved = shared.reserved();
             drop(shared);

@@ -317,6 +317,11 @@ impl Arena {
     /// read it; its inbox entry names the popped serial and is void).
     #[inline(always)]
     pub(crate) fn release(&mut self, sh: &ArenaShared, addr: usize) -> bool {
+        // Another thread's release waiting for this owner may name this very block: applied
+        // first, so a second release of it is refused rather than taken.
+        if sh.inbox_pending.load(Ordering::Acquire) {
+            self.apply_inbox(sh);
+        }
         let Some(i) = sh.owner_count().checked_sub(1) else {
             return false;
         };

@@ -436,8 +436,6 @@ fn releases_that_rewind_the_bump_keep_the_hit_count() {
 }
 
 #[test]
-#[ignore = "fails today: the arena's chunk, idle with nothing live in it, is not given back to \
-            make room under `limit_bytes`, though `LimitExceeded` promises every idle byte was"]
 fn an_idle_chunk_makes_room_under_the_limit() {
     let limit = 160 << 10;
     let big = 128 << 10;
@@ -457,9 +455,6 @@ fn an_idle_chunk_makes_room_under_the_limit() {
 }
 
 #[test]
-#[ignore = "fails today: while another thread's release of an arena block waits in the \
-            owner's inbox, the owner's own `release` of the same pointer succeeds (a double \
-            release accepted)"]
 fn a_block_released_on_another_thread_cannot_be_released_again_by_its_owner() {
     let alloc = CachingAllocator::new(64 << 20);
     let a = alloc.allocate(512, 64).unwrap();
