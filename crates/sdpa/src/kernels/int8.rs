@@ -176,9 +176,9 @@ fn score_finish(
 /// Lanes of the widest level (the stack buffers of [`scores_lanes`]).
 const MAX_LANES: usize = 16;
 
-/// `LANES` heads' scores from `h0` on, for a head dimension of at most [`MADD_BLOCK`]: one
-/// [`madd_block`] per head, their sums in one `Simd::reduce_sums_i32`, then the zero points
-/// and scales in vectors. The sum over all `d` lanes and `zp * qsum` are each at most
+/// `LANES` heads' scores from `h0` on, for a head dimension of at most [`MADD_BLOCK`]:
+/// `Simd::madd_i16_i8` over four heads at a time (interleaved), the heads' sums in one
+/// `Simd::reduce_sums_i32`, then the zero points and scales in vectors. The sum over all `d` lanes and `zp * qsum` are each at most
 /// `256 * 128 * 32767 < 2^30`, so the difference is exact in i32 and converts to the f32
 /// that the i64 of [`score_finish`] does; the two multiplies are in its order.
 #[inline(always)]
@@ -195,7 +195,7 @@ fn scores_lanes<S: Simd>(
     h0: usize,
 ) {
     let l = S::LANES;
-    const { assert!(S::LANES <= MAX_LANES) };
+    const { assert!(S::LANES <= MAX_LANES && S::LANES.is_multiple_of(4)) };
     // KV head of each lane's query head (one division per LANES heads).
     let mut gs = [0; MAX_LANES];
     let (mut g, mut in_group) = (h0 / group, h0 % group);
@@ -207,10 +207,25 @@ fn scores_lanes<S: Simd>(
         }
     }
     let mut acc = [s.splat_i32(0); MAX_LANES];
-    for (u, a) in acc[..l].iter_mut().enumerate() {
-        let (qh, kh) = (&q.q[(h0 + u) * d..][..d], &k.x[gs[u] * d..][..d]);
-        // SAFETY: `dv <= d`: inside both head vectors.
-        *a = unsafe { madd_block(s, qh.as_ptr(), kh.as_ptr(), 0, dv) };
+    let (mut qp, mut kp) = (
+        [core::ptr::null(); MAX_LANES],
+        [core::ptr::null(); MAX_LANES],
+    );
+    for u in 0..l {
+        (qp[u], kp[u]) = (
+            q.q[(h0 + u) * d..][..d].as_ptr(),
+            k.x[gs[u] * d..][..d].as_ptr(),
+        );
+    }
+    // Four heads interleaved: independent sums for the pipeline, few enough pointers for the
+    // registers (all LANES at once spilled them on AVX-512).
+    for c in (0..l).step_by(4) {
+        for j in (0..dv).step_by(2 * l) {
+            for u in c..c + 4 {
+                // SAFETY: `j + 2 * LANES <= dv <= d`: inside both head vectors of lane u.
+                acc[u] = unsafe { s.madd_i16_i8(acc[u], qp[u].add(j), kp[u].add(j)) };
+            }
+        }
     }
     let mut sums = s.reduce_sums_i32(&acc[..l]);
     if dv < d {
