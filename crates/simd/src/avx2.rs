@@ -32,6 +32,26 @@ unsafe fn reduce(v: __m256, op: impl Fn(__m128, __m128) -> __m128) -> f32 {
     }
 }
 
+/// The lane sums of eight vectors as the lanes of one: `vphaddd` pairs them up within each
+/// 128-bit half, then the two halves are added.
+///
+/// # Safety
+/// The CPU has AVX2 (the caller's token).
+#[inline(always)]
+pub(crate) unsafe fn hsum8(a: &[__m256i; 8]) -> __m256i {
+    // SAFETY: the caller's token proves AVX2.
+    unsafe {
+        let (x01, x23) = (_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
+        let (x45, x67) = (_mm256_hadd_epi32(a[4], a[5]), _mm256_hadd_epi32(a[6], a[7]));
+        // Lane i < 4 of `lo` sums half of a[i], lane 4 + i the other half; `hi` for a[4 + i].
+        let (lo, hi) = (_mm256_hadd_epi32(x01, x23), _mm256_hadd_epi32(x45, x67));
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256::<0x20>(lo, hi),
+            _mm256_permute2x128_si256::<0x31>(lo, hi),
+        )
+    }
+}
+
 // SAFETY: a value of `Avx2` exists only when `Level::Avx2.is_available()` (or its caller
 // promised so); every primitive uses only AVX2, FMA, F16C and their predecessors.
 unsafe impl Simd for Avx2 {
@@ -188,6 +208,13 @@ unsafe impl Simd for Avx2 {
             let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
             _mm_cvtsi128_si32(s)
         })
+    }
+    #[inline(always)]
+    fn reduce_sums_i32(self, a: &[__m256i]) -> __m256i {
+        match a.first_chunk::<8>() {
+            Some(a) => feat!(hsum8(a)),
+            None => crate::reduce_sums_lanes(self, a),
+        }
     }
     #[inline(always)]
     fn i32_to_f32(self, a: __m256i) -> __m256 {

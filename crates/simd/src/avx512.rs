@@ -216,6 +216,26 @@ unsafe impl Simd for Avx512 {
         feat!(_mm512_reduce_add_epi32(v))
     }
     #[inline(always)]
+    fn reduce_sums_i32(self, a: &[__m512i]) -> __m512i {
+        let Some(a) = a.first_chunk::<16>() else {
+            return crate::reduce_sums_lanes(self, a);
+        };
+        // SAFETY (hsum8): the AVX-512 level includes AVX2.
+        feat!({
+            // Each vector's halves added, then the AVX2 transpose-and-add of each eight.
+            let mut h = [[_mm256_setzero_si256(); 8]; 2];
+            for (i, v) in a.iter().enumerate() {
+                let (lo, hi) = (
+                    _mm512_castsi512_si256(*v),
+                    _mm512_extracti64x4_epi64::<1>(*v),
+                );
+                h[i / 8][i % 8] = _mm256_add_epi32(lo, hi);
+            }
+            let lo = _mm512_castsi256_si512(crate::avx2::hsum8(&h[0]));
+            _mm512_inserti64x4::<1>(lo, crate::avx2::hsum8(&h[1]))
+        })
+    }
+    #[inline(always)]
     fn i32_to_f32(self, a: __m512i) -> __m512 {
         feat!(_mm512_cvtepi32_ps(a))
     }

@@ -216,6 +216,13 @@ pub unsafe trait Simd: Copy + Send + Sync + 'static {
     fn shr_i32<const N: i32>(self, a: Self::I32) -> Self::I32;
     /// The sum of the lanes (wrapping).
     fn reduce_sum_i32(self, a: Self::I32) -> i32;
+    /// Lane `i` is [`Simd::reduce_sum_i32`] of `a[i]`, for `i < min(a.len(), LANES)`; the
+    /// other lanes are 0. For `LANES` vectors the SIMD levels do one transpose-and-add,
+    /// cheaper than `LANES` reductions.
+    #[inline(always)]
+    fn reduce_sums_i32(self, a: &[Self::I32]) -> Self::I32 {
+        reduce_sums_lanes(self, a)
+    }
     /// Lane-wise conversion to f32 (round to nearest even where not exact).
     fn i32_to_f32(self, a: Self::I32) -> Self::F32;
     /// Lane-wise conversion to i32, rounding to nearest even; lanes outside the i32 range
@@ -281,6 +288,18 @@ pub unsafe trait Simd: Copy + Send + Sync + 'static {
     /// Accumulators of [`Simd::madd_rows_i8`] in column order: lane `i` of the first vector
     /// is column `i`, of the second column `LANES + i`.
     fn madd_rows_order(self, acc: [Self::I32; 2]) -> [Self::I32; 2];
+}
+
+/// [`Simd::reduce_sums_i32`] one vector at a time (its default, and the SIMD levels' for
+/// fewer than `LANES` vectors).
+#[inline(always)]
+pub fn reduce_sums_lanes<S: Simd>(s: S, a: &[S::I32]) -> S::I32 {
+    let mut buf = [0i32; 64];
+    for (b, &v) in buf.iter_mut().zip(a.iter().take(S::LANES)) {
+        *b = s.reduce_sum_i32(v);
+    }
+    // SAFETY: `buf` holds 64 >= LANES i32.
+    unsafe { s.load_i32(buf.as_ptr()) }
 }
 
 /// `|a|` lane-wise (the sign bit cleared; NaNs stay NaN).

@@ -181,6 +181,13 @@ unsafe impl Simd for Neon {
         feat!(vaddvq_s32(a))
     }
     #[inline(always)]
+    fn reduce_sums_i32(self, a: &[int32x4_t]) -> int32x4_t {
+        match a.first_chunk::<4>() {
+            Some(a) => feat!(vpaddq_s32(vpaddq_s32(a[0], a[1]), vpaddq_s32(a[2], a[3]))),
+            None => crate::reduce_sums_lanes(self, a),
+        }
+    }
+    #[inline(always)]
     fn i32_to_f32(self, a: int32x4_t) -> float32x4_t {
         feat!(vcvtq_f32_s32(a))
     }

@@ -190,6 +190,27 @@ fn check_int_body<S: Simd>(s: S) {
         s.reduce_sum_i32(vb),
         b.iter().fold(0, |x: i32, y| x.wrapping_add(*y))
     );
+    // LANES different vectors (some wrapping), each summed into its own lane; fewer
+    // vectors leave the other lanes 0.
+    let many: Vec<S::I32> = (0..l)
+        .map(|i| s.add_i32(s.mul_i32(va, s.splat_i32(i as i32 + 1)), vb))
+        .collect();
+    let sums: Vec<i32> = many
+        .iter()
+        .map(|&v| lanes_i32(s, v).into_iter().fold(0, i32::wrapping_add))
+        .collect();
+    assert_eq!(
+        lanes_i32(s, s.reduce_sums_i32(&many)),
+        sums,
+        "reduce_sums_i32"
+    );
+    let mut part = sums.clone();
+    part[l - 1] = 0;
+    assert_eq!(
+        lanes_i32(s, s.reduce_sums_i32(&many[..l - 1])),
+        part,
+        "reduce_sums_i32 short"
+    );
     let want: Vec<f32> = b.iter().map(|&x| x as f32).collect();
     assert_eq!(lanes(s, s.i32_to_f32(vb)), want, "i32_to_f32");
     let halves: Vec<f32> = (0..l).map(|i| i as f32 - 2.5).collect();

@@ -119,9 +119,152 @@ fn quantize_q16_body<S: Simd>(
     }
 }
 
-/// The body of [`scores_q16`]: `Simd::madd_i16_i8` over blocks of at most 256 lanes (each
-/// exact in i32, summed in i64), the lanes past the last multiple of `2 * LANES` in scalar
-/// code.
+/// Lanes per [`madd_block`]: `256 * 32767 * 128 < 2^31`, so a block's sum is exact in i32.
+const MADD_BLOCK: usize = 256;
+
+/// `Simd::madd_i16_i8` over lanes `j..end` of one head (`end - j` a multiple of `2 * LANES`,
+/// at most [`MADD_BLOCK`]), as `LANES` i32 partial sums.
+///
+/// # Safety
+/// `q` and `k` are readable for `end` elements.
+#[inline(always)]
+unsafe fn madd_block<S: Simd>(
+    s: S,
+    q: *const i16,
+    k: *const i8,
+    mut j: usize,
+    end: usize,
+) -> S::I32 {
+    let step = 2 * S::LANES;
+    let mut acc = [s.splat_i32(0); 2];
+    while j + 2 * step <= end {
+        // SAFETY: `j + 2 * step <= end`: inside both vectors (caller).
+        unsafe {
+            acc[0] = s.madd_i16_i8(acc[0], q.add(j), k.add(j));
+            acc[1] = s.madd_i16_i8(acc[1], q.add(j + step), k.add(j + step));
+        }
+        j += 2 * step;
+    }
+    if j < end {
+        // SAFETY: `j + step <= end` (both multiples of `step`).
+        acc[0] = unsafe { s.madd_i16_i8(acc[0], q.add(j), k.add(j)) };
+    }
+    s.add_i32(acc[0], acc[1])
+}
+
+/// Query head `h`'s score against KV head `g` from the integer dot product of its first `dv`
+/// lanes: the other lanes added, the zero point's share taken off (in i64, exact), then
+/// scaled (a function, not a closure, so that it is inlined into the SIMD body).
+#[inline(always)]
+fn score_finish(
+    q: Q16<'_>,
+    d: usize,
+    dv: usize,
+    k: KvRow<'_, i8>,
+    h: usize,
+    g: usize,
+    mut dot: i64,
+) -> f32 {
+    for j in dv..d {
+        dot += i64::from(q.q[h * d + j]) * i64::from(k.x[g * d + j]);
+    }
+    let (sc, zp) = k.head(g);
+    let dot = dot - i64::from(zp) * i64::from(q.sum[h]);
+    sc * q.scale[h] * dot as f32
+}
+
+/// Lanes of the widest level (the stack buffers of [`scores_lanes`]).
+const MAX_LANES: usize = 16;
+
+/// `LANES` heads' scores from `h0` on, for a head dimension of at most [`MADD_BLOCK`]:
+/// `Simd::madd_i16_i8` over four heads at a time (interleaved), the heads' sums in one
+/// `Simd::reduce_sums_i32`, then the zero points and scales in vectors. The sum over all `d` lanes and `zp * qsum` are each at most
+/// `256 * 128 * 32767 < 2^30`, so the difference is exact in i32 and converts to the f32
+/// that the i64 of [`score_finish`] does; the two multiplies are in its order.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn scores_lanes<S: Simd>(
+    s: S,
+    q: Q16<'_>,
+    d: usize,
+    dv: usize,
+    group: usize,
+    k: KvRow<'_, i8>,
+    out: &mut [f32],
+    lds: usize,
+    h0: usize,
+) {
+    let l = S::LANES;
+    const { assert!(S::LANES <= MAX_LANES && S::LANES.is_multiple_of(4)) };
+    // KV head of each lane's query head (one division per LANES heads).
+    let mut gs = [0; MAX_LANES];
+    let (mut g, mut in_group) = (h0 / group, h0 % group);
+    for x in &mut gs[..l] {
+        *x = g;
+        in_group += 1;
+        if in_group == group {
+            (g, in_group) = (g + 1, 0);
+        }
+    }
+    let mut acc = [s.splat_i32(0); MAX_LANES];
+    let (mut qp, mut kp) = (
+        [core::ptr::null(); MAX_LANES],
+        [core::ptr::null(); MAX_LANES],
+    );
+    for u in 0..l {
+        (qp[u], kp[u]) = (
+            q.q[(h0 + u) * d..][..d].as_ptr(),
+            k.x[gs[u] * d..][..d].as_ptr(),
+        );
+    }
+    // Four heads interleaved: independent sums for the pipeline, few enough pointers for the
+    // registers (all LANES at once spilled them on AVX-512).
+    for c in (0..l).step_by(4) {
+        for j in (0..dv).step_by(2 * l) {
+            for u in c..c + 4 {
+                // SAFETY: `j + 2 * LANES <= dv <= d`: inside both head vectors of lane u.
+                acc[u] = unsafe { s.madd_i16_i8(acc[u], qp[u].add(j), kp[u].add(j)) };
+            }
+        }
+    }
+    let mut sums = s.reduce_sums_i32(&acc[..l]);
+    if dv < d {
+        let mut tail = [0i32; MAX_LANES];
+        for (u, t) in tail[..l].iter_mut().enumerate() {
+            for j in dv..d {
+                *t += i32::from(q.q[(h0 + u) * d + j]) * i32::from(k.x[gs[u] * d + j]);
+            }
+        }
+        // SAFETY: `tail` holds LANES i32.
+        sums = s.add_i32(sums, unsafe { s.load_i32(tail.as_ptr()) });
+    }
+    let (qsum, qscale) = (&q.sum[h0..][..l], &q.scale[h0..][..l]);
+    let (mut ks, mut zp) = ([0f32; MAX_LANES], [0i8; MAX_LANES]);
+    let (ks, zp) = if group == 1 {
+        (&k.scales[h0..][..l], &k.zps[h0..][..l])
+    } else {
+        for u in 0..l {
+            (ks[u], zp[u]) = (k.scales[gs[u]], k.zps[gs[u]]);
+        }
+        (&ks[..l], &zp[..l])
+    };
+    let mut o = [0f32; MAX_LANES];
+    // SAFETY: every buffer and slice read or written holds at least LANES elements.
+    unsafe {
+        let zq = s.mul_i32(s.load_i8(zp.as_ptr()), s.load_i32(qsum.as_ptr()));
+        let dot = s.i32_to_f32(s.sub_i32(sums, zq));
+        let sc = s.mul(s.load(ks.as_ptr()), s.load(qscale.as_ptr()));
+        s.store(o.as_mut_ptr(), s.mul(sc, dot));
+    }
+    for (u, &x) in o[..l].iter().enumerate() {
+        out[(h0 + u) * lds] = x;
+    }
+}
+
+/// The body of [`scores_q16`]: for a head dimension of at most [`MADD_BLOCK`], `LANES` heads
+/// at a time ([`scores_lanes`]); the other heads one at a time, [`madd_block`] over blocks of
+/// at most [`MADD_BLOCK`] lanes summed in i64, the lanes past the last multiple of
+/// `2 * LANES` in scalar code. Every sum is exact, so both give the same bits.
 #[inline(always)]
 fn scores_q16_body<S: Simd>(
     s: S,
@@ -135,37 +278,26 @@ fn scores_q16_body<S: Simd>(
     let step = 2 * S::LANES;
     let heads = check(q.q.len(), d, group, &[k], out.len(), lds, 1);
     let dv = d / step * step;
-    for (h, g) in heads_by_group(heads, group) {
-        // SAFETY: `h < heads`, `g < heads / group`: query row h and head vector g are `d`
-        // elements inside `q.q` and `k.x` (checked above).
-        let (qp, kp) = unsafe { (q.q.as_ptr().add(h * d), k.x.as_ptr().add(g * d)) };
+    let mut h0 = 0;
+    if d <= MADD_BLOCK && !k.scales.is_empty() {
+        while h0 + S::LANES <= heads {
+            scores_lanes(s, q, d, dv, group, k, out, lds, h0);
+            h0 += S::LANES;
+        }
+    }
+    if h0 == heads {
+        return;
+    }
+    for (h, g) in heads_by_group(heads, group).skip(h0) {
+        let (qh, kh) = (&q.q[h * d..][..d], &k.x[g * d..][..d]);
         let mut dot = 0i64;
-        let mut j = 0;
-        while j < dv {
-            // At most 256 lanes: `256 * 32767 * 128 < 2^31`, so the block's sum is exact.
-            let end = dv.min(j + 256);
-            let mut acc = [s.splat_i32(0); 2];
-            while j + 2 * step <= end {
-                // SAFETY: `j + 2 * step <= end <= d`: inside both head vectors.
-                unsafe {
-                    acc[0] = s.madd_i16_i8(acc[0], qp.add(j), kp.add(j));
-                    acc[1] = s.madd_i16_i8(acc[1], qp.add(j + step), kp.add(j + step));
-                }
-                j += 2 * step;
-            }
-            if j < end {
-                // SAFETY: `j + step <= end` (both multiples of `step`).
-                acc[0] = unsafe { s.madd_i16_i8(acc[0], qp.add(j), kp.add(j)) };
-                j += step;
-            }
-            dot += i64::from(s.reduce_sum_i32(s.add_i32(acc[0], acc[1])));
+        for j in (0..dv).step_by(MADD_BLOCK) {
+            let end = dv.min(j + MADD_BLOCK);
+            // SAFETY: `end <= dv <= d`: inside both head vectors.
+            let acc = unsafe { madd_block(s, qh.as_ptr(), kh.as_ptr(), j, end) };
+            dot += i64::from(s.reduce_sum_i32(acc));
         }
-        for j in dv..d {
-            dot += i64::from(q.q[h * d + j]) * i64::from(k.x[g * d + j]);
-        }
-        let (sc, zp) = k.head(g);
-        let dot = dot - i64::from(zp) * i64::from(q.sum[h]);
-        out[h * lds] = sc * q.scale[h] * dot as f32;
+        out[h * lds] = score_finish(q, d, dv, k, h, g, dot);
     }
 }
 

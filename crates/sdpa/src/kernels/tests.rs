@@ -379,6 +379,8 @@ fn row_kernels_match_scalar(f: Kernels) {
     // Under Miri (a minute for 128 x 8 heads there) smaller long cases with the same loop
     // shapes: 80 and 97 lanes reach the 64- and 16-lane steps and a tail, 290 the integer
     // scores' second block of 256 lanes.
+    // 16 and 24 heads take the integer scores' `LANES`-heads path on every level, with a
+    // tail (200) and with KV groups that straddle two of its chunks (24 heads, group 3).
     let long: &[(usize, usize, usize)] = if cfg!(miri) {
         &[(80, 2, 2), (97, 2, 1), (290, 2, 2)]
     } else {
@@ -388,6 +390,8 @@ fn row_kernels_match_scalar(f: Kernels) {
             (24, 6, 3),
             (300, 7, 7),
             (520, 2, 1),
+            (200, 16, 2),
+            (72, 24, 3),
         ]
     };
     for (d, heads, group) in lengths(1..40)
