@@ -27,14 +27,15 @@ if ! grep -q '^nightly' <<<"$(rustup toolchain list)"; then
 fi
 rustup component add --toolchain nightly rust-src >/dev/null
 
-# The tests that run several threads on one allocator (`reset_races` holds the reset races), plus the
-# single-thread model replay and the error paths (AddressSanitizer checks every block access
-# there too). The same reset race through the C ABI (`caching-allocator-capi`'s
+# The tests that run several threads on one allocator (`reset_races` holds the reset races,
+# `arena` the arena's cross-thread releases and chunk hand-over), plus the model replay (every
+# arena mode) and the error paths (AddressSanitizer checks every block access there too).
+# The same reset race through the C ABI (`caching-allocator-capi`'s
 # `reset_races_with_allocations_through_the_c_abi`) runs in `cargo test` only: under the
 # sanitizers its dev-dependencies (cbindgen and its parser) doubled the cold build time, and
 # the core code it drives is the one `reset_races` runs here.
 tests=(--test stress --test fault_injection --test fuzz_ops --test bad_input --test regressions
-    --test reset_races)
+    --test reset_races --test arena)
 
 for san in "${sanitizers[@]}"; do
     start=$(date +%s)
