@@ -987,14 +987,9 @@ fn apply<'a>(
             let Some(b) = model.nth(index, |o| o == Owner::Raw) else {
                 return;
             };
+            // `remove` offers the address to `ReleaseUnknown` as a stale pointer: a second
+            // release on the owner's thread, while the first waits in the inbox, is refused.
             model.remove(b.addr);
-            if b.in_arena {
-                // Not offered to `ReleaseUnknown`: a second release of an arena block on its
-                // owner's thread, while the first (from another thread) waits in the inbox,
-                // is accepted today (`tests/arena.rs`,
-                // `a_block_released_on_another_thread_cannot_be_released_again_by_its_owner`).
-                model.stale.retain(|&a| a != b.addr);
-            }
             let r = std::thread::scope(|s| {
                 s.spawn(|| {
                     // SAFETY: a live raw block the model releases once and forgets.
