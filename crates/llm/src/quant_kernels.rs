@@ -58,15 +58,14 @@ impl PrefillRows for QTensor {
 
     fn rows<'b>(
         &'b self,
-        _: Level,
+        isa: Level,
         r: usize,
         nb: usize,
         k: usize,
         buf: &'b mut [f32],
     ) -> &'b [f32] {
-        for (i, o) in buf[..nb * k].chunks_exact_mut(k).enumerate() {
-            self.dequantize_row(r + i, o);
-        }
+        self.groups()
+            .dequantize_rows(isa, self.qtype(), r, nb, &mut buf[..nb * k]);
         &buf[..nb * k]
     }
 }
