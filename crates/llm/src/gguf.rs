@@ -764,7 +764,7 @@ pub fn unpermute_order(heads: usize, head_dim: usize) -> Vec<usize> {
 /// `m` with its rows reordered by `order` (see [`unpermute_order`]).
 fn permute_rows(m: &Matrix, order: &[usize]) -> Result<Matrix> {
     Ok(match m {
-        Matrix::Quant(q) => Matrix::Quant(q.permute_rows(order)),
+        Matrix::Quant(q) => Matrix::Quant(q.permute_rows(order)?),
         Matrix::Dense(t) => {
             let shape = t.shape();
             let es = t.dtype().size();

@@ -205,9 +205,12 @@ pub(crate) fn prefill<A: TempAllocator + ?Sized, R: PrefillRows>(
 ) -> Result<()> {
     let isa = isa();
     let threads = rayon::current_num_threads().max(1);
-    let tasks = (threads * 4).min(n.div_ceil(NB)).max(1);
-    let per_task = n.div_ceil(tasks).next_multiple_of(4);
-    let tasks = n.div_ceil(per_task);
+    let blocks = n.div_ceil(NB);
+    let tasks = (threads * 4).min(blocks).max(1);
+    // Whole blocks of NB rows per task, as evenly as they divide (counts differ by at most
+    // one): every widening but the matrix's last is a full block, which for quantized
+    // weights is a whole group of their layout (`quant_groups::GROUP` = NB).
+    let task_rows = |t: usize| (t * blocks / tasks * NB).min(n);
     // Borrowed f32 weights need no block: a 1-float placeholder per task.
     let block = if w.widens() { NB * k } else { 1 };
     let scratch = s.f32s(tasks * block)?;
@@ -217,8 +220,7 @@ pub(crate) fn prefill<A: TempAllocator + ?Sized, R: PrefillRows>(
         .take(tasks)
         .enumerate()
         .for_each(|(t, wbuf)| {
-            let r_begin = t * per_task;
-            let r_end = (r_begin + per_task).min(n);
+            let (r_begin, r_end) = (task_rows(t), task_rows(t + 1));
             let mut rb = r_begin;
             while rb < r_end {
                 let nb = NB.min(r_end - rb);

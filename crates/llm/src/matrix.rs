@@ -47,7 +47,7 @@ impl Matrix {
     pub fn bytes(&self) -> &[u8] {
         match self {
             Matrix::Dense(t) => t.bytes(),
-            Matrix::Quant(q) => q.bytes(),
+            Matrix::Quant(q) => q.groups().bytes(),
         }
     }
 

@@ -102,16 +102,14 @@ pub fn dequantize_row(t: QType, row: &[u8], out: &mut [f32]) {
 }
 
 /// A block-quantized matrix `[rows, cols]` (`cols` a multiple of [`QK`]): `rows` rows of
-/// `cols / 32` blocks, on a shared backing (a memory-mapped file or an owned copy), and the
-/// same blocks in the decode kernels' group layout ([`RowGroups`], packed when the matrix
-/// is made).
+/// `cols / 32` blocks, held only in the kernels' group layout ([`RowGroups`], packed when
+/// the matrix is made). Every reader (decode, prefill, embedding) reads that copy, so the
+/// file's bytes are not needed after packing: a mapped file's pages are given back then.
 #[derive(Clone)]
 pub struct QTensor {
     qtype: QType,
     rows: usize,
     cols: usize,
-    backing: Arc<Backing>,
-    offset: usize,
     path: Arc<PathBuf>,
     groups: RowGroups,
 }
@@ -128,7 +126,9 @@ impl std::fmt::Debug for QTensor {
 }
 
 impl QTensor {
-    /// A view of `rows * row_bytes(cols)` bytes at `offset` of `backing`.
+    /// The `rows * row_bytes(cols)` bytes at `offset` of `backing` (the callers check they
+    /// are inside it), packed; a mapping's pages of them are then given back to the system
+    /// (`Backing::release`).
     pub(crate) fn from_shared(
         qtype: QType,
         rows: usize,
@@ -137,15 +137,15 @@ impl QTensor {
         offset: usize,
         path: &Arc<PathBuf>,
     ) -> QTensor {
-        let bytes = &backing.bytes()[offset..offset + rows * qtype.row_bytes(cols)];
+        let len = rows * qtype.row_bytes(cols);
+        let groups = RowGroups::pack(qtype, rows, cols, &backing.bytes()[offset..offset + len]);
+        backing.release(offset, len);
         QTensor {
             qtype,
             rows,
             cols,
-            backing: backing.clone(),
-            offset,
             path: path.clone(),
-            groups: RowGroups::pack(qtype, rows, cols, bytes),
+            groups,
         }
     }
 
@@ -169,28 +169,30 @@ impl QTensor {
             qtype,
             rows,
             cols,
-            backing: Arc::new(Backing::owned(bytes)),
-            offset: 0,
             path: Arc::new(PathBuf::from("<memory>")),
             groups: RowGroups::pack(qtype, rows, cols, bytes),
         })
     }
 
     /// The same matrix with its rows reordered: row `r` of the result is row `order[r]` of
-    /// `self` (an owned copy; the path is kept for messages).
-    pub(crate) fn permute_rows(&self, order: &[usize]) -> QTensor {
-        let rb = self.row_bytes();
-        let src = self.bytes();
-        let mut out = Vec::with_capacity(src.len());
-        for &r in order {
-            out.extend_from_slice(&src[r * rb..(r + 1) * rb]);
+    /// `self` (the path is kept for messages).
+    ///
+    /// # Errors
+    /// [`LlmError::InvalidArgument`] when `order` is not `rows` row indices of `self`.
+    pub(crate) fn permute_rows(&self, order: &[usize]) -> Result<QTensor> {
+        if order.len() != self.rows || order.iter().any(|&r| r >= self.rows) {
+            return Err(LlmError::InvalidArgument {
+                message: format!(
+                    "a row order of {} rows for a matrix of {} rows",
+                    order.len(),
+                    self.rows
+                ),
+            });
         }
-        QTensor {
-            backing: Arc::new(Backing::owned(&out)),
-            offset: 0,
-            groups: RowGroups::pack(self.qtype, self.rows, self.cols, &out),
+        Ok(QTensor {
+            groups: self.groups.permute_rows(self.qtype, self.rows, order),
             ..self.clone()
-        }
+        })
     }
 
     /// The format.
@@ -213,15 +215,10 @@ impl QTensor {
         self.qtype.row_bytes(self.cols)
     }
 
-    /// The raw blocks, row after row.
-    pub fn bytes(&self) -> &[u8] {
-        &self.backing.bytes()[self.offset..self.offset + self.rows * self.row_bytes()]
-    }
-
-    /// The blocks of row `r`.
-    pub fn row(&self, r: usize) -> &[u8] {
-        let rb = self.row_bytes();
-        &self.bytes()[r * rb..(r + 1) * rb]
+    /// Row `r` (below [`QTensor::rows`]) dequantized into `out` (`cols` floats), exactly as
+    /// the format defines.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        self.groups.dequantize_row(self.qtype, r, out);
     }
 
     /// The file the matrix comes from.
@@ -238,7 +235,7 @@ impl QTensor {
     pub fn to_f32(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.rows * self.cols];
         for (r, o) in out.chunks_exact_mut(self.cols.max(1)).enumerate() {
-            dequantize_row(self.qtype, self.row(r), o);
+            self.dequantize_row(r, o);
         }
         out
     }

@@ -8,7 +8,7 @@
 //!   offset of 8) need are computed once per call into scratch from the temp allocator. Runs
 //!   of groups are split over rayon.
 //! - Prefill (`m > 1`): the dense kernels' blocked matmul (`kernels::prefill`), each task
-//!   dequantizing a block of rows into its scratch.
+//!   dequantizing a block of rows from the same group layout into its scratch.
 //!
 //! Every kernel runs on the SIMD level [`kernels::isa`] picks (AVX-512, AVX2, NEON or
 //! portable, detected at run time, capped by `KERNEL_SIMD_MAX` and
@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use crate::error::{LlmError, Result};
 use crate::kernels::{self, row_jobs, Level, LinearJob, PrefillRows};
 use crate::matrix::Matrix;
-use crate::quant::{dequantize_row, QTensor, QK};
+use crate::quant::{QTensor, QK};
 use crate::quant_groups::GROUP;
 use crate::quant_simd::{self, Activation, Groups};
 use crate::runtime::Scratch;
@@ -58,15 +58,14 @@ impl PrefillRows for QTensor {
 
     fn rows<'b>(
         &'b self,
-        _: Level,
+        isa: Level,
         r: usize,
         nb: usize,
         k: usize,
         buf: &'b mut [f32],
     ) -> &'b [f32] {
-        for (i, o) in buf[..nb * k].chunks_exact_mut(k).enumerate() {
-            dequantize_row(self.qtype(), self.row(r + i), o);
-        }
+        self.groups()
+            .dequantize_rows(isa, self.qtype(), r, nb, &mut buf[..nb * k]);
         &buf[..nb * k]
     }
 }
@@ -209,7 +208,7 @@ pub fn embed(table: &QTensor, tokens: &[u32], out: &mut [f32]) -> Result<()> {
                 vocab: table.rows(),
             });
         }
-        dequantize_row(table.qtype(), table.row(t as usize), o);
+        table.dequantize_row(t as usize, o);
     }
     Ok(())
 }

@@ -85,6 +85,44 @@ impl Backing {
         Ok(Backing::Mmap(map))
     }
 
+    /// Gives the pages wholly inside `bytes()[offset..offset + len]` back to the system, for
+    /// a range no reader needs again (a quantized matrix once packed): on Linux and Android
+    /// a mapping's resident pages of it are dropped, so they stop counting in the process's
+    /// memory. A later read still sees the file's bytes (faulted in again). Owned buffers,
+    /// other systems and failures: nothing happens (the pages merely stay resident).
+    pub(crate) fn release(&self, offset: usize, len: usize) {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        if let Backing::Mmap(map) = self {
+            // SAFETY: sysconf has no preconditions.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            let Ok(page) = usize::try_from(page) else {
+                return;
+            };
+            if page == 0 || offset.saturating_add(len) > map.len() {
+                return;
+            }
+            // The mapping starts on a page boundary: the interior pages of the range.
+            let begin = offset.next_multiple_of(page);
+            let end = (offset + len) / page * page;
+            if end > begin {
+                // SAFETY: `begin..end` lies inside the mapping (checked above). The mapping
+                // is private and read-only, so it has never held a page that differs from
+                // the file: MADV_DONTNEED only unmaps pages, and any read through a borrow
+                // of these bytes (none is expected) faults the same file contents back in.
+                // The bytes a borrow observes do not change.
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        begin,
+                        end - begin,
+                    )
+                };
+            }
+        }
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        let _ = (offset, len);
+    }
+
     /// An owned copy of `bytes`, 8-byte aligned.
     pub(crate) fn owned(bytes: &[u8]) -> Backing {
         let mut words = vec![0u64; bytes.len().div_ceil(8)];
@@ -614,6 +652,41 @@ pub fn write(path: &Path, tensors: &[(&str, DType, &[usize], &[u8])]) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Resident kB of the mapping that starts at `addr`, from `/proc/self/smaps`.
+    #[cfg(target_os = "linux")]
+    fn mapping_rss_kb(addr: usize) -> usize {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let start = format!("{addr:x}-");
+        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&start));
+        assert!(lines.next().is_some(), "no mapping at {start}");
+        let rss = lines.find(|l| l.starts_with("Rss:")).unwrap();
+        rss.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// Releasing a range of a mapped file drops its resident pages (all but the partial
+    /// pages at its ends) and leaves its bytes readable and unchanged.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn release_drops_a_mappings_pages_and_keeps_its_bytes() {
+        let path = std::env::temp_dir().join(format!("llm-release-{}.bin", std::process::id()));
+        let file: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &file).unwrap();
+        let b = Backing::map(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let addr = b.bytes().as_ptr() as usize;
+        assert_eq!(b.bytes(), &file[..], "mapped bytes");
+        let before = mapping_rss_kb(addr);
+        assert!(
+            before >= 4 << 10,
+            "all 4 MiB resident after reading: {before} kB"
+        );
+        // An unaligned range: its first and last partial pages stay.
+        b.release(100, file.len() - 200);
+        let after = mapping_rss_kb(addr);
+        assert!(after <= 2 * 64, "{after} kB still resident after release");
+        assert_eq!(b.bytes(), &file[..], "bytes after release");
+    }
 
     #[test]
     fn half_conversions_round_trip() {
