@@ -129,7 +129,9 @@ fn scopes_on_many_threads_each_keep_their_own_spare() {
         for t in 0..4u32 {
             let alloc = &alloc;
             s.spawn(move || {
-                for i in 0..200u32 {
+                // Fewer rounds under Miri, which runs each one a thousand times slower.
+                let rounds = if cfg!(miri) { 20 } else { 200 };
+                for i in 0..rounds {
                     let scope = alloc.scope();
                     let xs = scope.alloc_slice_fill(256, t * 1000 + i).unwrap();
                     std::thread::yield_now();
