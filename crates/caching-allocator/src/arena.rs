@@ -83,9 +83,7 @@ pub(crate) struct Arena {
     /// The serial the next record gets (one more than the blocks the arena ever handed out),
     /// shifted into place in a record's `meta` word.
     next_meta: usize,
-    /// Bytes of the live blocks (their sizes rounded to 64 bytes).
-    live_bytes: usize,
-    /// The most bytes live at once in any epoch before this one.
+    /// The highest `top` of any epoch before this one.
     max_peak: usize,
     /// How many bytes this epoch's small requests wanted, including those the chunk could not
     /// take: the size of the next chunk.
@@ -192,7 +190,6 @@ impl ArenaCell {
                 // and would need 2^64 resets to get here), so no thread bumps through it.
                 epoch: if owned { 0 } else { usize::MAX },
                 next_meta: 1 << SIZE_BITS,
-                live_bytes: 0,
                 max_peak: 0,
                 want: 0,
                 refused_epoch: usize::MAX,
@@ -289,16 +286,18 @@ impl Arena {
         sh.count.store(i + 1, Ordering::Release);
         self.next_meta += 1 << SIZE_BITS;
         self.top = end;
-        self.live_bytes += taken;
         // SAFETY: inside a live chunk, so not null.
         Some(unsafe { NonNull::new_unchecked(ptr) })
     }
 
-    /// Live bytes are about to fall: the epoch's peak is the live bytes before the first fall.
+    /// `top` is about to fall: the epoch's peak is the highest `top` before a fall. The peak
+    /// is the arena's bump offset, not the sum of its live blocks: bytes released below the
+    /// newest live block stay in it until the blocks above them go, as they would in a bump
+    /// plan of the same calls (and it costs the fast release no read of the block's size).
     #[inline(always)]
     fn note_peak(&self, sh: &ArenaShared) {
-        if self.live_bytes > sh.peak.load(Ordering::Relaxed) {
-            sh.peak.store(self.live_bytes, Ordering::Relaxed);
+        if self.top > sh.peak.load(Ordering::Relaxed) {
+            sh.peak.store(self.top, Ordering::Relaxed);
         }
     }
 
@@ -332,9 +331,7 @@ impl Arena {
         if record.addr.load(Ordering::Relaxed) != addr {
             return self.release_below(sh, addr);
         }
-        let requested = Record::requested(record.meta.load(Ordering::Relaxed));
         self.note_peak(sh);
-        self.live_bytes -= granules(requested);
         sh.count.store(i, Ordering::Release);
         // The first record starts the chunk (`base` is aligned to every alignment served), so
         // this is 0 when the arena is empty again.
@@ -358,22 +355,21 @@ impl Arena {
         else {
             return false;
         };
-        let requested = Record::requested(sh.records[i].meta.load(Ordering::Relaxed));
-        self.forget(sh, i, addr, requested);
+        Self::forget(sh, i, addr);
         true
     }
 
-    /// Marks record `i` (live, at `addr`) released and takes it out of the counters.
+    /// Marks record `i` (live, at `addr`) released; `pop_released` gives its bytes back once
+    /// nothing live lies above it.
     #[inline(always)]
-    fn forget(&mut self, sh: &ArenaShared, i: usize, addr: usize, requested: usize) {
+    fn forget(sh: &ArenaShared, i: usize, addr: usize) {
         sh.records[i].addr.store(addr | RELEASED, Ordering::Release);
-        self.note_peak(sh);
-        self.live_bytes -= granules(requested);
     }
 
     /// Pops released records off the top and rewinds the bump offset to the lowest popped.
     #[inline]
     fn pop_released(&mut self, sh: &ArenaShared) {
+        self.note_peak(sh);
         let mut count = sh.owner_count();
         while count > 0 {
             let addr = sh.records[count - 1].addr.load(Ordering::Relaxed);
@@ -411,7 +407,7 @@ impl Arena {
             // The very block the releasing thread saw, still live.
             let serial = Record::serial(record.meta.load(Ordering::Relaxed));
             if serial == e.serial && addr & RELEASED == 0 {
-                self.forget(sh, e.slot, addr, e.requested);
+                Self::forget(sh, e.slot, addr);
             }
         }
         self.pop_released(sh);
@@ -431,7 +427,7 @@ impl Arena {
             lock(&sh.inbox).clear();
             sh.inbox_pending.store(false, Ordering::Relaxed);
         }
-        let peak = sh.peak.load(Ordering::Relaxed).max(self.live_bytes);
+        let peak = sh.peak.load(Ordering::Relaxed).max(self.top);
         let last = if epoch == self.epoch.wrapping_add(1) {
             peak
         } else {
@@ -447,7 +443,6 @@ impl Arena {
         self.epoch = epoch;
         debug_assert!(epoch != usize::MAX, "the epoch of shared caches' arenas");
         self.top = 0;
-        self.live_bytes = 0;
         let want = core::mem::take(&mut self.want);
         (want > self.len).then(|| want.clamp(MIN_CHUNK, MAX_CHUNK))
     }
@@ -657,7 +652,18 @@ impl ArenaShared {
             .map(|r| Record::serial(r.meta.load(Ordering::Relaxed)))
             .max()
             .unwrap_or(0);
-        let peak = self.peak.load(Ordering::Relaxed).max(bytes);
+        // The owner's `top` now: the end of the newest record (never a marked one: marks above
+        // the newest live block are popped at once).
+        let top = count.checked_sub(1).map_or(0, |i| {
+            let r = &self.records[i];
+            let start = (r.addr.load(Ordering::Acquire) & !RELEASED)
+                .wrapping_sub(self.base.load(Ordering::Relaxed));
+            start.wrapping_add(granules(Record::requested(r.meta.load(Ordering::Relaxed))))
+        });
+        let peak = self
+            .peak
+            .load(Ordering::Relaxed)
+            .max(top.min(self.len.load(Ordering::Relaxed)));
         let max_peak = self.max_peak.load(Ordering::Relaxed).max(peak);
         let seen = self.epoch.load(Ordering::Acquire);
         if seen != epoch {
