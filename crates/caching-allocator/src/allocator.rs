@@ -500,13 +500,25 @@ impl CachingAllocator {
         self.release_block(addr)
     }
 
-    /// Releases `addr` if it is a live block of the calling thread's arena (`here`).
+    /// Releases `addr` if it is a live block of the calling thread's arena (`here`), with the
+    /// arena's gate open.
     #[inline(always)]
     fn release_in_arena(&self, here: Local<'_>, addr: usize) -> bool {
         let epoch = self.epoch.load(Ordering::Acquire);
         // SAFETY: as in `allocate`: this thread's own cache or a shared one, one borrow, in
         // this function.
-        match unsafe { here.arena.current(epoch) } {
+        match unsafe { here.arena.open(epoch) } {
+            Some(arena) => arena.release(&here.arena.shared, addr),
+            None => false,
+        }
+    }
+
+    /// [`release_in_arena`](Self::release_in_arena) past a closed gate: the releases other
+    /// threads queued go first.
+    fn release_in_arena_applied(&self, here: Local<'_>, addr: usize) -> bool {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        // SAFETY: as in `release_in_arena`.
+        match unsafe { here.arena.current_applied(epoch) } {
             Some(arena) => arena.release(&here.arena.shared, addr),
             None => false,
         }
@@ -516,8 +528,9 @@ impl CachingAllocator {
     #[inline(never)]
     fn release_block(&self, addr: usize) -> Result<(), AllocError> {
         let here = self.thread_cache();
-        // The fast path looks only when this allocator is the thread's last used one.
-        if self.release_in_arena(here, addr) {
+        // The fast path looks only when this allocator is the thread's last used one, and
+        // only past an open gate.
+        if self.release_in_arena_applied(here, addr) {
             return Ok(());
         }
         let mut state = here.lock();

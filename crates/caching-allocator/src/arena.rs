@@ -96,14 +96,81 @@ pub(crate) struct Arena {
     spare_lent: bool,
 }
 
-/// One record as other threads see it: the block's address (low bit: released), and its
-/// serial and the size asked for in one word (`meta`).
-struct Record {
-    addr: AtomicUsize,
-    meta: AtomicUsize,
+/// The records of an arena's blocks as other threads see them, one slot a block: its
+/// address (low bit: released), and its serial and the size asked for in one word (`meta`).
+/// Two arrays rather than one of pairs: a slot's word is then one scaled index away, which
+/// saves the fast paths the multiply of a 16-byte stride.
+struct Records {
+    addr: [AtomicUsize; RECORDS],
+    meta: [AtomicUsize; RECORDS],
 }
 
-impl Record {
+/// One slot of [`Records`].
+#[derive(Clone, Copy)]
+struct Record<'a> {
+    addr: &'a AtomicUsize,
+    meta: &'a AtomicUsize,
+}
+
+impl Records {
+    fn new() -> Self {
+        Records {
+            addr: core::array::from_fn(|_| AtomicUsize::new(0)),
+            meta: core::array::from_fn(|_| AtomicUsize::new(0)),
+        }
+    }
+
+    /// Slot `i`, if there is one.
+    #[inline(always)]
+    fn get(&self, i: usize) -> Option<Record<'_>> {
+        Some(Record {
+            addr: self.addr.get(i)?,
+            meta: self.meta.get(i)?,
+        })
+    }
+
+    /// Slot `i`.
+    ///
+    /// # Panics
+    /// If `i >= RECORDS`.
+    #[inline(always)]
+    fn at(&self, i: usize) -> Record<'_> {
+        Record {
+            addr: &self.addr[i],
+            meta: &self.meta[i],
+        }
+    }
+
+    /// Slot `i`, unchecked.
+    ///
+    /// # Safety
+    /// `i < RECORDS`.
+    #[inline(always)]
+    unsafe fn get_unchecked(&self, i: usize) -> Record<'_> {
+        debug_assert!(i < RECORDS);
+        // SAFETY: the caller's contract, and both arrays have `RECORDS` slots.
+        unsafe {
+            Record {
+                addr: self.addr.get_unchecked(i),
+                meta: self.meta.get_unchecked(i),
+            }
+        }
+    }
+
+    /// The first `count` slots (at most all of them).
+    fn first(
+        &self,
+        count: usize,
+    ) -> impl DoubleEndedIterator<Item = Record<'_>> + ExactSizeIterator {
+        let count = count.min(RECORDS);
+        self.addr[..count]
+            .iter()
+            .zip(&self.meta[..count])
+            .map(|(addr, meta)| Record { addr, meta })
+    }
+}
+
+impl Record<'_> {
     #[inline(always)]
     fn serial(meta: usize) -> usize {
         meta >> SIZE_BITS
@@ -123,8 +190,17 @@ struct Foreign {
     requested: usize,
 }
 
+/// The gate of an arena no fast path may enter: a shared cache's, or one whose inbox holds
+/// releases for its owner to apply.
+const CLOSED: usize = usize::MAX;
+
 /// What other threads may read of an arena (and the inbox they write).
 pub(crate) struct ArenaShared {
+    /// The fast paths' one check ([`ArenaCell::current`]): the arena's epoch while nothing
+    /// waits in the inbox, [`CLOSED`] while something does (and always on a shared cache's
+    /// arena). Only the owner stores an epoch here, only under the inbox's lock or before it
+    /// publishes any record of that epoch; other threads store `CLOSED`, under the lock.
+    gate: AtomicUsize,
     /// The epoch of the published records.
     epoch: AtomicUsize,
     /// The chunk's range, for finding the arena a released pointer lies in.
@@ -132,7 +208,7 @@ pub(crate) struct ArenaShared {
     len: AtomicUsize,
     /// Published records (`records[..count]`).
     count: AtomicUsize,
-    records: [Record; RECORDS],
+    records: Records,
     /// The most bytes live at once this epoch, as of the last release (live bytes only grow
     /// between releases, so the true peak is this or the live bytes now). Only the owner
     /// writes it.
@@ -197,14 +273,12 @@ impl ArenaCell {
                 spare_lent: false,
             }),
             shared: ArenaShared {
+                gate: AtomicUsize::new(if owned { 0 } else { CLOSED }),
                 epoch: AtomicUsize::new(0),
                 base: AtomicUsize::new(0),
                 len: AtomicUsize::new(0),
                 count: AtomicUsize::new(0),
-                records: core::array::from_fn(|_| Record {
-                    addr: AtomicUsize::new(0),
-                    meta: AtomicUsize::new(0),
-                }),
+                records: Records::new(),
                 peak: AtomicUsize::new(0),
                 last_peak: AtomicUsize::new(0),
                 max_peak: AtomicUsize::new(0),
@@ -230,7 +304,9 @@ impl ArenaCell {
     }
 
     /// The owner's arena if it is in the allocator's epoch `epoch`, which a shared cache's
-    /// arena never is: the fast paths' one check, with no separate test of ownership.
+    /// arena never is: the fast allocation's one check, with no separate test of ownership.
+    /// (A release waiting in the inbox does not matter to an allocation: the owner applies it
+    /// on its slow path.)
     ///
     /// # Safety
     /// The caller runs on the thread that owns this cache, or the cache is shared (not
@@ -242,7 +318,8 @@ impl ArenaCell {
         // SAFETY: a read through the raw pointer, no reference made: on an owned cache only
         // this thread (the owner, by the caller's contract) ever reads or writes the arena; a
         // shared cache's arena is never written after `new` (only owners bump or rewind), so
-        // reads from several threads do not race.
+        // reads from several threads do not race. A plain read, not the gate's atomic one: the
+        // compiler folds it into the comparison.
         let arena_epoch = unsafe { core::ptr::addr_of!((*arena).epoch).read() };
         if arena_epoch != epoch {
             return None;
@@ -250,6 +327,55 @@ impl ArenaCell {
         // SAFETY: only an owned cache's arena can be in a real epoch (a shared one's is
         // `usize::MAX`), so the caller is its owner thread; one borrow at a time by contract.
         Some(unsafe { &mut *arena })
+    }
+
+    /// The owner's arena if it is in the allocator's epoch `epoch` with no release of
+    /// another thread waiting in its inbox: the fast release's one check (the gate), which
+    /// spares it a test of the inbox. `None` sends the caller to its slow path, which
+    /// applies the inbox.
+    ///
+    /// # Safety
+    /// As for [`current`](Self::current).
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn open(&self, epoch: usize) -> Option<&mut Arena> {
+        // Relaxed: an open gate lets the owner touch only its own state, and past a closed
+        // one the inbox's lock orders what the closing thread queued.
+        if self.shared.gate.load(Ordering::Relaxed) != epoch {
+            return None;
+        }
+        debug_assert!(
+            epoch != CLOSED,
+            "the allocator's epoch never reaches CLOSED"
+        );
+        // SAFETY: only the owner of an owned cache stores an epoch in the gate (a shared
+        // cache's stays `CLOSED`, which no epoch equals), so the caller is its owner thread;
+        // one borrow at a time by contract.
+        Some(unsafe { &mut *self.owner.get() })
+    }
+
+    /// The owner's arena if it is in the allocator's epoch `epoch`, its inbox applied first:
+    /// the slow paths' [`current`](Self::current).
+    ///
+    /// # Safety
+    /// As for [`current`](Self::current).
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn current_applied(&self, epoch: usize) -> Option<&mut Arena> {
+        let arena = self.owner.get();
+        // SAFETY: a read through the raw pointer, no reference made: on an owned cache only
+        // this thread (the owner, by the caller's contract) ever reads or writes the arena; a
+        // shared cache's arena is never written after `new` (only owners bump or rewind), so
+        // reads from several threads do not race.
+        let arena_epoch = unsafe { core::ptr::addr_of!((*arena).epoch).read() };
+        if arena_epoch != epoch {
+            return None;
+        }
+        // SAFETY: only an owned cache's arena can be in a real epoch (a shared one's is
+        // `usize::MAX`), so the caller is its owner thread; one borrow at a time by contract.
+        let arena = unsafe { &mut *arena };
+        arena.apply_inbox(&self.shared);
+        Some(arena)
     }
 }
 
@@ -314,13 +440,12 @@ impl Arena {
     /// its bytes given back to the bump. Its record is not marked: `count` no longer covers
     /// it, so no later look-up finds it (a release racing on another thread may still have
     /// read it; its inbox entry names the popped serial and is void).
+    ///
+    /// The caller found the gate open or applied the inbox: another thread's release waiting
+    /// for this owner may name this very block, and must go first, so that a second release
+    /// of it is refused rather than taken.
     #[inline(always)]
     pub(crate) fn release(&mut self, sh: &ArenaShared, addr: usize) -> bool {
-        // Another thread's release waiting for this owner may name this very block: applied
-        // first, so a second release of it is refused rather than taken.
-        if sh.inbox_pending.load(Ordering::Acquire) {
-            self.apply_inbox(sh);
-        }
         let Some(i) = sh.owner_count().checked_sub(1) else {
             return false;
         };
@@ -349,8 +474,9 @@ impl Arena {
         if addr.wrapping_sub(self.base.addr()) >= self.top {
             return false;
         }
-        let Some(i) = sh.records[..sh.owner_count()]
-            .iter()
+        let Some(i) = sh
+            .records
+            .first(sh.owner_count())
             .rposition(|r| r.addr.load(Ordering::Relaxed) == addr)
         else {
             return false;
@@ -363,7 +489,10 @@ impl Arena {
     /// nothing live lies above it.
     #[inline(always)]
     fn forget(sh: &ArenaShared, i: usize, addr: usize) {
-        sh.records[i].addr.store(addr | RELEASED, Ordering::Release);
+        sh.records
+            .at(i)
+            .addr
+            .store(addr | RELEASED, Ordering::Release);
     }
 
     /// Pops released records off the top and rewinds the bump offset to the lowest popped.
@@ -372,7 +501,7 @@ impl Arena {
         self.note_peak(sh);
         let mut count = sh.owner_count();
         while count > 0 {
-            let addr = sh.records[count - 1].addr.load(Ordering::Relaxed);
+            let addr = sh.records.at(count - 1).addr.load(Ordering::Relaxed);
             if addr & RELEASED == 0 {
                 break;
             }
@@ -396,13 +525,14 @@ impl Arena {
         let entries = {
             let mut inbox = lock(&sh.inbox);
             sh.inbox_pending.store(false, Ordering::Relaxed);
+            sh.gate.store(self.epoch, Ordering::Relaxed);
             core::mem::take(&mut *inbox)
         };
         for e in entries {
             if e.slot >= sh.owner_count() {
                 continue;
             }
-            let record = &sh.records[e.slot];
+            let record = sh.records.at(e.slot);
             let addr = record.addr.load(Ordering::Relaxed);
             // The very block the releasing thread saw, still live.
             let serial = Record::serial(record.meta.load(Ordering::Relaxed));
@@ -427,6 +557,12 @@ impl Arena {
             lock(&sh.inbox).clear();
             sh.inbox_pending.store(false, Ordering::Relaxed);
         }
+        // The gate opens on the new epoch before any of its records is published, without the
+        // inbox's lock: a thread that queues a release of a block of the new epoch has read its
+        // record, so its `CLOSED` comes after this store. A `CLOSED` this store overwrites can
+        // only be for an entry of the old epoch (void: its serial is gone), left for the next
+        // `apply_inbox` to drop.
+        sh.gate.store(epoch, Ordering::Release);
         let peak = sh.peak.load(Ordering::Relaxed).max(self.top);
         let last = if epoch == self.epoch.wrapping_add(1) {
             peak
@@ -599,7 +735,7 @@ impl ArenaShared {
             }
             let count = self.count.load(Ordering::Acquire);
             let mut found = None;
-            for (slot, record) in self.records[..count.min(RECORDS)].iter().enumerate().rev() {
+            for (slot, record) in self.records.first(count).enumerate().rev() {
                 if record.addr.load(Ordering::Acquire) == addr {
                     let meta = record.meta.load(Ordering::Relaxed);
                     // Read again: the owner may have reused the slot meanwhile.
@@ -625,6 +761,7 @@ impl ArenaShared {
             }
             inbox.push(entry);
             self.inbox_pending.store(true, Ordering::Release);
+            self.gate.store(CLOSED, Ordering::Release);
             return true;
         }
     }
@@ -635,7 +772,7 @@ impl ArenaShared {
     pub(crate) fn figures(&self, epoch: usize) -> ArenaFigures {
         let count = self.count.load(Ordering::Acquire).min(RECORDS);
         let (mut bytes, mut blocks, mut requested) = (0usize, 0usize, 0usize);
-        for record in &self.records[..count] {
+        for record in self.records.first(count) {
             let addr = record.addr.load(Ordering::Acquire);
             let meta = record.meta.load(Ordering::Relaxed);
             if addr & RELEASED == 0 {
@@ -648,14 +785,15 @@ impl ArenaShared {
         // held: the largest serial in any slot, in use or not, counts every block handed out.
         let hits = self
             .records
+            .meta
             .iter()
-            .map(|r| Record::serial(r.meta.load(Ordering::Relaxed)))
+            .map(|meta| Record::serial(meta.load(Ordering::Relaxed)))
             .max()
             .unwrap_or(0);
         // The owner's `top` now: the end of the newest record (never a marked one: marks above
         // the newest live block are popped at once).
         let top = count.checked_sub(1).map_or(0, |i| {
-            let r = &self.records[i];
+            let r = self.records.at(i);
             let start = (r.addr.load(Ordering::Acquire) & !RELEASED)
                 .wrapping_sub(self.base.load(Ordering::Relaxed));
             start.wrapping_add(granules(Record::requested(r.meta.load(Ordering::Relaxed))))
