@@ -362,18 +362,8 @@ impl ArenaCell {
     #[inline]
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn current_applied(&self, epoch: usize) -> Option<&mut Arena> {
-        let arena = self.owner.get();
-        // SAFETY: a read through the raw pointer, no reference made: on an owned cache only
-        // this thread (the owner, by the caller's contract) ever reads or writes the arena; a
-        // shared cache's arena is never written after `new` (only owners bump or rewind), so
-        // reads from several threads do not race.
-        let arena_epoch = unsafe { core::ptr::addr_of!((*arena).epoch).read() };
-        if arena_epoch != epoch {
-            return None;
-        }
-        // SAFETY: only an owned cache's arena can be in a real epoch (a shared one's is
-        // `usize::MAX`), so the caller is its owner thread; one borrow at a time by contract.
-        let arena = unsafe { &mut *arena };
+        // SAFETY: the caller's contract is `current`'s.
+        let arena = unsafe { self.current(epoch) }?;
         arena.apply_inbox(&self.shared);
         Some(arena)
     }
