@@ -624,25 +624,7 @@ impl CachingAllocator {
             stats.cached_bytes += state.idle.bytes();
             stats.cached_blocks += state.idle.blocks();
         });
-        let shared = lock(&self.shared);
-        stats.hits += shared.retired_hits;
-        stats.oversize_hits += shared.retired_oversize_hits;
-        stats.misses += shared.retired_misses;
-        peak_live = peak_live.saturating_add(shared.retired_peak_live);
-        let (interval, last) = shared.retired_interval(epoch);
-        stats.interval_peak_bytes += interval;
-        stats.last_interval_peak_bytes += last;
-        stats.cached_bytes += shared.pool_bytes();
-        stats.cached_blocks += shared.pool_blocks();
-        stats.reserved_bytes = shared.reserved();
-        stats.peak_reserved_bytes = shared.peak_reserved;
-        stats.peak_live_bytes = peak_live.min(shared.peak_reserved);
-        stats.system_allocs = shared.system_allocs;
-        stats.system_frees = shared.system_frees;
-        stats.evictions = shared.evictions;
-        stats.oom_retries = shared.oom_retries;
-        stats.corrupted_blocks = shared.corrupted_blocks;
-        stats.huge_page_bytes = shared.huge_page_bytes;
+        lock(&self.shared).add_to(&mut stats, peak_live, epoch);
         stats.working_set_mode = self.budget.engaged();
         stats
     }
@@ -926,10 +908,7 @@ impl CachingAllocator {
                 } else {
                     0
                 };
-                let mut shared = lock(&self.shared);
-                shared.allocated();
-                shared.huge_page_bytes += advised;
-                drop(shared);
+                lock(&self.shared).allocated(advised);
                 // Reserved bytes grew: keep them within the working set (if that policy is on).
                 self.trim_to_budget();
                 // SAFETY: `ptr` came from the system allocator for exactly this layout.
@@ -940,7 +919,7 @@ impl CachingAllocator {
             if req.retry && !retried && self.cached_bytes() > 0 && !larger_than_memory(class.size())
             {
                 // As PyTorch's caching allocators do: give the idle cache back, try once more.
-                lock(&self.shared).oom_retries += 1;
+                lock(&self.shared).note_oom_retry();
                 self.free_cached();
                 retried = true;
                 continue;
@@ -1040,7 +1019,7 @@ impl CachingAllocator {
             return Ok(live.block);
         }
         let mut shared = lock(&self.shared);
-        shared.corrupted_blocks += 1;
+        shared.note_corrupted();
         self.system_free(&mut shared, live.block);
         Err(AllocError::Corrupted {
             addr: live.block.addr(),
@@ -1145,40 +1124,34 @@ impl CachingAllocator {
         self.chunk_to_idle(state);
         self.spare_to_idle(state);
         self.move_to_pool(state);
-        let mut shared = lock(&self.shared);
-        // Keep the forgotten cache's counters: stats must not go backwards.
-        shared.retired_hits += state.counters.hits;
-        shared.retired_oversize_hits += state.counters.oversize_hits;
-        shared.retired_misses += state.counters.misses;
-        shared.retired_peak_live += state.counters.peak_live_bytes;
-        shared.retired_peak_requested += state.counters.peak_requested_bytes;
         let arena = cache.arena.shared.figures(epoch);
-        shared.retired_hits += arena.hits as u64 + cache.arena.shared.spare_lends();
-        shared.retired_peak_live += arena.max_peak;
-        let (current, last) = state.counters.interval(epoch);
-        shared.retire_interval(epoch, current + arena.peak, last + arena.last_peak);
+        lock(&self.shared).retire(
+            &state.counters,
+            &arena,
+            cache.arena.shared.spare_lends(),
+            epoch,
+        );
         true
     }
 
     /// Gives a block back to the system because of the cap, the limit or a trim.
     pub(crate) fn evict(&self, shared: &mut SharedCache, block: Block) {
-        shared.evictions += 1;
+        shared.note_eviction();
         self.system_free(shared, block);
     }
 
     pub(crate) fn system_free(&self, shared: &mut SharedCache, block: Block) {
         self.directory.remove(block.addr());
-        if block.huge {
-            // As `system_alloc` counted it: the whole huge pages inside the block.
-            let (_, advised) = huge_pages::whole_pages(block.ptr.as_ptr(), block.size());
-            debug_assert!(advised <= shared.huge_page_bytes);
-            shared.huge_page_bytes -= advised;
-        }
+        // As `system_alloc` counted it: the whole huge pages inside the block.
+        let advised = if block.huge {
+            huge_pages::whole_pages(block.ptr.as_ptr(), block.size()).1
+        } else {
+            0
+        };
         // SAFETY: blocks are only built from system allocations of exactly `block.layout()`,
         // and every caller passes a block it just removed from the books, so it is freed once.
         unsafe { self.system.dealloc(block.ptr.as_ptr(), block.layout()) };
-        shared.unreserve(block.size());
-        shared.system_frees += 1;
+        shared.freed(block.size(), advised);
     }
 
     /// What working-set retention weighs, summed over every cache (see `working_set`).
@@ -1196,7 +1169,7 @@ impl CachingAllocator {
         ws.idle += shared.pool_bytes();
         ws.peak_requested = ws
             .peak_requested
-            .saturating_add(shared.retired_peak_requested);
+            .saturating_add(shared.retired_peak_requested());
         ws.reserved = shared.reserved();
         ws
     }

@@ -16,8 +16,10 @@
 //! beyond its idle bytes, kept so the release of its live blocks stays local) is reclaimed by
 //! whichever thread runs short (see `CachingAllocator::make_room`).
 
+use crate::arena::ArenaFigures;
 use crate::block::{Block, IdleLists};
-use crate::SizeClass;
+use crate::thread_cache::Counters;
+use crate::{SizeClass, Stats};
 
 /// Credit is granted in steps of at least this much, so a thread warming up its cache does not
 /// take the shared lock for every small block it returns.
@@ -34,20 +36,20 @@ pub(crate) struct SharedCache {
     /// Bytes taken from the system and not given back (live + cached): what `limit_bytes`
     /// caps. Includes requests on their way to the system.
     reserved: usize,
-    pub(crate) peak_reserved: usize,
-    pub(crate) system_allocs: u64,
-    pub(crate) system_frees: u64,
-    pub(crate) evictions: u64,
-    pub(crate) oom_retries: u64,
-    pub(crate) corrupted_blocks: u64,
+    peak_reserved: usize,
+    system_allocs: u64,
+    system_frees: u64,
+    evictions: u64,
+    oom_retries: u64,
+    corrupted_blocks: u64,
     /// Bytes advised `MADV_HUGEPAGE` in the blocks held now.
-    pub(crate) huge_page_bytes: usize,
+    huge_page_bytes: usize,
     /// Counters of thread caches forgotten after their thread exited.
-    pub(crate) retired_hits: u64,
-    pub(crate) retired_oversize_hits: u64,
-    pub(crate) retired_misses: u64,
-    pub(crate) retired_peak_live: usize,
-    pub(crate) retired_peak_requested: usize,
+    retired_hits: u64,
+    retired_oversize_hits: u64,
+    retired_misses: u64,
+    retired_peak_live: usize,
+    retired_peak_requested: usize,
     /// Interval peaks of forgotten caches: (the epoch they are of, current, last).
     retired_interval: (usize, usize, usize),
 }
@@ -75,14 +77,77 @@ impl SharedCache {
         }
     }
 
-    /// Keeps a forgotten cache's peaks of reset interval `epoch` and the one before it.
-    pub(crate) fn retire_interval(&mut self, epoch: usize, current: usize, last: usize) {
+    /// Keeps the counters of a cache forgotten after its thread exited (`counters`, and its
+    /// arena's `arena` with `spare_lends` lends of its spare scope chunk) as of epoch
+    /// `epoch`: stats must not go backwards.
+    pub(crate) fn retire(
+        &mut self,
+        counters: &Counters,
+        arena: &ArenaFigures,
+        spare_lends: u64,
+        epoch: usize,
+    ) {
+        self.retired_hits += counters.hits + arena.hits as u64 + spare_lends;
+        self.retired_oversize_hits += counters.oversize_hits;
+        self.retired_misses += counters.misses;
+        self.retired_peak_live += counters.peak_live_bytes + arena.max_peak;
+        self.retired_peak_requested += counters.peak_requested_bytes;
+        let (current, last) = counters.interval(epoch);
         let (cur0, last0) = self.retired_interval(epoch);
-        self.retired_interval = (epoch, cur0 + current, last0 + last);
+        self.retired_interval = (
+            epoch,
+            cur0 + current + arena.peak,
+            last0 + last + arena.last_peak,
+        );
+    }
+
+    /// The peak of the bytes live blocks of forgotten caches asked for.
+    pub(crate) fn retired_peak_requested(&self) -> usize {
+        self.retired_peak_requested
+    }
+
+    /// Adds what this cache knows to `stats`, which holds the sums over the live thread
+    /// caches (their peaks of live bytes summed in `peak_live`), as of epoch `epoch`.
+    pub(crate) fn add_to(&self, stats: &mut Stats, peak_live: usize, epoch: usize) {
+        stats.hits += self.retired_hits;
+        stats.oversize_hits += self.retired_oversize_hits;
+        stats.misses += self.retired_misses;
+        let (interval, last) = self.retired_interval(epoch);
+        stats.interval_peak_bytes += interval;
+        stats.last_interval_peak_bytes += last;
+        stats.cached_bytes += self.pool_bytes();
+        stats.cached_blocks += self.pool_blocks();
+        stats.reserved_bytes = self.reserved;
+        stats.peak_reserved_bytes = self.peak_reserved;
+        // A sum of per-thread peaks may exceed what was ever taken at once.
+        stats.peak_live_bytes = peak_live
+            .saturating_add(self.retired_peak_live)
+            .min(self.peak_reserved);
+        stats.system_allocs = self.system_allocs;
+        stats.system_frees = self.system_frees;
+        stats.evictions = self.evictions;
+        stats.oom_retries = self.oom_retries;
+        stats.corrupted_blocks = self.corrupted_blocks;
+        stats.huge_page_bytes = self.huge_page_bytes;
+    }
+
+    /// Counts a block given back to the system because of the cap, the limit or a trim.
+    pub(crate) fn note_eviction(&mut self) {
+        self.evictions += 1;
+    }
+
+    /// Counts a request the system refused, retried once the idle cache was freed.
+    pub(crate) fn note_oom_retry(&mut self) {
+        self.oom_retries += 1;
+    }
+
+    /// Counts a block whose canary was overwritten.
+    pub(crate) fn note_corrupted(&mut self) {
+        self.corrupted_blocks += 1;
     }
 
     /// The peaks of forgotten caches in interval `epoch` and the one before it.
-    pub(crate) fn retired_interval(&self, epoch: usize) -> (usize, usize) {
+    fn retired_interval(&self, epoch: usize) -> (usize, usize) {
         let (at, current, last) = self.retired_interval;
         if epoch == at {
             (current, last)
@@ -191,11 +256,22 @@ impl SharedCache {
         self.reserved
     }
 
-    /// Records a block the system handed over (its bytes were reserved before the call).
-    pub(crate) fn allocated(&mut self) {
+    /// Records a block the system handed over (its bytes were reserved before the call), of
+    /// which `huge_page_bytes` were advised huge pages.
+    pub(crate) fn allocated(&mut self, huge_page_bytes: usize) {
         self.system_allocs += 1;
+        self.huge_page_bytes += huge_page_bytes;
         // The peak counts bytes really taken: a refused request must not raise it.
         self.peak_reserved = self.peak_reserved.max(self.reserved);
+    }
+
+    /// Records a block of `size` bytes given back to the system, `huge_page_bytes` of them
+    /// advised huge pages (as `allocated` counted them).
+    pub(crate) fn freed(&mut self, size: usize, huge_page_bytes: usize) {
+        debug_assert!(huge_page_bytes <= self.huge_page_bytes);
+        self.huge_page_bytes -= huge_page_bytes;
+        self.unreserve(size);
+        self.system_frees += 1;
     }
 }
 
