@@ -17,7 +17,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc as StdArc;
 
-use caching_allocator::{CachingAllocator, Config, Stats};
+use caching_allocator::{AllocError, CachingAllocator, Config, Stats};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -83,6 +83,28 @@ fn end_quiet(alloc: Arc<CachingAllocator>, counting: &Counting, cap: usize) {
     drop_and_check(alloc, counting);
 }
 
+/// A new block of `size` bytes (alignment 64), by its address: what a model thread is given.
+fn block(alloc: &CachingAllocator, size: usize) -> usize {
+    alloc.allocate(size, 64).unwrap().as_ptr() as usize
+}
+
+/// Releases the block at `addr`.
+///
+/// # Safety
+/// If the block is live, nothing uses it after this call.
+unsafe fn release_at(alloc: &CachingAllocator, addr: usize) -> Result<(), AllocError> {
+    // SAFETY: the caller's contract is `release`'s; an address that is not live is refused
+    // without being read.
+    unsafe { alloc.release(core::ptr::NonNull::new(addr as *mut u8).unwrap()) }
+}
+
+/// Allocates a block of `size` bytes (alignment 64) and releases it at once.
+fn round_trip(alloc: &CachingAllocator, size: usize) {
+    let p = alloc.allocate(size, 64).unwrap();
+    // SAFETY: `p` came from `allocate` and is not used after.
+    unsafe { alloc.release(p) }.unwrap();
+}
+
 /// Writes `tag` over a block's `len` bytes.
 fn tag(addr: usize, len: usize, tag: u8) {
     // SAFETY: the block is live, ours alone, and at least `len` bytes long.
@@ -107,13 +129,12 @@ fn two_threads_same_class_then_reset_from_a_third() {
             .map(|t| {
                 let alloc = alloc.clone();
                 thread::spawn(move || {
-                    let a = alloc.allocate(100, 64).unwrap().as_ptr() as usize;
+                    let a = block(&alloc, 100);
                     tag(a, 100, t);
                     // SAFETY: `a` came from `allocate` and is not used after.
-                    unsafe { alloc.release(core::ptr::NonNull::new(a as *mut u8).unwrap()) }
-                        .unwrap();
+                    unsafe { release_at(&alloc, a) }.unwrap();
                     // Left live on purpose: the reset must find it in an exited thread's cache.
-                    let b = alloc.allocate(100, 64).unwrap().as_ptr() as usize;
+                    let b = block(&alloc, 100);
                     tag(b, 100, t);
                     (b, t)
                 })
@@ -160,19 +181,19 @@ fn release_on_one_thread_refills_allocation_on_another() {
         || {
             let cap = 1 << 20;
             let (alloc, counting) = allocator(cap);
-            let p = alloc.allocate(3000, 64).unwrap().as_ptr() as usize;
+            let p = block(&alloc, 3000);
             let releaser = {
                 let alloc = alloc.clone();
                 thread::spawn(move || {
                     tag(p, 3000, 1);
                     // SAFETY: `p` was handed to this thread; nothing uses it after.
-                    unsafe { alloc.release(core::ptr::NonNull::new(p as *mut u8).unwrap()) }
+                    unsafe { release_at(&alloc, p) }
                 })
             };
             let taker = {
                 let alloc = alloc.clone();
                 thread::spawn(move || {
-                    let q = alloc.allocate(3000, 64).unwrap().as_ptr() as usize;
+                    let q = block(&alloc, 3000);
                     tag(q, 3000, 2);
                     q
                 })
@@ -200,7 +221,7 @@ fn release_on_one_thread_refills_allocation_on_another() {
             // SAFETY: `r` came from `allocate` and is not used after.
             unsafe { alloc.release(r) }.unwrap();
             // SAFETY: `q` came from `allocate`, its taker has exited, and it is not used after.
-            unsafe { alloc.release(core::ptr::NonNull::new(q as *mut u8).unwrap()) }.unwrap();
+            unsafe { release_at(&alloc, q) }.unwrap();
             end_quiet(alloc, &counting, cap);
         },
     );
@@ -212,28 +233,26 @@ fn eviction_races_with_allocation() {
     model("eviction_races_with_allocation", || {
         let cap = 64;
         let (alloc, counting) = allocator(cap);
-        let p1 = alloc.allocate(64, 64).unwrap().as_ptr() as usize;
-        let p2 = alloc.allocate(64, 64).unwrap().as_ptr() as usize;
+        let p1 = block(&alloc, 64);
+        let p2 = block(&alloc, 64);
         let releaser = {
             let alloc = alloc.clone();
             thread::spawn(move || {
                 for p in [p1, p2] {
                     // SAFETY: `p` was handed to this thread; nothing uses it after.
-                    unsafe { alloc.release(core::ptr::NonNull::new(p as *mut u8).unwrap()) }
-                        .unwrap();
+                    unsafe { release_at(&alloc, p) }.unwrap();
                 }
             })
         };
         let taker = {
             let alloc = alloc.clone();
             thread::spawn(move || {
-                let q = alloc.allocate(64, 64).unwrap();
-                tag(q.as_ptr() as usize, 64, 7);
-                let addr = q.as_ptr() as usize;
-                assert!(tagged(addr, 64, 7));
+                let q = block(&alloc, 64);
+                tag(q, 64, 7);
+                assert!(tagged(q, 64, 7));
                 // SAFETY: `q` came from `allocate` and is not used after.
-                unsafe { alloc.release(q) }.unwrap();
-                addr
+                unsafe { release_at(&alloc, q) }.unwrap();
+                q
             })
         };
         releaser.join().unwrap();
@@ -254,15 +273,13 @@ fn trim_races_with_release_and_allocation() {
     model("trim_races_with_release_and_allocation", || {
         let cap = 1 << 20;
         let (alloc, counting) = allocator(cap);
-        let p = alloc.allocate(64, 64).unwrap().as_ptr() as usize;
+        let p = block(&alloc, 64);
         let worker = {
             let alloc = alloc.clone();
             thread::spawn(move || {
                 // SAFETY: `p` was handed to this thread; nothing uses it after.
-                unsafe { alloc.release(core::ptr::NonNull::new(p as *mut u8).unwrap()) }.unwrap();
-                let q = alloc.allocate(64, 64).unwrap();
-                // SAFETY: `q` came from `allocate` and is not used after.
-                unsafe { alloc.release(q) }.unwrap();
+                unsafe { release_at(&alloc, p) }.unwrap();
+                round_trip(&alloc, 64);
             })
         };
         alloc.trim(0);
@@ -290,9 +307,7 @@ fn scopes_and_stealing() {
         {
             let alloc = alloc.clone();
             thread::spawn(move || {
-                let p = alloc.allocate(200, 64).unwrap();
-                // SAFETY: `p` came from `allocate` and is not used after.
-                unsafe { alloc.release(p) }.unwrap();
+                round_trip(&alloc, 200);
             })
             .join()
             .unwrap();
@@ -343,11 +358,10 @@ fn reset_races_with_allocation_and_release() {
                 let released = unsafe { alloc.release(p) };
                 match released {
                     Ok(()) => {}
-                    Err(caching_allocator::AllocError::UnknownPointer { .. }) => {}
+                    Err(AllocError::UnknownPointer { .. }) => {}
                     Err(e) => panic!("release racing a reset: {e}"),
                 }
-                let q = alloc.allocate(100, 64).unwrap();
-                (released.is_ok(), q.as_ptr() as usize)
+                (released.is_ok(), block(&alloc, 100))
             })
         };
         // SAFETY: the worker never uses a block after it could have been reset (it writes to
@@ -382,9 +396,9 @@ fn arena_reset_racing_the_owners_allocations() {
         let owner = {
             let alloc = alloc.clone();
             thread::spawn(move || {
-                let p = alloc.allocate(256, 64).unwrap().as_ptr() as usize;
+                let p = block(&alloc, 256);
                 tag(p, 256, 1);
-                let q = alloc.allocate(256, 64).unwrap().as_ptr() as usize;
+                let q = block(&alloc, 256);
                 tag(q, 256, 2);
                 (p, q)
             })
@@ -419,22 +433,22 @@ fn arena_reset_racing_the_owners_allocations() {
 fn arena_foreign_release_racing_the_owner() {
     model("arena_foreign_release_racing_the_owner", || {
         let (alloc, counting) = with_arena(1 << 20, 1024);
-        let a = alloc.allocate(256, 64).unwrap().as_ptr() as usize;
-        let b = alloc.allocate(256, 64).unwrap().as_ptr() as usize;
+        let a = block(&alloc, 256);
+        let b = block(&alloc, 256);
         tag(b, 256, 2);
         let releaser = {
             let alloc = alloc.clone();
             thread::spawn(move || {
                 // SAFETY: `a` was handed to this thread; nothing uses it after.
-                unsafe { alloc.release(core::ptr::NonNull::new(a as *mut u8).unwrap()) }
+                unsafe { release_at(&alloc, a) }
             })
         };
         // The owner: a new block while the release may be in flight, then a round trip.
-        let c = alloc.allocate(256, 64).unwrap().as_ptr() as usize;
+        let c = block(&alloc, 256);
         tag(c, 256, 3);
         assert_ne!(c, a, "a block was handed out over a live one");
         assert_eq!(releaser.join().unwrap(), Ok(()));
-        let d = alloc.allocate(256, 64).unwrap().as_ptr() as usize;
+        let d = block(&alloc, 256);
         tag(d, 256, 4);
         assert!(tagged(b, 256, 2) && tagged(c, 256, 3));
         let s = alloc.stats();
@@ -442,7 +456,7 @@ fn arena_foreign_release_racing_the_owner() {
         check_books(&s, &counting, 1 << 20);
         for p in [b, c, d] {
             // SAFETY: each released once, not used after.
-            unsafe { alloc.release(core::ptr::NonNull::new(p as *mut u8).unwrap()) }.unwrap();
+            unsafe { release_at(&alloc, p) }.unwrap();
         }
         end_quiet(alloc, &counting, 1 << 20);
     });
