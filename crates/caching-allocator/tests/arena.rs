@@ -13,6 +13,11 @@ fn addr(p: NonNull<u8>) -> usize {
     p.as_ptr() as usize
 }
 
+/// `N` blocks of `size` bytes each, 64-byte aligned, allocated in order.
+fn blocks<const N: usize>(alloc: &CachingAllocator, size: usize) -> [NonNull<u8>; N] {
+    core::array::from_fn(|_| alloc.allocate(size, 64).unwrap())
+}
+
 /// Fills `len` bytes behind `p` with `tag`.
 fn tag(p: NonNull<u8>, len: usize, tag: u8) {
     // SAFETY: the tests pass live blocks of at least `len` bytes that only they use.
@@ -91,9 +96,7 @@ fn a_reset_takes_blocks_handed_out_before_it_and_keeps_those_after() {
 #[test]
 fn releasing_the_newest_block_rewinds_the_bump_and_others_wait_for_it() {
     let alloc = CachingAllocator::new(64 << 20);
-    let a = alloc.allocate(100, 64).unwrap();
-    let b = alloc.allocate(100, 64).unwrap();
-    let c = alloc.allocate(100, 64).unwrap();
+    let [a, b, c] = blocks(&alloc, 100);
     // A round trip of the newest block gives its bytes back at once.
     // SAFETY: released once, not used after.
     unsafe { alloc.release(c) }.unwrap();
@@ -128,8 +131,7 @@ fn releasing_the_newest_block_rewinds_the_bump_and_others_wait_for_it() {
 #[test]
 fn bad_releases_are_refused_at_the_call_and_change_nothing() {
     let alloc = CachingAllocator::new(64 << 20);
-    let a = alloc.allocate(256, 64).unwrap();
-    let b = alloc.allocate(256, 64).unwrap();
+    let [a, b] = blocks(&alloc, 256);
     tag(a, 256, 1);
     tag(b, 256, 2);
     let before = alloc.stats();
@@ -151,8 +153,7 @@ fn bad_releases_are_refused_at_the_call_and_change_nothing() {
 #[test]
 fn a_stale_pointer_never_rewinds_the_arena_under_a_live_holder() {
     let alloc = CachingAllocator::new(64 << 20);
-    let _a = alloc.allocate(128, 64).unwrap();
-    let b = alloc.allocate(128, 64).unwrap();
+    let [_a, b] = blocks(&alloc, 128);
     // SAFETY: nothing handed out above is used after this.
     unsafe { alloc.reset_unchecked() };
     // A new holder of the first bytes; `b`'s old address is past the bump now.
@@ -169,8 +170,7 @@ fn a_stale_pointer_never_rewinds_the_arena_under_a_live_holder() {
 #[test]
 fn a_block_released_on_another_thread_is_checked_at_the_call_and_applied_by_its_owner() {
     let alloc = CachingAllocator::new(64 << 20);
-    let a = alloc.allocate(512, 64).unwrap();
-    let b = alloc.allocate(512, 64).unwrap();
+    let [a, b] = blocks(&alloc, 512);
     tag(b, 512, 3);
     let (a_addr, inside_addr) = (addr(a), addr(b) + 64);
     let (ra, ra_again, inside) = std::thread::scope(|s| {
@@ -422,9 +422,7 @@ fn without_a_chunk_small_requests_use_the_size_classes_and_ask_once_per_interval
 #[test]
 fn releases_that_rewind_the_bump_keep_the_hit_count() {
     let alloc = CachingAllocator::new(64 << 20);
-    let a = alloc.allocate(256, 64).unwrap();
-    let b = alloc.allocate(256, 64).unwrap();
-    let c = alloc.allocate(256, 64).unwrap();
+    let [a, b, c] = blocks(&alloc, 256);
     assert_eq!(alloc.stats().arena_live_blocks, 3);
     // SAFETY: each released once, not used after.
     unsafe {
@@ -460,8 +458,7 @@ fn an_idle_chunk_makes_room_under_the_limit() {
 #[test]
 fn a_block_released_on_another_thread_cannot_be_released_again_by_its_owner() {
     let alloc = CachingAllocator::new(64 << 20);
-    let a = alloc.allocate(512, 64).unwrap();
-    let _b = alloc.allocate(512, 64).unwrap();
+    let [a, _b] = blocks(&alloc, 512);
     let a_addr = addr(a);
     let first = std::thread::scope(|s| {
         s.spawn(|| {

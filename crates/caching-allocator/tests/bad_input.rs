@@ -41,6 +41,17 @@ fn assert_refused(alloc: &CachingAllocator, p: NonNull<u8>, what: &str) {
     assert_eq!(alloc.stats(), before, "{what}");
 }
 
+/// Asks `alloc` for `size` bytes aligned to `align`, which it must refuse without changing a
+/// stat (`why` says why nothing may change); returns the error.
+fn refused(alloc: &CachingAllocator, size: usize, align: usize, why: &str) -> AllocError {
+    let before = alloc.stats();
+    let e = alloc
+        .allocate(size, align)
+        .expect_err("the request must be refused");
+    assert_eq!(alloc.stats(), before, "{why}: {e}");
+    e
+}
+
 #[test]
 fn invalid_alignment_changes_nothing() {
     let (alloc, live) = warmed(Config::default());
@@ -106,8 +117,7 @@ fn limit_exceeded_changes_nothing_live() {
     let alloc = CachingAllocator::with_config(Config::default().limit_bytes(limit));
     let a = alloc.allocate(8192, 64).unwrap();
     let b = alloc.allocate(8192, 64).unwrap();
-    let before = alloc.stats();
-    let e = alloc.allocate(64, 64).unwrap_err();
+    let e = refused(&alloc, 64, 64, "nothing idle to evict: nothing may change");
     assert_eq!(
         e,
         AllocError::LimitExceeded {
@@ -118,23 +128,16 @@ fn limit_exceeded_changes_nothing_live() {
         }
     );
     explains(&e, &["limit_bytes", &limit.to_string()]);
-    assert_eq!(
-        alloc.stats(),
-        before,
-        "nothing idle to evict: nothing may change"
-    );
 
     // A request that cannot fit even with every idle block evicted (8 KiB live + 16 KiB >
     // 16 KiB) is refused before anything is evicted: on error nothing changes.
     // SAFETY: released once, not used after.
     unsafe { alloc.release(b) }.unwrap();
-    let before = alloc.stats();
-    let e = alloc.allocate(16 << 10, 64).unwrap_err();
+    let e = refused(&alloc, 16 << 10, 64, "an impossible request evicted");
     assert!(
         matches!(e, AllocError::LimitExceeded { reserved, .. } if reserved == limit),
         "{e:?}"
     );
-    assert_eq!(alloc.stats(), before, "an impossible request evicted");
     // One that fits once idle blocks are gone evicts them, least recently used first; the
     // live blocks are never touched. (2 KiB: too small for best fit to take the idle 8 KiB
     // block, which is more than twice its class.)
@@ -174,16 +177,26 @@ unsafe impl GlobalAlloc for Exhausting {
     }
 }
 
+/// A configuration whose system allocator gives `blocks` blocks, then refuses; no arena, so
+/// every block is one the test counts.
+fn exhausting(blocks: usize) -> Config {
+    Config::default()
+        .arena_max_bytes(0)
+        .system_allocator(Arc::new(Exhausting {
+            remaining: AtomicUsize::new(blocks),
+        }))
+}
+
 #[test]
 fn out_of_memory_with_nothing_cached_changes_nothing() {
-    let sys = Arc::new(Exhausting {
-        remaining: AtomicUsize::new(1),
-    });
-    let alloc =
-        CachingAllocator::with_config(Config::default().arena_max_bytes(0).system_allocator(sys));
+    let alloc = CachingAllocator::with_config(exhausting(1));
     let live = alloc.allocate(3000, 64).unwrap();
-    let before = alloc.stats();
-    let e = alloc.allocate(1000, 128).unwrap_err();
+    let e = refused(
+        &alloc,
+        1000,
+        128,
+        "nothing to give back: nothing may change",
+    );
     assert_eq!(
         e,
         AllocError::OutOfMemory {
@@ -192,11 +205,6 @@ fn out_of_memory_with_nothing_cached_changes_nothing() {
         }
     );
     explains(&e, &["1000", "out of memory"]);
-    assert_eq!(
-        alloc.stats(),
-        before,
-        "nothing to give back: nothing may change"
-    );
     // SAFETY: released once, not used after.
     unsafe { alloc.release(live) }.unwrap();
     // The released block still serves its class without the system.
@@ -207,18 +215,7 @@ fn out_of_memory_with_nothing_cached_changes_nothing() {
 
 #[test]
 fn out_of_memory_after_the_retry_gives_the_idle_cache_back() {
-    let sys = Arc::new(Exhausting {
-        remaining: AtomicUsize::new(2),
-    });
-    let alloc =
-        CachingAllocator::with_config(Config::default().arena_max_bytes(0).system_allocator(sys));
-    let (alloc, live) = {
-        let live = alloc.allocate(3000, 64).unwrap();
-        let idle = alloc.allocate(100, 64).unwrap();
-        // SAFETY: released once, not used after.
-        unsafe { alloc.release(idle) }.unwrap();
-        (alloc, live)
-    };
+    let (alloc, live) = warmed(exhausting(2));
     let before = alloc.stats();
     assert_eq!(before.cached_blocks, 1);
     let e = alloc.allocate(50_000, 64).unwrap_err();

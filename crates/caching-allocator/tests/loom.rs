@@ -17,7 +17,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc as StdArc;
 
-use caching_allocator::{CachingAllocator, Config, Stats};
+use caching_allocator::{AllocError, CachingAllocator, Config, Stats};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -28,40 +28,50 @@ mod books;
 mod counting;
 use counting::Counting;
 
-/// Runs `f` under loom and reports how many interleavings it explored. One interleaving would
-/// mean loom sees no synchronisation in the crate (its primitives are not loom's): a failure.
-fn model<F: Fn() + Sync + Send + 'static>(name: &str, f: F) {
+/// Runs `f` under loom on a new allocator (`cap` bytes cached, requests up to `arena_max`
+/// bytes in the threads' arenas, a counting system allocator behind it), then checks that its
+/// end is quiet (`end_quiet`: `f` joins every thread it starts); reports how many
+/// interleavings it explored, under the name of the test that `f` is in. One interleaving
+/// would mean loom sees no synchronisation in the crate (its primitives are not loom's): a
+/// failure.
+fn model<F>(cap: usize, arena_max: usize, f: F)
+where
+    F: Fn(&Arc<CachingAllocator>, &Counting) + Sync + Send + 'static,
+{
+    // `loom::<test>::{{closure}}`: a name for diagnostics only.
+    let name = std::any::type_name_of_val(&f).trim_end_matches("::{{closure}}");
     let runs = StdArc::new(AtomicUsize::new(0));
     let counter = runs.clone();
     loom::model(move || {
         counter.fetch_add(1, SeqCst);
-        f();
+        let counting = StdArc::new(Counting::default());
+        let alloc = Arc::new(CachingAllocator::with_config(
+            Config::default()
+                .max_cached_bytes(cap)
+                .arena_max_bytes(arena_max)
+                .system_allocator(counting.clone()),
+        ));
+        f(&alloc, &counting);
+        end_quiet(alloc, &counting);
     });
     let runs = runs.load(SeqCst);
     eprintln!("loom model {name}: {runs} interleavings");
     assert!(runs > 1, "loom explored a single interleaving of {name}");
 }
 
-/// An allocator whose requests all go through the size classes: the models below check their
-/// protocols (the arena's have models of their own, `arena_*`).
-fn allocator(cap: usize) -> (Arc<CachingAllocator>, StdArc<Counting>) {
-    with_arena(cap, 0)
+/// Starts a model thread running `f` on its own handle to `alloc`.
+fn spawn<T: Send + 'static>(
+    alloc: &Arc<CachingAllocator>,
+    f: impl FnOnce(Arc<CachingAllocator>) -> T + Send + 'static,
+) -> thread::JoinHandle<T> {
+    let alloc = alloc.clone();
+    thread::spawn(move || f(alloc))
 }
 
-/// An allocator whose requests up to `arena_max` bytes go to the threads' arenas.
-fn with_arena(cap: usize, arena_max: usize) -> (Arc<CachingAllocator>, StdArc<Counting>) {
-    let counting = StdArc::new(Counting::default());
-    let alloc = CachingAllocator::with_config(
-        Config::default()
-            .max_cached_bytes(cap)
-            .arena_max_bytes(arena_max)
-            .system_allocator(counting.clone()),
-    );
-    (Arc::new(alloc), counting)
-}
-
-/// The books balance (see `books`), and every system free here is an eviction.
-fn check_books(stats: &Stats, counting: &Counting, cap: usize) {
+/// The books balance (see `books`) under the allocator's cap, and every system free here is
+/// an eviction.
+fn check_books(alloc: &CachingAllocator, stats: &Stats, counting: &Counting) {
+    let cap = alloc.config().get_max_cached_bytes();
     let (bytes, blocks) = (counting.bytes.load(SeqCst), counting.blocks.load(SeqCst));
     books::assert_books_balance(stats, bytes, blocks, cap, "loom");
     assert_eq!(stats.system_frees, stats.evictions, "{stats:?}");
@@ -76,11 +86,33 @@ fn drop_and_check(alloc: Arc<CachingAllocator>, counting: &Counting) {
 
 /// The end of a model, its threads joined: nothing is live, the books balance, and dropping
 /// the allocator gives every byte back.
-fn end_quiet(alloc: Arc<CachingAllocator>, counting: &Counting, cap: usize) {
+fn end_quiet(alloc: Arc<CachingAllocator>, counting: &Counting) {
     let stats = alloc.stats();
     books::assert_nothing_live(&stats, "loom");
-    check_books(&stats, counting, cap);
+    check_books(&alloc, &stats, counting);
     drop_and_check(alloc, counting);
+}
+
+/// A new block of `size` bytes (alignment 64), by its address: what a model thread is given.
+fn block(alloc: &CachingAllocator, size: usize) -> usize {
+    alloc.allocate(size, 64).unwrap().as_ptr() as usize
+}
+
+/// Releases the block at `addr`.
+///
+/// # Safety
+/// If the block is live, nothing uses it after this call.
+unsafe fn release_at(alloc: &CachingAllocator, addr: usize) -> Result<(), AllocError> {
+    // SAFETY: the caller's contract is `release`'s; an address that is not live is refused
+    // without being read.
+    unsafe { alloc.release(core::ptr::NonNull::new(addr as *mut u8).unwrap()) }
+}
+
+/// Allocates a block of `size` bytes (alignment 64) and releases it at once.
+fn round_trip(alloc: &CachingAllocator, size: usize) {
+    let p = alloc.allocate(size, 64).unwrap();
+    // SAFETY: `p` came from `allocate` and is not used after.
+    unsafe { alloc.release(p) }.unwrap();
 }
 
 /// Writes `tag` over a block's `len` bytes.
@@ -100,20 +132,16 @@ fn tagged(addr: usize, len: usize, tag: u8) -> bool {
 /// thread resets through `reset_unchecked`, reaching the blocks the exited threads left live.
 #[test]
 fn two_threads_same_class_then_reset_from_a_third() {
-    model("two_threads_same_class_then_reset_from_a_third", || {
-        let cap = 1 << 20;
-        let (alloc, counting) = allocator(cap);
+    model(1 << 20, 0, |alloc, counting| {
         let workers: Vec<_> = (1..=2u8)
             .map(|t| {
-                let alloc = alloc.clone();
-                thread::spawn(move || {
-                    let a = alloc.allocate(100, 64).unwrap().as_ptr() as usize;
+                spawn(alloc, move |alloc| {
+                    let a = block(&alloc, 100);
                     tag(a, 100, t);
                     // SAFETY: `a` came from `allocate` and is not used after.
-                    unsafe { alloc.release(core::ptr::NonNull::new(a as *mut u8).unwrap()) }
-                        .unwrap();
+                    unsafe { release_at(&alloc, a) }.unwrap();
                     // Left live on purpose: the reset must find it in an exited thread's cache.
-                    let b = alloc.allocate(100, 64).unwrap().as_ptr() as usize;
+                    let b = block(&alloc, 100);
                     tag(b, 100, t);
                     (b, t)
                 })
@@ -127,19 +155,16 @@ fn two_threads_same_class_then_reset_from_a_third() {
         let stats = alloc.stats();
         assert_eq!(stats.live_blocks, 2);
         assert_eq!(stats.hits + stats.misses, 4);
-        check_books(&stats, &counting, cap);
+        check_books(alloc, &stats, counting);
 
-        let resetter = {
-            let alloc = alloc.clone();
-            // SAFETY: the workers are joined and nothing uses their blocks any more; no scope
-            // is alive; the main thread makes no call until this thread is joined.
-            thread::spawn(move || unsafe { alloc.reset_unchecked() })
-        };
+        // SAFETY: the workers are joined and nothing uses their blocks any more; no scope
+        // is alive; the main thread makes no call until this thread is joined.
+        let resetter = spawn(alloc, move |alloc| unsafe { alloc.reset_unchecked() });
         resetter.join().unwrap();
         let stats = alloc.stats();
         assert_eq!((stats.live_blocks, stats.live_bytes), (0, 0), "{stats:?}");
         assert_eq!(stats.cached_blocks as u64, stats.system_allocs, "{stats:?}");
-        check_books(&stats, &counting, cap);
+        check_books(alloc, &stats, counting);
 
         // The reset blocks serve new requests without the system.
         let before = alloc.stats().system_allocs;
@@ -147,7 +172,6 @@ fn two_threads_same_class_then_reset_from_a_third() {
         assert_eq!(alloc.stats().system_allocs, before);
         // SAFETY: `p` came from `allocate` and is not used after.
         unsafe { alloc.release(p) }.unwrap();
-        end_quiet(alloc, &counting, cap);
     });
 }
 
@@ -155,87 +179,65 @@ fn two_threads_same_class_then_reset_from_a_third() {
 /// allocation of the same class, while the release and the allocation race.
 #[test]
 fn release_on_one_thread_refills_allocation_on_another() {
-    model(
-        "release_on_one_thread_refills_allocation_on_another",
-        || {
-            let cap = 1 << 20;
-            let (alloc, counting) = allocator(cap);
-            let p = alloc.allocate(3000, 64).unwrap().as_ptr() as usize;
-            let releaser = {
-                let alloc = alloc.clone();
-                thread::spawn(move || {
-                    tag(p, 3000, 1);
-                    // SAFETY: `p` was handed to this thread; nothing uses it after.
-                    unsafe { alloc.release(core::ptr::NonNull::new(p as *mut u8).unwrap()) }
-                })
-            };
-            let taker = {
-                let alloc = alloc.clone();
-                thread::spawn(move || {
-                    let q = alloc.allocate(3000, 64).unwrap().as_ptr() as usize;
-                    tag(q, 3000, 2);
-                    q
-                })
-            };
-            releaser.join().unwrap().unwrap();
-            let q = taker.join().unwrap();
-            assert!(tagged(q, 3000, 2));
-            let stats = alloc.stats();
-            // Either the taker found `p` (released first: no new system block) or took a new one.
-            if stats.system_allocs == 1 {
-                assert_eq!(q, p, "one system block but the taker holds another");
-                assert_eq!((stats.hits, stats.misses), (1, 1));
-            } else {
-                assert_eq!(stats.system_allocs, 2);
-                assert_ne!(q, p, "the block was handed out while still live");
-                assert_eq!(stats.cached_blocks, 1);
-            }
-            assert_eq!(stats.live_blocks, 1);
-            check_books(&stats, &counting, cap);
+    model(1 << 20, 0, |alloc, counting| {
+        let p = block(alloc, 3000);
+        let releaser = spawn(alloc, move |alloc| {
+            tag(p, 3000, 1);
+            // SAFETY: `p` was handed to this thread; nothing uses it after.
+            unsafe { release_at(&alloc, p) }
+        });
+        let taker = spawn(alloc, move |alloc| {
+            let q = block(&alloc, 3000);
+            tag(q, 3000, 2);
+            q
+        });
+        releaser.join().unwrap().unwrap();
+        let q = taker.join().unwrap();
+        assert!(tagged(q, 3000, 2));
+        let stats = alloc.stats();
+        // Either the taker found `p` (released first: no new system block) or took a new one.
+        if stats.system_allocs == 1 {
+            assert_eq!(q, p, "one system block but the taker holds another");
+            assert_eq!((stats.hits, stats.misses), (1, 1));
+        } else {
+            assert_eq!(stats.system_allocs, 2);
+            assert_ne!(q, p, "the block was handed out while still live");
+            assert_eq!(stats.cached_blocks, 1);
+        }
+        assert_eq!(stats.live_blocks, 1);
+        check_books(alloc, &stats, counting);
 
-            // The main thread now finds `p` or `q`'s twin through the other threads' caches.
-            let r = alloc.allocate(3000, 64).unwrap();
-            assert_ne!(r.as_ptr() as usize, q);
-            assert_eq!(alloc.stats().system_allocs, 2);
-            // SAFETY: `r` came from `allocate` and is not used after.
-            unsafe { alloc.release(r) }.unwrap();
-            // SAFETY: `q` came from `allocate`, its taker has exited, and it is not used after.
-            unsafe { alloc.release(core::ptr::NonNull::new(q as *mut u8).unwrap()) }.unwrap();
-            end_quiet(alloc, &counting, cap);
-        },
-    );
+        // The main thread now finds `p` or `q`'s twin through the other threads' caches.
+        let r = alloc.allocate(3000, 64).unwrap();
+        assert_ne!(r.as_ptr() as usize, q);
+        assert_eq!(alloc.stats().system_allocs, 2);
+        // SAFETY: `r` came from `allocate` and is not used after.
+        unsafe { alloc.release(r) }.unwrap();
+        // SAFETY: `q` came from `allocate`, its taker has exited, and it is not used after.
+        unsafe { release_at(alloc, q) }.unwrap();
+    });
 }
 
 /// With a cap of one block, releases that must evict race with an allocation of the class.
 #[test]
 fn eviction_races_with_allocation() {
-    model("eviction_races_with_allocation", || {
-        let cap = 64;
-        let (alloc, counting) = allocator(cap);
-        let p1 = alloc.allocate(64, 64).unwrap().as_ptr() as usize;
-        let p2 = alloc.allocate(64, 64).unwrap().as_ptr() as usize;
-        let releaser = {
-            let alloc = alloc.clone();
-            thread::spawn(move || {
-                for p in [p1, p2] {
-                    // SAFETY: `p` was handed to this thread; nothing uses it after.
-                    unsafe { alloc.release(core::ptr::NonNull::new(p as *mut u8).unwrap()) }
-                        .unwrap();
-                }
-            })
-        };
-        let taker = {
-            let alloc = alloc.clone();
-            thread::spawn(move || {
-                let q = alloc.allocate(64, 64).unwrap();
-                tag(q.as_ptr() as usize, 64, 7);
-                let addr = q.as_ptr() as usize;
-                assert!(tagged(addr, 64, 7));
-                // SAFETY: `q` came from `allocate` and is not used after.
-                unsafe { alloc.release(q) }.unwrap();
-                addr
-            })
-        };
+    model(64, 0, |alloc, _| {
+        let p1 = block(alloc, 64);
+        let p2 = block(alloc, 64);
+        let releaser = spawn(alloc, move |alloc| {
+            for p in [p1, p2] {
+                // SAFETY: `p` was handed to this thread; nothing uses it after.
+                unsafe { release_at(&alloc, p) }.unwrap();
+            }
+        });
+        let taker = spawn(alloc, move |alloc| {
+            let q = block(&alloc, 64);
+            tag(q, 64, 7);
+            assert!(tagged(q, 64, 7));
+            // SAFETY: `q` came from `allocate` and is not used after.
+            unsafe { release_at(&alloc, q) }.unwrap();
+            q
+        });
         releaser.join().unwrap();
         taker.join().unwrap();
         let stats = alloc.stats();
@@ -243,7 +245,6 @@ fn eviction_races_with_allocation() {
             stats.evictions >= 1,
             "three blocks and a one-block cap: {stats:?}"
         );
-        end_quiet(alloc, &counting, cap);
     });
 }
 
@@ -251,23 +252,16 @@ fn eviction_races_with_allocation() {
 /// nothing is freed twice, and what stays cached is within the cap.
 #[test]
 fn trim_races_with_release_and_allocation() {
-    model("trim_races_with_release_and_allocation", || {
-        let cap = 1 << 20;
-        let (alloc, counting) = allocator(cap);
-        let p = alloc.allocate(64, 64).unwrap().as_ptr() as usize;
-        let worker = {
-            let alloc = alloc.clone();
-            thread::spawn(move || {
-                // SAFETY: `p` was handed to this thread; nothing uses it after.
-                unsafe { alloc.release(core::ptr::NonNull::new(p as *mut u8).unwrap()) }.unwrap();
-                let q = alloc.allocate(64, 64).unwrap();
-                // SAFETY: `q` came from `allocate` and is not used after.
-                unsafe { alloc.release(q) }.unwrap();
-            })
-        };
+    model(1 << 20, 0, |alloc, counting| {
+        let p = block(alloc, 64);
+        let worker = spawn(alloc, move |alloc| {
+            // SAFETY: `p` was handed to this thread; nothing uses it after.
+            unsafe { release_at(&alloc, p) }.unwrap();
+            round_trip(&alloc, 64);
+        });
         alloc.trim(0);
         worker.join().unwrap();
-        check_books(&alloc.stats(), &counting, cap);
+        check_books(alloc, &alloc.stats(), counting);
         alloc.free_cached();
         let stats = alloc.stats();
         assert_eq!(
@@ -275,7 +269,6 @@ fn trim_races_with_release_and_allocation() {
             (0, 0),
             "{stats:?}"
         );
-        end_quiet(alloc, &counting, cap);
     });
 }
 
@@ -283,24 +276,16 @@ fn trim_races_with_release_and_allocation() {
 /// blocks an exited thread left behind; scopes return their blocks to their own thread's cache.
 #[test]
 fn scopes_and_stealing() {
-    model("scopes_and_stealing", || {
-        let cap = 1 << 20;
-        let (alloc, counting) = allocator(cap);
+    model(1 << 20, 0, |alloc, _| {
         // A thread leaves an idle block of the class in its cache and exits.
-        {
-            let alloc = alloc.clone();
-            thread::spawn(move || {
-                let p = alloc.allocate(200, 64).unwrap();
-                // SAFETY: `p` came from `allocate` and is not used after.
-                unsafe { alloc.release(p) }.unwrap();
-            })
-            .join()
-            .unwrap();
-        }
+        spawn(alloc, move |alloc| {
+            round_trip(&alloc, 200);
+        })
+        .join()
+        .unwrap();
         let scoped: Vec<_> = (1..=2u8)
             .map(|t| {
-                let alloc = alloc.clone();
-                thread::spawn(move || {
+                spawn(alloc, move |alloc| {
                     let scope = alloc.scope();
                     let xs = scope.alloc_slice_fill(200, t).unwrap();
                     assert!(
@@ -320,7 +305,6 @@ fn scopes_and_stealing() {
             // Sequential reuse: one thread's scope ended before the other's began.
             assert!(stats.hits >= 1, "{stats:?}");
         }
-        end_quiet(alloc, &counting, cap);
     });
 }
 
@@ -331,25 +315,19 @@ fn scopes_and_stealing() {
 /// once both threads are quiet a final reset leaves live 0 and reserved = cached.
 #[test]
 fn reset_races_with_allocation_and_release() {
-    model("reset_races_with_allocation_and_release", || {
-        let cap = 1 << 20;
-        let (alloc, counting) = allocator(cap);
-        let worker = {
-            let alloc = alloc.clone();
-            thread::spawn(move || {
-                let p = alloc.allocate(100, 64).unwrap();
-                // Nothing writes to `p`: the reset may take it back at any moment.
-                // SAFETY: `p` is not used after this call.
-                let released = unsafe { alloc.release(p) };
-                match released {
-                    Ok(()) => {}
-                    Err(caching_allocator::AllocError::UnknownPointer { .. }) => {}
-                    Err(e) => panic!("release racing a reset: {e}"),
-                }
-                let q = alloc.allocate(100, 64).unwrap();
-                (released.is_ok(), q.as_ptr() as usize)
-            })
-        };
+    model(1 << 20, 0, |alloc, counting| {
+        let worker = spawn(alloc, move |alloc| {
+            let p = alloc.allocate(100, 64).unwrap();
+            // Nothing writes to `p`: the reset may take it back at any moment.
+            // SAFETY: `p` is not used after this call.
+            let released = unsafe { alloc.release(p) };
+            match released {
+                Ok(()) => {}
+                Err(AllocError::UnknownPointer { .. }) => {}
+                Err(e) => panic!("release racing a reset: {e}"),
+            }
+            (released.is_ok(), block(&alloc, 100))
+        });
         // SAFETY: the worker never uses a block after it could have been reset (it writes to
         // none and releases only through the checked `release`).
         unsafe { alloc.reset_unchecked() };
@@ -362,12 +340,11 @@ fn reset_races_with_allocation_and_release() {
             // The reset took `p`, so it ran after the first allocation: the books show it.
             assert!(stats.system_allocs >= 1, "{stats:?}");
         }
-        check_books(&stats, &counting, cap);
+        check_books(alloc, &stats, counting);
         // SAFETY: the worker is joined and its blocks are not used any more.
         unsafe { alloc.reset_unchecked() };
         let stats = alloc.stats();
         assert_eq!(stats.reserved_bytes, stats.cached_bytes, "{stats:?}");
-        end_quiet(alloc, &counting, cap);
     });
 }
 
@@ -377,24 +354,17 @@ fn reset_races_with_allocation_and_release() {
 /// and a quiet reset afterwards leaves nothing live.
 #[test]
 fn arena_reset_racing_the_owners_allocations() {
-    model("arena_reset_racing_the_owners_allocations", || {
-        let (alloc, counting) = with_arena(1 << 20, 1024);
-        let owner = {
-            let alloc = alloc.clone();
-            thread::spawn(move || {
-                let p = alloc.allocate(256, 64).unwrap().as_ptr() as usize;
-                tag(p, 256, 1);
-                let q = alloc.allocate(256, 64).unwrap().as_ptr() as usize;
-                tag(q, 256, 2);
-                (p, q)
-            })
-        };
-        let resetter = {
-            let alloc = alloc.clone();
-            // SAFETY: nothing handed out is used after the reset but by its own thread, which
-            // only checks the tags of blocks the reset cannot have taken (see below).
-            thread::spawn(move || unsafe { alloc.reset_unchecked() })
-        };
+    model(1 << 20, 1024, |alloc, counting| {
+        let owner = spawn(alloc, move |alloc| {
+            let p = block(&alloc, 256);
+            tag(p, 256, 1);
+            let q = block(&alloc, 256);
+            tag(q, 256, 2);
+            (p, q)
+        });
+        // SAFETY: nothing handed out is used after the reset but by its own thread, which
+        // only checks the tags of blocks the reset cannot have taken (see below).
+        let resetter = spawn(alloc, move |alloc| unsafe { alloc.reset_unchecked() });
         let (p, q) = owner.join().unwrap();
         resetter.join().unwrap();
         // `q` was allocated last: nothing was handed out over it.
@@ -405,10 +375,9 @@ fn arena_reset_racing_the_owners_allocations() {
             // The reset took `p` between the two calls: `q` reused its bytes.
             assert_eq!(s.live_blocks, 1, "{s:?}");
         }
-        check_books(&s, &counting, 1 << 20);
+        check_books(alloc, &s, counting);
         // SAFETY: quiet now; nothing is used after.
         unsafe { alloc.reset_unchecked() };
-        end_quiet(alloc, &counting, 1 << 20);
     });
 }
 
@@ -417,33 +386,28 @@ fn arena_reset_racing_the_owners_allocations() {
 /// never hands out bytes a live block holds, and the books end exact.
 #[test]
 fn arena_foreign_release_racing_the_owner() {
-    model("arena_foreign_release_racing_the_owner", || {
-        let (alloc, counting) = with_arena(1 << 20, 1024);
-        let a = alloc.allocate(256, 64).unwrap().as_ptr() as usize;
-        let b = alloc.allocate(256, 64).unwrap().as_ptr() as usize;
+    model(1 << 20, 1024, |alloc, counting| {
+        let a = block(alloc, 256);
+        let b = block(alloc, 256);
         tag(b, 256, 2);
-        let releaser = {
-            let alloc = alloc.clone();
-            thread::spawn(move || {
-                // SAFETY: `a` was handed to this thread; nothing uses it after.
-                unsafe { alloc.release(core::ptr::NonNull::new(a as *mut u8).unwrap()) }
-            })
-        };
+        let releaser = spawn(alloc, move |alloc| {
+            // SAFETY: `a` was handed to this thread; nothing uses it after.
+            unsafe { release_at(&alloc, a) }
+        });
         // The owner: a new block while the release may be in flight, then a round trip.
-        let c = alloc.allocate(256, 64).unwrap().as_ptr() as usize;
+        let c = block(alloc, 256);
         tag(c, 256, 3);
         assert_ne!(c, a, "a block was handed out over a live one");
         assert_eq!(releaser.join().unwrap(), Ok(()));
-        let d = alloc.allocate(256, 64).unwrap().as_ptr() as usize;
+        let d = block(alloc, 256);
         tag(d, 256, 4);
         assert!(tagged(b, 256, 2) && tagged(c, 256, 3));
         let s = alloc.stats();
         assert_eq!(s.live_blocks, 3, "{s:?}");
-        check_books(&s, &counting, 1 << 20);
+        check_books(alloc, &s, counting);
         for p in [b, c, d] {
             // SAFETY: each released once, not used after.
-            unsafe { alloc.release(core::ptr::NonNull::new(p as *mut u8).unwrap()) }.unwrap();
+            unsafe { release_at(alloc, p) }.unwrap();
         }
-        end_quiet(alloc, &counting, 1 << 20);
     });
 }

@@ -414,14 +414,20 @@ pub unsafe extern "C" fn ca_destroy(a: *mut CaAllocator) -> CaStatus {
     }
 }
 
-/// Borrows the allocator behind a handle, or records a NULL handle for `function`.
+/// Runs `f` on the allocator behind `a` for `function`: a NULL handle, a failure or a panic
+/// comes back as its code, recorded where `ca_last_error` finds it.
 ///
 /// # Safety
-/// `a` is NULL or a live handle from `ca_create`, not destroyed while the borrow lasts.
-unsafe fn handle<'a>(a: *const CaAllocator, function: &str) -> Result<&'a CaAllocator, CaStatus> {
+/// `a` is NULL or a live handle from `ca_create`, not destroyed while the call runs.
+unsafe fn call_on<T>(
+    a: *const CaAllocator,
+    function: &str,
+    f: impl FnOnce(&CachingAllocator) -> Result<T, Failure>,
+) -> Result<T, CaStatus> {
     // SAFETY: by the caller's contract a non-null `a` points to a live `CaAllocator`, which is
     // `Sync`, so a shared borrow is sound while other threads use it too.
-    unsafe { a.as_ref() }.ok_or_else(|| null_handle(function))
+    let a = unsafe { a.as_ref() }.ok_or_else(|| null_handle(function))?;
+    a.call(function, f)
 }
 
 /// Returns a block of at least `size` bytes aligned to `align`, or NULL on failure (then
@@ -452,16 +458,13 @@ pub unsafe extern "C" fn ca_allocate(
     align: usize,
 ) -> *mut c_void {
     const FUNCTION: &str = "ca_allocate";
-    // SAFETY: `a` is NULL or live, by this function's contract.
-    let Ok(a) = (unsafe { handle(a, FUNCTION) }) else {
-        return core::ptr::null_mut();
-    };
-    a.call(FUNCTION, |inner| {
+    let allocate = |inner: &CachingAllocator| {
         inner
             .allocate(size, align)
             .map_err(|e| messages::failure(&e, inner, FUNCTION))
-    })
-    .map_or(core::ptr::null_mut(), |p| p.as_ptr().cast())
+    };
+    // SAFETY: `a` is NULL or live, by this function's contract.
+    unsafe { call_on(a, FUNCTION, allocate) }.map_or(core::ptr::null_mut(), |p| p.as_ptr().cast())
 }
 
 /// Gives one block from `ca_allocate` back to the cache. Thread-safe, from any thread.
@@ -478,12 +481,7 @@ pub unsafe extern "C" fn ca_allocate(
 #[no_mangle]
 pub unsafe extern "C" fn ca_release(a: *mut CaAllocator, ptr: *mut c_void) -> CaStatus {
     const FUNCTION: &str = "ca_release";
-    // SAFETY: `a` is NULL or live, by this function's contract.
-    let a = match unsafe { handle(a, FUNCTION) } {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    status(a.call(FUNCTION, |inner| {
+    let release = |inner: &CachingAllocator| {
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| {
             Failure::new(
                 CaStatus::NullArgument,
@@ -493,7 +491,9 @@ pub unsafe extern "C" fn ca_release(a: *mut CaAllocator, ptr: *mut c_void) -> Ca
         // SAFETY: the caller promises nothing uses the block after this call if it is live;
         // the core checks the pointer against its books without dereferencing it otherwise.
         unsafe { inner.release(ptr) }.map_err(|e| messages::failure(&e, inner, FUNCTION))
-    }))
+    };
+    // SAFETY: `a` is NULL or live, by this function's contract.
+    status(unsafe { call_on(a, FUNCTION, release) })
 }
 
 /// Every live block, handed out on any thread, goes back to the cache (ExecuTorch's temp
@@ -510,17 +510,14 @@ pub unsafe extern "C" fn ca_release(a: *mut CaAllocator, ptr: *mut c_void) -> Ca
 #[no_mangle]
 pub unsafe extern "C" fn ca_reset(a: *mut CaAllocator) -> CaStatus {
     const FUNCTION: &str = "ca_reset";
-    // SAFETY: `a` is NULL or live, by this function's contract.
-    let a = match unsafe { handle(a, FUNCTION) } {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    status(a.call(FUNCTION, |inner| {
+    let reset = |inner: &CachingAllocator| {
         // SAFETY: the caller guarantees that no block handed out before is used or released
         // after: `reset_unchecked`'s contract. An overrun found by debug checks comes back as
         // `Corrupted`, after every other block was reset.
         unsafe { inner.try_reset_unchecked() }.map_err(|e| messages::failure(&e, inner, FUNCTION))
-    }))
+    };
+    // SAFETY: `a` is NULL or live, by this function's contract.
+    status(unsafe { call_on(a, FUNCTION, reset) })
 }
 
 /// Gives every idle cached block back to the system. Thread-safe.
@@ -530,15 +527,12 @@ pub unsafe extern "C" fn ca_reset(a: *mut CaAllocator) -> CaStatus {
 #[no_mangle]
 pub unsafe extern "C" fn ca_free_cached(a: *mut CaAllocator) -> CaStatus {
     const FUNCTION: &str = "ca_free_cached";
-    // SAFETY: `a` is NULL or live, by this function's contract.
-    let a = match unsafe { handle(a, FUNCTION) } {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    status(a.call(FUNCTION, |inner| {
+    let free_cached = |inner: &CachingAllocator| {
         inner.free_cached();
         Ok(())
-    }))
+    };
+    // SAFETY: `a` is NULL or live, by this function's contract.
+    status(unsafe { call_on(a, FUNCTION, free_cached) })
 }
 
 /// Gives least recently used idle blocks back to the system until at most `keep_bytes` stay
@@ -549,15 +543,12 @@ pub unsafe extern "C" fn ca_free_cached(a: *mut CaAllocator) -> CaStatus {
 #[no_mangle]
 pub unsafe extern "C" fn ca_trim(a: *mut CaAllocator, keep_bytes: usize) -> CaStatus {
     const FUNCTION: &str = "ca_trim";
-    // SAFETY: `a` is NULL or live, by this function's contract.
-    let a = match unsafe { handle(a, FUNCTION) } {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    status(a.call(FUNCTION, |inner| {
+    let trim = |inner: &CachingAllocator| {
         inner.trim(keep_bytes);
         Ok(())
-    }))
+    };
+    // SAFETY: `a` is NULL or live, by this function's contract.
+    status(unsafe { call_on(a, FUNCTION, trim) })
 }
 
 /// Fills `*out` with a snapshot of the allocator's counters. Thread-safe (while other threads
@@ -570,12 +561,7 @@ pub unsafe extern "C" fn ca_trim(a: *mut CaAllocator, keep_bytes: usize) -> CaSt
 #[no_mangle]
 pub unsafe extern "C" fn ca_stats(a: *const CaAllocator, out: *mut CaStats) -> CaStatus {
     const FUNCTION: &str = "ca_stats";
-    // SAFETY: `a` is NULL or live, by this function's contract.
-    let a = match unsafe { handle(a, FUNCTION) } {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    status(a.call(FUNCTION, |inner| {
+    let fill = |inner: &CachingAllocator| {
         if out.is_null() {
             return Err(Failure::new(
                 CaStatus::NullArgument,
@@ -587,7 +573,9 @@ pub unsafe extern "C" fn ca_stats(a: *const CaAllocator, out: *mut CaStats) -> C
         // `write_unaligned` needs no alignment and drops nothing (the type is plain data).
         unsafe { out.write_unaligned(stats) };
         Ok(())
-    }))
+    };
+    // SAFETY: `a` is NULL or live, by this function's contract.
+    status(unsafe { call_on(a, FUNCTION, fill) })
 }
 
 /// The calling thread's last failure on `a` (with `a == NULL`: its last failure that had no

@@ -468,6 +468,15 @@ impl GgufFile {
         }
     }
 
+    /// An error about the file's metadata rather than one tensor.
+    fn meta_err(&self, message: String) -> LlmError {
+        LlmError::Gguf {
+            path: (*self.path).clone(),
+            tensor: None,
+            message,
+        }
+    }
+
     /// The byte range of `t`'s data, checked: a supported type, whole blocks, aligned, within
     /// the file.
     fn check_info(&self, t: &TensorInfo, alignment: u64) -> Result<(usize, usize)> {
@@ -598,35 +607,27 @@ impl GgufFile {
     fn meta_str(&self, key: &str) -> Result<&str> {
         self.get(key)
             .and_then(Value::as_str)
-            .ok_or_else(|| LlmError::Gguf {
-                path: (*self.path).clone(),
-                tensor: None,
-                message: format!("metadata `{key}` is missing or not a string"),
-            })
+            .ok_or_else(|| self.meta_err(format!("metadata `{key}` is missing or not a string")))
     }
 
     fn meta_usize(&self, key: &str) -> Result<Option<usize>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(|x| Some(x as usize))
-                .ok_or_else(|| LlmError::Gguf {
-                    path: (*self.path).clone(),
-                    tensor: None,
-                    message: format!("metadata `{key}` is {v:?}, not a non-negative integer"),
-                }),
+            Some(v) => v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| {
+                self.meta_err(format!(
+                    "metadata `{key}` is {v:?}, not a non-negative integer"
+                ))
+            }),
         }
     }
 
     fn meta_f64(&self, key: &str) -> Result<Option<f64>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| LlmError::Gguf {
-                path: (*self.path).clone(),
-                tensor: None,
-                message: format!("metadata `{key}` is {v:?}, not a number"),
-            }),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.meta_err(format!("metadata `{key}` is {v:?}, not a number"))),
         }
     }
 
@@ -634,21 +635,16 @@ impl GgufFile {
     /// = llama` is supported).
     pub fn llama_config(&self) -> Result<LlamaConfig> {
         let arch = self.meta_str("general.architecture")?;
-        let bad = |message: String| LlmError::Gguf {
-            path: (*self.path).clone(),
-            tensor: None,
-            message,
-        };
         if arch != "llama" {
-            return Err(bad(format!(
+            return Err(self.meta_err(format!(
                 "architecture `{arch}` is not supported (only llama)"
             )));
         }
         let need = |k: &str| -> Result<usize> {
             match self.meta_usize(&format!("llama.{k}"))? {
                 Some(v) if v > 0 => Ok(v),
-                Some(_) => Err(bad(format!("metadata `llama.{k}` is 0"))),
-                None => Err(bad(format!("metadata `llama.{k}` is missing"))),
+                Some(_) => Err(self.meta_err(format!("metadata `llama.{k}` is 0"))),
+                None => Err(self.meta_err(format!("metadata `llama.{k}` is missing"))),
             }
         };
         let hidden = need("embedding_length")?;
@@ -657,7 +653,7 @@ impl GgufFile {
             .meta_usize("llama.attention.head_count_kv")?
             .unwrap_or(heads);
         if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-            return Err(bad(format!(
+            return Err(self.meta_err(format!(
                 "llama.attention.head_count ({heads}) is not a multiple of \
                  llama.attention.head_count_kv ({kv_heads})"
             )));
@@ -666,27 +662,27 @@ impl GgufFile {
             Some(d) => d,
             None if hidden.is_multiple_of(heads) => hidden / heads,
             None => {
-                return Err(bad(format!(
+                return Err(self.meta_err(format!(
                     "llama.embedding_length ({hidden}) is not a multiple of the head count \
                      ({heads}) and no llama.attention.key_length is given"
                 )))
             }
         };
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
-            return Err(bad(format!(
+            return Err(self.meta_err(format!(
                 "head dimension {head_dim} must be even and non-zero"
             )));
         }
         if let Some(rot) = self.meta_usize("llama.rope.dimension_count")? {
             if rot != head_dim {
-                return Err(bad(format!(
+                return Err(self.meta_err(format!(
                     "llama.rope.dimension_count {rot} differs from the head dimension \
                      {head_dim}: partial rotary embeddings are not supported"
                 )));
             }
         }
         if self.info("rope_freqs.weight").is_some() {
-            return Err(bad(
+            return Err(self.meta_err(
                 "the file has `rope_freqs.weight` (Llama 3 frequency scaling), which the GGUF \
                  loader does not apply yet: use the safetensors checkpoint"
                     .into(),
@@ -699,21 +695,17 @@ impl GgufFile {
                 .and_then(Value::as_array)
                 .map(<[Value]>::len)
                 .or_else(|| self.info("token_embd.weight").map(|t| t.shape()[0]))
-                .ok_or_else(|| bad("no llama.vocab_size and no token list".into()))?,
+                .ok_or_else(|| self.meta_err("no llama.vocab_size and no token list".into()))?,
         };
         let rope_theta = self.meta_f64("llama.rope.freq_base")?.unwrap_or(10000.0);
         if !(rope_theta.is_finite() && rope_theta > 0.0) {
-            return Err(bad(format!(
-                "llama.rope.freq_base {rope_theta} is not positive"
-            )));
+            return Err(self.meta_err(format!("llama.rope.freq_base {rope_theta} is not positive")));
         }
         let eps = self
             .meta_f64("llama.attention.layer_norm_rms_epsilon")?
             .unwrap_or(1e-5);
         if !(eps.is_finite() && eps >= 0.0) {
-            return Err(bad(format!(
-                "rms epsilon {eps} is not a non-negative number"
-            )));
+            return Err(self.meta_err(format!("rms epsilon {eps} is not a non-negative number")));
         }
         let id = |k: &str| -> Result<Option<u32>> {
             Ok(self

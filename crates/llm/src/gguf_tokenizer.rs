@@ -28,6 +28,18 @@ fn err(f: &GgufFile, message: String) -> LlmError {
     }
 }
 
+/// Metadata `key` as `read` takes it (`Value::as_str`, ...), or the error `missing`.
+fn required<'a, T>(
+    f: &'a GgufFile,
+    key: &str,
+    read: impl FnOnce(&'a Value) -> Option<T>,
+    missing: &str,
+) -> Result<T> {
+    f.get(key)
+        .and_then(read)
+        .ok_or_else(|| err(f, missing.into()))
+}
+
 fn strings<'a>(f: &'a GgufFile, key: &str) -> Result<Vec<&'a str>> {
     let a = f
         .get(key)
@@ -44,15 +56,12 @@ fn strings<'a>(f: &'a GgufFile, key: &str) -> Result<Vec<&'a str>> {
 /// Builds the tokenizer of `f`. Only byte-level BPE (`tokenizer.ggml.model = gpt2`) with a
 /// pre-tokenizer in [`KNOWN_PRE`] is supported; anything else is a clear error.
 pub fn from_gguf(f: &GgufFile) -> Result<Tokenizer> {
-    let model = f
-        .get("tokenizer.ggml.model")
-        .and_then(Value::as_str)
-        .ok_or_else(|| {
-            err(
-                f,
-                "no tokenizer.ggml.model: the file has no tokenizer".into(),
-            )
-        })?;
+    let model = required(
+        f,
+        "tokenizer.ggml.model",
+        Value::as_str,
+        "no tokenizer.ggml.model: the file has no tokenizer",
+    )?;
     if model != "gpt2" {
         return Err(err(
             f,
@@ -122,15 +131,12 @@ pub fn from_gguf(f: &GgufFile) -> Result<Tokenizer> {
         .and_then(Value::as_bool)
         .unwrap_or(false);
     if add_bos {
-        let bos = f
-            .get("tokenizer.ggml.bos_token_id")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| {
-                err(
-                    f,
-                    "add_bos_token is set but there is no bos_token_id".into(),
-                )
-            })?;
+        let bos = required(
+            f,
+            "tokenizer.ggml.bos_token_id",
+            Value::as_u64,
+            "add_bos_token is set but there is no bos_token_id",
+        )?;
         let name = tokens
             .get(bos as usize)
             .ok_or_else(|| err(f, format!("bos_token_id {bos} is not a token")))?;

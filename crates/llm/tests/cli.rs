@@ -61,8 +61,7 @@ fn generate_streams_only_the_generated_text() {
         seed: 21,
         ..Spec::default()
     };
-    let dir = TempDir::new("cli");
-    spec.write(dir.path());
+    let dir = spec.checkpoint("cli");
     common::write_tokenizer(dir.path());
     let tok = Tokenizer::from_file(&dir.path().join("tokenizer.json")).unwrap();
     let prompt = "hi there";
@@ -95,8 +94,7 @@ fn generate_on_ids_without_tokenizer() {
         seed: 22,
         ..Spec::default()
     };
-    let dir = TempDir::new("cli-ids");
-    spec.write(dir.path());
+    let dir = spec.checkpoint("cli-ids");
     let ids = greedy_ids(dir.path(), &[5, 6, 7], 6);
     let out = generate_ok(
         dir.path(),

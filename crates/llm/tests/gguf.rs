@@ -214,6 +214,9 @@ fn load_err(dir: &Path, name: &str, bytes: &[u8]) -> String {
     }
 }
 
+/// A file name, an edit of a good model, and the words the error of loading it must say.
+type Edit<'a> = (&'a str, fn(&mut Writer), &'a [&'a str]);
+
 #[test]
 fn bad_files_are_errors_naming_file_and_tensor() {
     let dir = TempDir::new("gguf-bad");
@@ -263,51 +266,54 @@ fn bad_files_are_errors_naming_file_and_tensor() {
         "{e}"
     );
 
-    // An unknown type id.
-    let mut w = g::tiny_model(&spec, None).0;
-    w.tensors[0].ggml_type = 99;
-    let e = load_err(d, "unknown.gguf", &w.bytes());
-    assert!(
-        e.contains(w.tensors[0].name.as_str()) && e.contains("ggml id 99"),
-        "{e}"
-    );
-
-    // A shape that contradicts the metadata.
-    let mut w = g::tiny_model(&spec, None).0;
-    w.meta.retain(|(k, _)| k != "llama.feed_forward_length");
-    w.meta("llama.feed_forward_length", Value::U32(64));
-    let e = load_err(d, "shape.gguf", &w.bytes());
-    assert!(
-        e.contains("shape.gguf")
-            && e.contains("blk.0.ffn_gate.weight")
-            && e.contains("contradicts the metadata"),
-        "{e}"
-    );
-
-    // A missing tensor.
-    let mut w = g::tiny_model(&spec, None).0;
-    w.tensors.retain(|t| t.name != "blk.1.attn_v.weight");
-    let e = load_err(d, "missing.gguf", &w.bytes());
-    assert!(
-        e.contains("missing.gguf") && e.contains("blk.1.attn_v.weight"),
-        "{e}"
-    );
-
-    // A layer beyond the block count.
-    let mut w = g::tiny_model(&spec, None).0;
-    w.meta.retain(|(k, _)| k != "llama.block_count");
-    w.meta("llama.block_count", Value::U32(1));
-    let e = load_err(d, "layers.gguf", &w.bytes());
-    assert!(
-        e.contains("blk.1.") && e.contains("llama.block_count is 1"),
-        "{e}"
-    );
-
-    // Another architecture.
-    let mut w = g::tiny_model(&spec, None).0;
-    w.meta[0].1 = Value::String("mamba".into());
-    let e = load_err(d, "arch.gguf", &w.bytes());
-    assert!(e.contains("architecture `mamba` is not supported"), "{e}");
+    // Edits of the f32 model, each refused with an error saying all its words.
+    let first = g::tiny_model(&spec, None).0.tensors[0].name.clone();
+    let edits: [Edit<'_>; 5] = [
+        // An unknown type id.
+        (
+            "unknown.gguf",
+            |w| w.tensors[0].ggml_type = 99,
+            &[first.as_str(), "ggml id 99"],
+        ),
+        // A shape that contradicts the metadata.
+        (
+            "shape.gguf",
+            |w| {
+                w.set_meta("llama.feed_forward_length", Value::U32(64));
+            },
+            &[
+                "shape.gguf",
+                "blk.0.ffn_gate.weight",
+                "contradicts the metadata",
+            ],
+        ),
+        // A missing tensor.
+        (
+            "missing.gguf",
+            |w| w.tensors.retain(|t| t.name != "blk.1.attn_v.weight"),
+            &["missing.gguf", "blk.1.attn_v.weight"],
+        ),
+        // A layer beyond the block count.
+        (
+            "layers.gguf",
+            |w| {
+                w.set_meta("llama.block_count", Value::U32(1));
+            },
+            &["blk.1.", "llama.block_count is 1"],
+        ),
+        // Another architecture.
+        (
+            "arch.gguf",
+            |w| w.meta[0].1 = Value::String("mamba".into()),
+            &["architecture `mamba` is not supported"],
+        ),
+    ];
+    for (name, edit, words) in edits {
+        let mut w = g::tiny_model(&spec, None).0;
+        edit(&mut w);
+        let e = load_err(d, name, &w.bytes());
+        assert!(words.iter().all(|&word| e.contains(word)), "{name}: {e}");
+    }
 
     // A misaligned tensor offset, and a bad alignment value.
     let mut img = g::tiny_model(&spec, None).0;

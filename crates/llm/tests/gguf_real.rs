@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use llm::gguf::GgufFile;
+use llm::tokenizer::Tokenizer;
 use llm::{caching_temp, generate, GenerateOptions, Llama, ModelOptions, Module, Sampler, Weights};
 
 fn model_path() -> Option<PathBuf> {
@@ -28,14 +29,19 @@ fn model_path() -> Option<PathBuf> {
     }
 }
 
+/// The real model's file and its tokenizer; `None` (saying why) when the file is not there.
+fn open_model() -> Option<(GgufFile, Tokenizer)> {
+    let f = GgufFile::open(&model_path()?).unwrap();
+    let t = llm::gguf_tokenizer::from_gguf(&f).unwrap();
+    Some((f, t))
+}
+
 /// Token ids against an independent construction: `scripts/gguf-tokenizer-reference.py`
 /// (the Python `tokenizers` and `gguf` packages, SmolLM2's tokenizer.json pre-tokenizer:
 /// Digits(individual) + ByteLevel), run once on this file; its output is pasted here.
 #[test]
 fn tokenizer_ids_match_reference() {
-    let Some(p) = model_path() else { return };
-    let f = GgufFile::open(&p).unwrap();
-    let t = llm::gguf_tokenizer::from_gguf(&f).unwrap();
+    let Some((_, t)) = open_model() else { return };
     let cases: &[(&str, &[u32])] = &[
         ("The capital of France is", &[504, 3575, 282, 4649, 314]),
         ("Hello, world!", &[19556, 28, 905, 17]),
@@ -95,9 +101,7 @@ fn greedy(w: &Arc<Weights>, prompt: &[u32], n: usize) -> Vec<u32> {
 /// second run, and the KV-cache decode gives the logits a full recompute gives.
 #[test]
 fn greedy_is_coherent_stable_and_kv_decode_equals_recompute() {
-    let Some(p) = model_path() else { return };
-    let f = GgufFile::open(&p).unwrap();
-    let t = llm::gguf_tokenizer::from_gguf(&f).unwrap();
+    let Some((f, t)) = open_model() else { return };
     let w = Arc::new(llm::gguf::weights_from(&f).unwrap());
     let ids = t.encode("The capital of France is").unwrap();
     let a = greedy(&w, &ids, 8);
@@ -148,9 +152,7 @@ fn greedy_is_coherent_stable_and_kv_decode_equals_recompute() {
 /// `--chat` renders the model's own template; the answer to a simple question names Paris.
 #[test]
 fn chat_answers_a_question() {
-    let Some(p) = model_path() else { return };
-    let f = GgufFile::open(&p).unwrap();
-    let t = llm::gguf_tokenizer::from_gguf(&f).unwrap();
+    let Some((f, t)) = open_model() else { return };
     let tpl = llm::gguf_tokenizer::chat_template(&f).expect("chat template");
     let prompt =
         llm::chat::render_user_prompt(tpl, "What is the capital of France?", "", "").unwrap();
@@ -165,9 +167,7 @@ fn chat_answers_a_question() {
 /// same weights (dequantized), at every generated position.
 #[test]
 fn greedy_equals_f64_forward() {
-    let Some(p) = model_path() else { return };
-    let f = GgufFile::open(&p).unwrap();
-    let t = llm::gguf_tokenizer::from_gguf(&f).unwrap();
+    let Some((f, t)) = open_model() else { return };
     let w = Arc::new(llm::gguf::weights_from(&f).unwrap());
     let ids = t.encode("The capital of France is").unwrap();
     let out = greedy(&w, &ids, 3);

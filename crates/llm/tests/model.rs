@@ -11,57 +11,53 @@ use llm::runtime::Runtime;
 use llm::safetensors::DType;
 use llm::{Llama, LlmError, ModelOptions, Module, Sampler, Weights};
 
+/// Each spec against the reference, within 1e-4 of the logits' scale (a failure names the
+/// spec).
 #[test]
-fn f32_matches_reference_gqa_separate_head() {
-    check_against_reference(&Spec::default(), 1e-4);
-}
-
-#[test]
-fn f32_matches_reference_tied_qwen2_bias_llama3_rope() {
-    let spec = Spec {
-        tied: true,
-        qwen2: true,
-        llama3_scaling: true,
-        heads: 4,
-        kv_heads: 1,
-        hidden: 64,
-        rope_theta: 500.0,
-        seed: 5,
-        ..Spec::default()
-    };
-    check_against_reference(&spec, 1e-4);
-}
-
-/// bf16 and f16 weights: the kernels widen exactly, so against the reference run on the same
-/// rounded weights the f32 bound holds (stated bound: 1e-4 of the logits' scale).
-#[test]
-fn bf16_and_f16_match_reference_on_rounded_weights() {
-    for dtype in [DType::BF16, DType::F16] {
-        let spec = Spec {
-            dtype,
+fn specs_match_reference() {
+    let specs = [
+        // f32, GQA, a separate head.
+        Spec::default(),
+        Spec {
+            tied: true,
+            qwen2: true,
+            llama3_scaling: true,
+            heads: 4,
+            kv_heads: 1,
+            hidden: 64,
+            rope_theta: 500.0,
+            seed: 5,
+            ..Spec::default()
+        },
+        // bf16 and f16 weights: the kernels widen exactly, so against the reference run on
+        // the same rounded weights the f32 bound holds.
+        Spec {
+            dtype: DType::BF16,
             seed: 9,
             ..Spec::default()
-        };
-        check_against_reference(&spec, 1e-4);
+        },
+        Spec {
+            dtype: DType::F16,
+            seed: 9,
+            ..Spec::default()
+        },
+        // Wide enough rows and prompts that the SIMD loops, their tails and the multi-task
+        // matmul all run.
+        Spec {
+            hidden: 200,
+            heads: 5,
+            kv_heads: 5,
+            ffn: 264,
+            vocab: 300,
+            layers: 1,
+            dtype: DType::BF16,
+            seed: 11,
+            ..Spec::default()
+        },
+    ];
+    for spec in &specs {
+        check_against_reference(spec, 1e-4);
     }
-}
-
-/// Wide enough rows and prompts that the SIMD loops, their tails and the multi-task matmul
-/// all run.
-#[test]
-fn wide_model_matches_reference() {
-    let spec = Spec {
-        hidden: 200,
-        heads: 5,
-        kv_heads: 5,
-        ffn: 264,
-        vocab: 300,
-        layers: 1,
-        dtype: DType::BF16,
-        seed: 11,
-        ..Spec::default()
-    };
-    check_against_reference(&spec, 1e-4);
 }
 
 #[test]
@@ -70,8 +66,7 @@ fn decode_with_kv_cache_equals_full_recompute() {
         seed: 3,
         ..Spec::default()
     };
-    let dir = TempDir::new("kv");
-    spec.write(dir.path());
+    let dir = spec.checkpoint("kv");
     let mut a = model(dir.path());
     let mut tokens = prompt(spec.vocab, 16, 1);
     a.forward(&tokens).unwrap();
@@ -123,11 +118,7 @@ fn sharded_checkpoint_loads_like_single_file() {
         serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
     )
     .unwrap();
-    std::fs::write(
-        sharded.path().join("config.json"),
-        spec.config_json().to_string(),
-    )
-    .unwrap();
+    spec.write_config(sharded.path());
     let toks = prompt(spec.vocab, 5, 2);
     let x = model(single.path()).forward(&toks).unwrap().to_vec();
     let y = model(sharded.path()).forward(&toks).unwrap().to_vec();
@@ -271,12 +262,7 @@ fn missing_tensor_is_named() {
     let dir = TempDir::new("missing");
     let mut ts = spec.tensors();
     ts.retain(|(n, _, _)| n != "model.layers.1.mlp.up_proj.weight");
-    common::write_tensors(&dir.path().join("model.safetensors"), &ts, DType::F32);
-    std::fs::write(
-        dir.path().join("config.json"),
-        spec.config_json().to_string(),
-    )
-    .unwrap();
+    spec.write_with(dir.path(), &ts);
     let e = load_err(dir.path());
     assert!(
         e.contains("missing tensor `model.layers.1.mlp.up_proj.weight`"),
@@ -296,12 +282,7 @@ fn wrong_shape_is_named() {
             t.2.truncate(8 * 32);
         }
     }
-    common::write_tensors(&dir.path().join("model.safetensors"), &ts, DType::F32);
-    std::fs::write(
-        dir.path().join("config.json"),
-        spec.config_json().to_string(),
-    )
-    .unwrap();
+    spec.write_with(dir.path(), &ts);
     let e = load_err(dir.path());
     assert!(
         e.contains("`model.layers.0.self_attn.k_proj.weight` has shape [8, 32]")
@@ -314,8 +295,7 @@ fn wrong_shape_is_named() {
 #[test]
 fn unsupported_dtype_is_named() {
     let spec = Spec::default();
-    let dir = TempDir::new("dtype");
-    spec.write(dir.path());
+    let dir = spec.checkpoint("dtype");
     // Rewrite one tensor's dtype as I32 (same 4-byte size, so the file stays consistent).
     let path = dir.path().join("model.safetensors");
     let bytes = std::fs::read(&path).unwrap();
@@ -340,8 +320,7 @@ fn unsupported_dtype_is_named() {
 #[test]
 fn truncated_file_is_named() {
     let spec = Spec::default();
-    let dir = TempDir::new("trunc");
-    spec.write(dir.path());
+    let dir = spec.checkpoint("trunc");
     let path = dir.path().join("model.safetensors");
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
@@ -360,8 +339,7 @@ fn truncated_file_is_named() {
 #[test]
 fn config_contradicting_weights_is_reported() {
     let spec = Spec::default();
-    let dir = TempDir::new("contra");
-    spec.write(dir.path());
+    let dir = spec.checkpoint("contra");
     // Fewer layers in the config than in the weights.
     let mut c = spec.config_json();
     c["num_hidden_layers"] = 1.into();
@@ -411,8 +389,7 @@ fn bad_config_and_no_weights() {
 #[test]
 fn prompt_longer_than_context_is_an_error() {
     let spec = Spec::default();
-    let dir = TempDir::new("ctx");
-    spec.write(dir.path());
+    let dir = spec.checkpoint("ctx");
     let w = Arc::new(Weights::load(dir.path()).unwrap());
     let mut m = Llama::new(
         w,

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use caching_allocator::{AllocError, TempAllocator, TempReset};
-use common::{prompt, Spec, TempDir};
+use common::{prompt, Spec};
 use llm::{Llama, ModelOptions, Module, Sampler, Weights};
 
 struct Counting;
@@ -183,8 +183,7 @@ fn decode_steps_make_no_heap_allocation_outside_the_temp_allocator() {
         dtype: llm::safetensors::DType::BF16,
         ..Spec::default()
     };
-    let dir = TempDir::new("noalloc");
-    spec.write(dir.path());
+    let dir = spec.checkpoint("noalloc");
     let weights = Arc::new(Weights::load(dir.path()).unwrap());
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)

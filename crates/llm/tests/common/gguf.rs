@@ -109,6 +109,12 @@ impl Writer {
         self
     }
 
+    /// Replaces `key`'s value (the key moves to the end).
+    pub fn set_meta(&mut self, key: &str, v: Value) -> &mut Self {
+        self.meta.retain(|(k, _)| k != key);
+        self.meta(key, v)
+    }
+
     pub fn tensor(&mut self, name: &str, dims: &[u64], ggml_type: u32, data: Vec<u8>) {
         self.tensors.push(TensorSpec {
             name: name.into(),

@@ -206,9 +206,27 @@ impl Spec {
     /// Writes config.json and model.safetensors into `dir`; returns the tensors written.
     pub fn write(&self, dir: &Path) -> Vec<(String, Vec<usize>, Vec<f32>)> {
         let ts = self.tensors();
-        write_tensors(&dir.join("model.safetensors"), &ts, self.dtype);
-        std::fs::write(dir.join("config.json"), self.config_json().to_string()).unwrap();
+        self.write_with(dir, &ts);
         ts
+    }
+
+    /// Writes config.json, and `ts` (this spec's tensors, edited) in this spec's dtype as
+    /// model.safetensors, into `dir`.
+    pub fn write_with(&self, dir: &Path, ts: &[(String, Vec<usize>, Vec<f32>)]) {
+        write_tensors(&dir.join("model.safetensors"), ts, self.dtype);
+        self.write_config(dir);
+    }
+
+    /// Writes config.json into `dir`.
+    pub fn write_config(&self, dir: &Path) {
+        std::fs::write(dir.join("config.json"), self.config_json().to_string()).unwrap();
+    }
+
+    /// A fresh temp dir (named after `tag`) holding this spec's checkpoint.
+    pub fn checkpoint(&self, tag: &str) -> TempDir {
+        let dir = TempDir::new(tag);
+        self.write(dir.path());
+        dir
     }
 }
 
