@@ -119,25 +119,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn small_sizes_round_to_cache_lines() {
-        assert_eq!(SizeClass::for_size(1).unwrap().size(), 64);
-        assert_eq!(SizeClass::for_size(64).unwrap().size(), 64);
-        assert_eq!(SizeClass::for_size(65).unwrap().size(), 128);
-        assert_eq!(SizeClass::for_size(1000).unwrap().size(), 1024);
-        assert_eq!(SizeClass::for_size(1024).unwrap().size(), 1024);
-    }
-
-    #[test]
-    fn hand_computed_large_classes() {
-        assert_eq!(SizeClass::for_size(1025).unwrap().size(), 1152);
-        assert_eq!(SizeClass::for_size(2048).unwrap().size(), 2048);
-        assert_eq!(SizeClass::for_size(2049).unwrap().size(), 2304);
-        assert_eq!(SizeClass::for_size(4097).unwrap().size(), 4608);
-        assert_eq!(SizeClass::for_size(3_000_000).unwrap().size(), 3 << 20);
-        assert_eq!(
-            SizeClass::for_size((1 << 20) + 1).unwrap().size(),
-            (1 << 20) + (1 << 17)
-        );
+    fn hand_computed_classes() {
+        let cases = [
+            // Up to 1 KiB: whole cache lines.
+            (1, 64),
+            (64, 64),
+            (65, 128),
+            (1000, 1024),
+            (1024, 1024),
+            // Above: eight classes per power of two.
+            (1025, 1152),
+            (2048, 2048),
+            (2049, 2304),
+            (4097, 4608),
+            ((1 << 20) + 1, (1 << 20) + (1 << 17)),
+            (3_000_000, 3 << 20),
+        ];
+        for (size, class) in cases {
+            assert_eq!(SizeClass::for_size(size).unwrap().size(), class, "{size}");
+        }
     }
 
     #[test]
