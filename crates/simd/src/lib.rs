@@ -63,6 +63,7 @@ mod convert;
 mod instantiate;
 mod level;
 mod portable;
+pub mod test_data;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
