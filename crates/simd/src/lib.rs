@@ -59,6 +59,9 @@
 //! }
 //! ```
 
+#[macro_use]
+mod methods;
+
 mod convert;
 mod instantiate;
 mod level;
