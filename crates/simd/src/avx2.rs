@@ -54,6 +54,7 @@ unsafe impl Simd for Avx2 {
     simd_methods! {
         new: Level::Avx2;
         fn (x: f32) -> __m256 { splat = _mm256_set1_ps }
+        fn (x: i32) -> __m256i { splat_i32 = _mm256_set1_epi32 }
         fn () -> __m256 { zero = _mm256_setzero_ps }
         unsafe fn (p: *const f32) -> __m256 { load = _mm256_loadu_ps }
         unsafe fn (p: *mut f32, v: __m256) { store = _mm256_storeu_ps }
@@ -61,17 +62,16 @@ unsafe impl Simd for Avx2 {
             add = _mm256_add_ps, sub = _mm256_sub_ps, mul = _mm256_mul_ps,
             max = _mm256_max_ps, min = _mm256_min_ps,
         }
-        fn (a: __m256, b: __m256, c: __m256) -> __m256 { fma = _mm256_fmadd_ps }
-        fn (x: i32) -> __m256i { splat_i32 = _mm256_set1_epi32 }
-        fn (a: __m256i, b: __m256i) -> __m256i {
-            add_i32 = _mm256_add_epi32, sub_i32 = _mm256_sub_epi32,
-            mul_i32 = _mm256_mullo_epi32, and_i32 = _mm256_and_si256,
-        }
         fn (a: __m256i) -> __m256 {
             i32_to_f32 = _mm256_cvtepi32_ps, bits_to_f32 = _mm256_castsi256_ps,
         }
+        fn (a: __m256, b: __m256, c: __m256) -> __m256 { fma = _mm256_fmadd_ps }
         fn (a: __m256) -> __m256i {
             f32_to_i32 = _mm256_cvtps_epi32, f32_to_bits = _mm256_castps_si256,
+        }
+        fn (a: __m256i, b: __m256i) -> __m256i {
+            add_i32 = _mm256_add_epi32, sub_i32 = _mm256_sub_epi32,
+            mul_i32 = _mm256_mullo_epi32, and_i32 = _mm256_and_si256,
         }
     }
     #[inline(always)]

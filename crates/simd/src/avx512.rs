@@ -56,28 +56,28 @@ unsafe impl Simd for Avx512 {
 
     simd_methods! {
         new: Level::Avx512;
-        fn (x: f32) -> __m512 { splat = _mm512_set1_ps }
-        fn () -> __m512 { zero = _mm512_setzero_ps }
         unsafe fn (p: *const f32) -> __m512 { load = _mm512_loadu_ps }
         unsafe fn (p: *mut f32, v: __m512) { store = _mm512_storeu_ps }
+        fn (x: f32) -> __m512 { splat = _mm512_set1_ps }
+        fn () -> __m512 { zero = _mm512_setzero_ps }
+        fn (a: __m512, b: __m512, c: __m512) -> __m512 { fma = _mm512_fmadd_ps }
         fn (a: __m512, b: __m512) -> __m512 {
             add = _mm512_add_ps, sub = _mm512_sub_ps, mul = _mm512_mul_ps,
         }
-        fn (a: __m512, b: __m512, c: __m512) -> __m512 { fma = _mm512_fmadd_ps }
         fn (a: __m512) -> f32 {
             reduce_sum = _mm512_reduce_add_ps, reduce_max = _mm512_reduce_max_ps,
         }
+        fn (a: __m512i) -> i32 { reduce_sum_i32 = _mm512_reduce_add_epi32 }
         fn (x: i32) -> __m512i { splat_i32 = _mm512_set1_epi32 }
         fn (a: __m512i, b: __m512i) -> __m512i {
             add_i32 = _mm512_add_epi32, sub_i32 = _mm512_sub_epi32,
             mul_i32 = _mm512_mullo_epi32, and_i32 = _mm512_and_si512,
         }
-        fn (a: __m512i) -> i32 { reduce_sum_i32 = _mm512_reduce_add_epi32 }
-        fn (a: __m512i) -> __m512 {
-            i32_to_f32 = _mm512_cvtepi32_ps, bits_to_f32 = _mm512_castsi512_ps,
-        }
         fn (a: __m512) -> __m512i {
             f32_to_i32 = _mm512_cvtps_epi32, f32_to_bits = _mm512_castps_si512,
+        }
+        fn (a: __m512i) -> __m512 {
+            i32_to_f32 = _mm512_cvtepi32_ps, bits_to_f32 = _mm512_castsi512_ps,
         }
     }
     #[inline(always)]
