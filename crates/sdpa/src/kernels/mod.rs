@@ -37,6 +37,7 @@ use crate::elem::{Bf16, F16};
 use crate::simd::{simd_level, SimdLevel};
 use int8::{PvFlush, PvMadd, PvTableFn, PvWeights, QuantizeQ16, ScoresQ16};
 use row::{AxpyRow, ScoresRow};
+use scalar::Strided;
 
 /// The kernel set of a call. Every function pointer is `unsafe` because the SIMD versions
 /// require the CPU features checked by [`Kernels::for_level`], on top of each kernel's own
@@ -46,7 +47,7 @@ pub(crate) struct Kernels {
     /// `S[MR x NR] = Qstrip . Kpanel`: see [`scalar::qk_tile`].
     pub qk_tile: unsafe fn(*const f32, usize, *const f32, *mut f32, usize),
     /// `O[MR x NR] += P[MR x nk] . V[nk x NR]`: see [`scalar::pv_tile`].
-    pub pv_tile: unsafe fn(*const f32, usize, *const f32, usize, usize, *mut f32, usize),
+    pub pv_tile: unsafe fn(Strided<*const f32>, Strided<*const f32>, usize, Strided<*mut f32>),
     /// Online-softmax step of one row: see [`scalar::softmax_row`].
     pub softmax_row: unsafe fn(&mut [f32], usize, f32, f32) -> (f32, f32),
     /// `x *= a`.

@@ -556,8 +556,9 @@ fn matches_scalar(f: Kernels) {
         // SAFETY: p rows of nk <= 50 at stride 50; v rows of 16 at stride 32 (nk rows);
         // o rows of 16 at stride 24.
         unsafe {
-            (f.pv_tile)(p.as_ptr(), 50, v.as_ptr(), 32, nk, o1.as_mut_ptr(), 24);
-            (s.pv_tile)(p.as_ptr(), 50, v.as_ptr(), 32, nk, o2.as_mut_ptr(), 24);
+            let (p, v) = (Strided(p.as_ptr(), 50), Strided(v.as_ptr(), 32));
+            (f.pv_tile)(p, v, nk, Strided(o1.as_mut_ptr(), 24));
+            (s.pv_tile)(p, v, nk, Strided(o2.as_mut_ptr(), 24));
         }
         close(&o1, &o2, 1e-5);
 
