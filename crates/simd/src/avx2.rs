@@ -1,7 +1,7 @@
 //! The AVX2 level: 8 lanes in `__m256` / `__m256i`, with FMA and F16C.
 
 use crate::portable::EXP2_POLY;
-use crate::{Level, Simd};
+use crate::Simd;
 use core::arch::x86_64::*;
 
 /// The AVX2 + FMA + F16C token (x86-64); a value exists only if the CPU has them.
@@ -46,13 +46,8 @@ pub(crate) unsafe fn hsum8(a: &[__m256i; 8]) -> __m256i {
 // SAFETY: a value of `Avx2` exists only when `Level::Avx2.is_available()` (or its caller
 // promised so); every primitive uses only AVX2, FMA, F16C and their predecessors.
 unsafe impl Simd for Avx2 {
-    const LANES: usize = 8;
-    const LEVEL: Level = Level::Avx2;
-    type F32 = __m256;
-    type I32 = __m256i;
-
     simd_methods! {
-        new: Level::Avx2;
+        Avx2: 8 lanes, __m256, __m256i;
         fn (x: f32) -> __m256 { splat = _mm256_set1_ps }
         fn (x: i32) -> __m256i { splat_i32 = _mm256_set1_epi32 }
         fn () -> __m256 { zero = _mm256_setzero_ps }
@@ -165,34 +160,10 @@ unsafe impl Simd for Avx2 {
             _mm_storeu_si128(p.cast(), _mm_packs_epi32(lo, hi));
         }
     }
-    #[inline(always)]
-    unsafe fn madd_i16_i8(self, acc: __m256i, q: *const i16, k: *const i8) -> __m256i {
-        // SAFETY: the features (token); 16 readable i16 at `q`, 16 bytes at `k` (caller).
-        unsafe {
-            let kv = _mm256_cvtepi8_epi16(_mm_loadu_si128(k.cast()));
-            let qv = _mm256_loadu_si256(q.cast());
-            _mm256_add_epi32(acc, _mm256_madd_epi16(qv, kv))
-        }
-    }
-    #[inline(always)]
-    unsafe fn madd_rows_i8(
-        self,
-        acc: [__m256i; 2],
-        w: __m256i,
-        a: *const i8,
-        b: *const i8,
-    ) -> [__m256i; 2] {
-        // SAFETY: the features (token); 16 readable bytes at `a` and at `b` (caller).
-        unsafe {
-            let (x, y) = (_mm_loadu_si128(a.cast()), _mm_loadu_si128(b.cast()));
-            // Bytes interleaved `a[j], b[j]` and widened: each i16 pair meets `(w0, w1)`.
-            let lo = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(x, y));
-            let hi = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(x, y));
-            [
-                _mm256_add_epi32(acc[0], _mm256_madd_epi16(lo, w)),
-                _mm256_add_epi32(acc[1], _mm256_madd_epi16(hi, w)),
-            ]
-        }
+    x86_madd! {
+        __m256i; load_half = _mm_loadu_si128, load = _mm256_loadu_si256,
+        widen8 = _mm256_cvtepi8_epi16, madd = _mm256_madd_epi16, add = _mm256_add_epi32,
+        unpacklo = _mm_unpacklo_epi8, unpackhi = _mm_unpackhi_epi8,
     }
     #[inline(always)]
     fn madd_rows_order(self, acc: [__m256i; 2]) -> [__m256i; 2] {

@@ -6,7 +6,7 @@
 //! and `vrndscaleps` are written another way under Miri or everywhere).
 
 use crate::portable::EXP2_POLY;
-use crate::{Level, Simd};
+use crate::Simd;
 use core::arch::x86_64::*;
 
 /// The AVX-512F + AVX-512BW token (with AVX2, FMA, F16C; x86-64); a value exists only if
@@ -49,13 +49,8 @@ fn pick_ps<const MAX: bool>(a: __m512, b: __m512) -> __m512 {
 // promised so); every primitive uses only AVX-512F/BW, AVX2, FMA, F16C and their
 // predecessors.
 unsafe impl Simd for Avx512 {
-    const LANES: usize = 16;
-    const LEVEL: Level = Level::Avx512;
-    type F32 = __m512;
-    type I32 = __m512i;
-
     simd_methods! {
-        new: Level::Avx512;
+        Avx512: 16 lanes, __m512, __m512i;
         unsafe fn (p: *const f32) -> __m512 { load = _mm512_loadu_ps }
         unsafe fn (p: *mut f32, v: __m512) { store = _mm512_storeu_ps }
         fn (x: f32) -> __m512 { splat = _mm512_set1_ps }
@@ -185,35 +180,10 @@ unsafe impl Simd for Avx512 {
             _mm256_storeu_si256(p.cast(), packed);
         }
     }
-    #[inline(always)]
-    unsafe fn madd_i16_i8(self, acc: __m512i, q: *const i16, k: *const i8) -> __m512i {
-        // SAFETY: the features (token); 32 readable i16 at `q`, 32 bytes at `k` (caller).
-        unsafe {
-            let kv = _mm512_cvtepi8_epi16(_mm256_loadu_si256(k.cast()));
-            let qv = _mm512_loadu_si512(q.cast());
-            _mm512_add_epi32(acc, _mm512_madd_epi16(qv, kv))
-        }
-    }
-    #[inline(always)]
-    unsafe fn madd_rows_i8(
-        self,
-        acc: [__m512i; 2],
-        w: __m512i,
-        a: *const i8,
-        b: *const i8,
-    ) -> [__m512i; 2] {
-        // SAFETY: the features (token); 32 readable bytes at `a` and at `b` (caller).
-        unsafe {
-            let (x, y) = (_mm256_loadu_si256(a.cast()), _mm256_loadu_si256(b.cast()));
-            // The 256-bit unpacks work per 128-bit half: `lo` holds columns 0..8 and
-            // 16..24, `hi` 8..16 and 24..32 (put in order by `madd_rows_order`).
-            let lo = _mm512_cvtepi8_epi16(_mm256_unpacklo_epi8(x, y));
-            let hi = _mm512_cvtepi8_epi16(_mm256_unpackhi_epi8(x, y));
-            [
-                _mm512_add_epi32(acc[0], _mm512_madd_epi16(lo, w)),
-                _mm512_add_epi32(acc[1], _mm512_madd_epi16(hi, w)),
-            ]
-        }
+    x86_madd! {
+        __m512i; load_half = _mm256_loadu_si256, load = _mm512_loadu_si512,
+        widen8 = _mm512_cvtepi8_epi16, madd = _mm512_madd_epi16, add = _mm512_add_epi32,
+        unpacklo = _mm256_unpacklo_epi8, unpackhi = _mm256_unpackhi_epi8,
     }
     #[inline(always)]
     fn madd_rows_order(self, acc: [__m512i; 2]) -> [__m512i; 2] {

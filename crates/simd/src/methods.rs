@@ -17,8 +17,8 @@ macro_rules! feat {
 /// struct around `()`) that are each one intrinsic called on the method's arguments (in
 /// `feat!`), so a level's file lists its intrinsics instead of a wrapper per primitive.
 ///
-/// - `new: Level::X;` writes `try_new` (the token if `Level::X` is available) and
-///   `new_unchecked`;
+/// - `X: n lanes, F, I;` (first) writes `LANES = n`, `LEVEL = Level::X`, `F32 = F`,
+///   `I32 = I`, `try_new` (the token if `Level::X` is available) and `new_unchecked`;
 /// - `fn (a: A, b: B) -> R { m = intrinsic, .. }` writes, for each `m`,
 ///   `fn m(self, a: A, b: B) -> R { feat!(intrinsic(a, b)) }`;
 /// - `unsafe fn (p: P, ..) [-> R] { .. }` the same as `unsafe fn`s.
@@ -27,10 +27,15 @@ macro_rules! feat {
 /// compiled with the level's target features.
 macro_rules! simd_methods {
     () => {};
-    (new: $level:path; $($rest:tt)*) => {
+    ($level:ident: $lanes:literal lanes, $f32:ty, $i32:ty; $($rest:tt)*) => {
+        const LANES: usize = $lanes;
+        const LEVEL: $crate::Level = $crate::Level::$level;
+        type F32 = $f32;
+        type I32 = $i32;
+
         #[inline(always)]
         fn try_new() -> Option<Self> {
-            $level.is_available().then_some(Self(()))
+            $crate::Level::$level.is_available().then_some(Self(()))
         }
         #[inline(always)]
         unsafe fn new_unchecked() -> Self {
@@ -53,6 +58,40 @@ macro_rules! simd_methods {
         #[inline(always)]
         $($uns)? fn $m(self, $($a: $t),*) $($ret)* {
             feat!($f($($a),*))
+        }
+    };
+}
+
+/// `madd_i16_i8` and `madd_rows_i8` of an x86 level, the same instructions at 256 and 512
+/// bits: `$v` the level's i32 vector, `load_half` the load of the half-width integer vector
+/// the bytes of `2 * LANES` columns fill, `load` the full-width load, `widen8` the
+/// sign-extension of those bytes to i16 lanes, and the level's `vpmaddwd`, `vpaddd` and byte
+/// unpacks (which interleave per 128-bit block: `madd_rows_order` undoes it).
+#[cfg(target_arch = "x86_64")]
+macro_rules! x86_madd {
+    ($v:ty; load_half = $lh:ident, load = $lw:ident, widen8 = $w8:ident, madd = $madd:ident,
+        add = $add:ident, unpacklo = $lo:ident, unpackhi = $hi:ident $(,)?) => {
+        #[inline(always)]
+        unsafe fn madd_i16_i8(self, acc: $v, q: *const i16, k: *const i8) -> $v {
+            // SAFETY: the features (token); `2 * LANES` readable i16 at `q` and bytes at `k`
+            // (caller).
+            unsafe {
+                let kv = $w8($lh(k.cast()));
+                let qv = $lw(q.cast());
+                $add(acc, $madd(qv, kv))
+            }
+        }
+        #[inline(always)]
+        unsafe fn madd_rows_i8(self, acc: [$v; 2], w: $v, a: *const i8, b: *const i8) -> [$v; 2] {
+            // SAFETY: the features (token); `2 * LANES` readable bytes at `a` and at `b`
+            // (caller).
+            unsafe {
+                let (x, y) = ($lh(a.cast()), $lh(b.cast()));
+                // Bytes interleaved `a[j], b[j]` and widened: each i16 pair meets `(w0, w1)`.
+                let lo = $w8($lo(x, y));
+                let hi = $w8($hi(x, y));
+                [$add(acc[0], $madd(lo, w)), $add(acc[1], $madd(hi, w))]
+            }
         }
     };
 }

@@ -2,7 +2,7 @@
 //!
 
 use crate::portable::EXP2_POLY;
-use crate::{Level, Simd};
+use crate::Simd;
 use core::arch::aarch64::*;
 
 /// The NEON token (aarch64); a value exists only if the CPU has NEON.
@@ -22,13 +22,8 @@ unsafe fn load4_bytes(p: *const u8) -> uint8x8_t {
 // SAFETY: a value of `Neon` exists only when `Level::Neon.is_available()` (or its caller
 // promised so); every primitive uses only NEON.
 unsafe impl Simd for Neon {
-    const LANES: usize = 4;
-    const LEVEL: Level = Level::Neon;
-    type F32 = float32x4_t;
-    type I32 = int32x4_t;
-
     simd_methods! {
-        new: Level::Neon;
+        Neon: 4 lanes, float32x4_t, int32x4_t;
         fn (x: f32) -> float32x4_t { splat = vdupq_n_f32 }
         unsafe fn (p: *const f32) -> float32x4_t { load = vld1q_f32 }
         unsafe fn (p: *mut f32, v: float32x4_t) { store = vst1q_f32 }
