@@ -23,6 +23,8 @@
 //! variable (`portable`, `avx2`, `avx512`, `neon`), so each level can be tested on a machine
 //! that has a higher one.
 //!
+//! [`test_data`] has deterministic inputs for kernels' tests and benchmarks.
+//!
 //! ```
 //! use kernel_simd::{instantiate, Simd};
 //!
