@@ -48,17 +48,10 @@ impl Spread {
     }
 }
 
-/// Deterministic pseudo-random floats in `[-0.5, 0.5)` (xorshift), `n` of them.
+/// Deterministic pseudo-random floats in `[-0.5, 0.5)`, `n` of them
+/// ([`kernel_simd::test_data::uniform`] with amplitude 0.5).
 pub fn fill(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-        })
-        .collect()
+    kernel_simd::test_data::uniform(n, seed, 0.5)
 }
 
 /// `reps` timings (seconds; at least one round) of each closure after one untimed warm-up call

@@ -6,6 +6,7 @@ use crate::kernels::int8::Q16;
 use crate::kernels::row::KvRow;
 use crate::kernels::Kernels;
 use crate::quant::QuantizedKv;
+use crate::KvCache;
 
 /// One of K or V.
 pub(crate) enum Kv<'a, T> {
@@ -13,6 +14,16 @@ pub(crate) enum Kv<'a, T> {
     Dense(&'a [T]),
     /// int8 with per-(position, head) scales and zero points.
     Int8(QuantizedKv<'a>),
+}
+
+impl<T> Kv<'_, T> {
+    /// Which cache kind this is.
+    pub(crate) fn cache(&self) -> KvCache {
+        match self {
+            Kv::Dense(_) => KvCache::Dense,
+            Kv::Int8(_) => KvCache::Int8,
+        }
+    }
 }
 
 /// `src` as f32: borrowed if it already is, else widened into `buf[..src.len()]`.

@@ -131,20 +131,21 @@ impl Shape {
 
     /// Elements of `q` (and `out`): `batch * q_len * heads * head_dim`.
     pub fn q_elems(&self) -> Result<usize, SdpaError> {
-        [self.q_len, self.heads, self.head_dim]
-            .iter()
-            .try_fold(self.batch, |acc, &x| acc.checked_mul(x))
-            .filter(|&n| n.checked_mul(4).is_some_and(|b| b <= isize::MAX as usize))
-            .ok_or(SdpaError::ShapeOverflow { tensor: Tensor::Q })
+        self.elems([self.q_len, self.heads, self.head_dim], Tensor::Q)
     }
 
     /// Elements of `k` (and `v`): `batch * kv_capacity * kv_heads * head_dim`.
     pub fn kv_elems(&self) -> Result<usize, SdpaError> {
-        [self.kv_capacity, self.kv_heads, self.head_dim]
-            .iter()
+        self.elems([self.kv_capacity, self.kv_heads, self.head_dim], Tensor::K)
+    }
+
+    /// `batch * dims[0] * dims[1] * dims[2]`, or the overflow error naming `tensor` if that
+    /// many f32 (4 bytes each) exceed `isize::MAX` bytes.
+    fn elems(&self, dims: [usize; 3], tensor: Tensor) -> Result<usize, SdpaError> {
+        dims.iter()
             .try_fold(self.batch, |acc, &x| acc.checked_mul(x))
             .filter(|&n| n.checked_mul(4).is_some_and(|b| b <= isize::MAX as usize))
-            .ok_or(SdpaError::ShapeOverflow { tensor: Tensor::K })
+            .ok_or(SdpaError::ShapeOverflow { tensor })
     }
 }
 
@@ -440,16 +441,7 @@ pub fn attention_typed<T: Element, A: TempAllocator + ?Sized>(
             });
         }
     }
-    run(
-        q,
-        Kv::Dense(k),
-        Kv::Dense(v),
-        out,
-        shape,
-        params,
-        temp,
-        KvCache::Dense,
-    )
+    run(q, Kv::Dense(k), Kv::Dense(v), out, shape, params, temp)
 }
 
 /// [`attention_typed`] over an int8-quantized KV cache ([`QuantizedKv`], filled by
@@ -481,20 +473,11 @@ pub fn attention_quantized<T: Element, A: TempAllocator + ?Sized>(
         [v.values.len(), v.scales.len(), v.zero_points.len()],
         [Tensor::V, Tensor::VScales, Tensor::VZeroPoints],
     )?;
-    run(
-        q,
-        Kv::Int8(k),
-        Kv::Int8(v),
-        out,
-        shape,
-        params,
-        temp,
-        KvCache::Int8,
-    )
+    run(q, Kv::Int8(k), Kv::Int8(v), out, shape, params, temp)
 }
 
-/// The common body of the entry points, after K and V were checked.
-#[allow(clippy::too_many_arguments)]
+/// The common body of the entry points, after K and V were checked (both in the cache kind
+/// of `k`).
 fn run<T: Element, A: TempAllocator + ?Sized>(
     q: &[T],
     k: Kv<'_, T>,
@@ -503,8 +486,8 @@ fn run<T: Element, A: TempAllocator + ?Sized>(
     shape: &Shape,
     params: &Params,
     temp: &A,
-    kv: KvCache,
 ) -> Result<(), SdpaError> {
+    let kv = k.cache();
     let q_elems = shape.q_elems()?;
     for (tensor, expected, actual) in [
         (Tensor::Q, q_elems, q.len()),

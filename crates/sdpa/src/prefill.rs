@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use crate::elem::Element;
 use crate::inputs::{as_f32, Kv};
-use crate::kernels::scalar::KTile;
+use crate::kernels::scalar::{KTile, Strided};
 use crate::plan::{regions, round_up, Path, Plan, TiledLayout, MR, NR};
 use crate::sync::{Scratch, SharedOut};
 use crate::Args;
@@ -266,7 +266,8 @@ fn block<T: Element>(
                 // t < nk have 16 floats at stride dp, O rows r < MR have 16 floats at stride
                 // dp; O is a region of `ws` disjoint from S and V. Kernel set from `detect`.
                 unsafe {
-                    (kern.pv_tile)(ps.as_ptr(), bk, vs.as_ptr(), dp, nk, os.as_mut_ptr(), dp)
+                    let (p, v) = (Strided(ps.as_ptr(), bk), Strided(vs.as_ptr(), dp));
+                    (kern.pv_tile)(p, v, nk, Strided(os.as_mut_ptr(), dp))
                 };
             }
         }

@@ -1,21 +1,12 @@
 //! The AVX2 level: 8 lanes in `__m256` / `__m256i`, with FMA and F16C.
 
 use crate::portable::EXP2_POLY;
-use crate::{Level, Simd};
+use crate::Simd;
 use core::arch::x86_64::*;
 
 /// The AVX2 + FMA + F16C token (x86-64); a value exists only if the CPU has them.
 #[derive(Clone, Copy, Debug)]
 pub struct Avx2(());
-
-/// Evaluates intrinsics that need the features a token proves.
-macro_rules! feat {
-    ($e:expr) => {
-        // SAFETY: a token (`self`) exists only if the CPU has AVX2, FMA and F16C (the type's
-        // invariant, checked by `try_new` or promised to `new_unchecked`).
-        unsafe { $e }
-    };
-}
 
 /// `op` over the 8 lanes: the two halves, then the pairs of 64-bit halves, then the last two
 /// lanes (`op` works lane-wise on `__m128`).
@@ -55,36 +46,28 @@ pub(crate) unsafe fn hsum8(a: &[__m256i; 8]) -> __m256i {
 // SAFETY: a value of `Avx2` exists only when `Level::Avx2.is_available()` (or its caller
 // promised so); every primitive uses only AVX2, FMA, F16C and their predecessors.
 unsafe impl Simd for Avx2 {
-    const LANES: usize = 8;
-    const LEVEL: Level = Level::Avx2;
-    type F32 = __m256;
-    type I32 = __m256i;
-
-    #[inline(always)]
-    fn try_new() -> Option<Self> {
-        Level::Avx2.is_available().then_some(Avx2(()))
-    }
-    #[inline(always)]
-    unsafe fn new_unchecked() -> Self {
-        Avx2(())
-    }
-    #[inline(always)]
-    fn splat(self, x: f32) -> __m256 {
-        feat!(_mm256_set1_ps(x))
-    }
-    #[inline(always)]
-    fn zero(self) -> __m256 {
-        feat!(_mm256_setzero_ps())
-    }
-    #[inline(always)]
-    unsafe fn load(self, p: *const f32) -> __m256 {
-        // SAFETY: the features (token) and 8 readable floats at `p` (caller).
-        unsafe { _mm256_loadu_ps(p) }
-    }
-    #[inline(always)]
-    unsafe fn store(self, p: *mut f32, v: __m256) {
-        // SAFETY: the features (token) and 8 writable floats at `p` (caller).
-        unsafe { _mm256_storeu_ps(p, v) }
+    simd_methods! {
+        Avx2: 8 lanes, __m256, __m256i;
+        fn (x: f32) -> __m256 { splat = _mm256_set1_ps }
+        fn (x: i32) -> __m256i { splat_i32 = _mm256_set1_epi32 }
+        fn () -> __m256 { zero = _mm256_setzero_ps }
+        unsafe fn (p: *const f32) -> __m256 { load = _mm256_loadu_ps }
+        unsafe fn (p: *mut f32, v: __m256) { store = _mm256_storeu_ps }
+        fn (a: __m256, b: __m256) -> __m256 {
+            add = _mm256_add_ps, sub = _mm256_sub_ps, mul = _mm256_mul_ps,
+            max = _mm256_max_ps, min = _mm256_min_ps,
+        }
+        fn (a: __m256i) -> __m256 {
+            i32_to_f32 = _mm256_cvtepi32_ps, bits_to_f32 = _mm256_castsi256_ps,
+        }
+        fn (a: __m256, b: __m256, c: __m256) -> __m256 { fma = _mm256_fmadd_ps }
+        fn (a: __m256) -> __m256i {
+            f32_to_i32 = _mm256_cvtps_epi32, f32_to_bits = _mm256_castps_si256,
+        }
+        fn (a: __m256i, b: __m256i) -> __m256i {
+            add_i32 = _mm256_add_epi32, sub_i32 = _mm256_sub_epi32,
+            mul_i32 = _mm256_mullo_epi32, and_i32 = _mm256_and_si256,
+        }
     }
     #[inline(always)]
     unsafe fn load_bf16(self, p: *const u16) -> __m256 {
@@ -96,45 +79,12 @@ unsafe impl Simd for Avx2 {
     }
     #[inline(always)]
     unsafe fn load_f16(self, p: *const u16) -> __m256 {
-        #[cfg(not(miri))]
-        {
-            // SAFETY: the features (token) and 8 readable u16 at `p` (caller).
-            let h = unsafe { _mm_loadu_si128(p.cast()) };
-            feat!(_mm256_cvtph_ps(h))
-        }
-        // Miri lacks `vcvtph2ps`: the same values, converted lane by lane.
-        #[cfg(miri)]
-        {
+        if cfg!(miri) {
             // SAFETY: 8 readable u16 at `p` (caller).
-            let h = unsafe { p.cast::<[u16; 8]>().read_unaligned() };
-            let f = h.map(crate::f16_to_f32);
-            // SAFETY: the features (token); `f` holds 8 floats.
-            unsafe { self.load(f.as_ptr()) }
+            return unsafe { crate::convert::load_f16_lanes(self, p) };
         }
-    }
-    #[inline(always)]
-    fn add(self, a: __m256, b: __m256) -> __m256 {
-        feat!(_mm256_add_ps(a, b))
-    }
-    #[inline(always)]
-    fn sub(self, a: __m256, b: __m256) -> __m256 {
-        feat!(_mm256_sub_ps(a, b))
-    }
-    #[inline(always)]
-    fn mul(self, a: __m256, b: __m256) -> __m256 {
-        feat!(_mm256_mul_ps(a, b))
-    }
-    #[inline(always)]
-    fn fma(self, a: __m256, b: __m256, c: __m256) -> __m256 {
-        feat!(_mm256_fmadd_ps(a, b, c))
-    }
-    #[inline(always)]
-    fn max(self, a: __m256, b: __m256) -> __m256 {
-        feat!(_mm256_max_ps(a, b))
-    }
-    #[inline(always)]
-    fn min(self, a: __m256, b: __m256) -> __m256 {
-        feat!(_mm256_min_ps(a, b))
+        // SAFETY: the features (token) and 8 readable u16 at `p` (caller).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
     }
     #[inline(always)]
     fn reduce_sum(self, v: __m256) -> f32 {
@@ -163,10 +113,6 @@ unsafe impl Simd for Avx2 {
         })
     }
     #[inline(always)]
-    fn splat_i32(self, x: i32) -> __m256i {
-        feat!(_mm256_set1_epi32(x))
-    }
-    #[inline(always)]
     unsafe fn load_i8(self, p: *const i8) -> __m256i {
         // SAFETY: the features (token) and 8 readable bytes at `p` (caller).
         unsafe { _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast())) }
@@ -175,22 +121,6 @@ unsafe impl Simd for Avx2 {
     unsafe fn load_u8(self, p: *const u8) -> __m256i {
         // SAFETY: the features (token) and 8 readable bytes at `p` (caller).
         unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast())) }
-    }
-    #[inline(always)]
-    fn add_i32(self, a: __m256i, b: __m256i) -> __m256i {
-        feat!(_mm256_add_epi32(a, b))
-    }
-    #[inline(always)]
-    fn sub_i32(self, a: __m256i, b: __m256i) -> __m256i {
-        feat!(_mm256_sub_epi32(a, b))
-    }
-    #[inline(always)]
-    fn mul_i32(self, a: __m256i, b: __m256i) -> __m256i {
-        feat!(_mm256_mullo_epi32(a, b))
-    }
-    #[inline(always)]
-    fn and_i32(self, a: __m256i, b: __m256i) -> __m256i {
-        feat!(_mm256_and_si256(a, b))
     }
     #[inline(always)]
     fn shl_i32<const N: i32>(self, a: __m256i) -> __m256i {
@@ -217,22 +147,6 @@ unsafe impl Simd for Avx2 {
         }
     }
     #[inline(always)]
-    fn i32_to_f32(self, a: __m256i) -> __m256 {
-        feat!(_mm256_cvtepi32_ps(a))
-    }
-    #[inline(always)]
-    fn f32_to_i32(self, a: __m256) -> __m256i {
-        feat!(_mm256_cvtps_epi32(a))
-    }
-    #[inline(always)]
-    fn f32_to_bits(self, a: __m256) -> __m256i {
-        feat!(_mm256_castps_si256(a))
-    }
-    #[inline(always)]
-    fn bits_to_f32(self, a: __m256i) -> __m256 {
-        feat!(_mm256_castsi256_ps(a))
-    }
-    #[inline(always)]
     unsafe fn load_i16(self, p: *const i16) -> __m256i {
         // SAFETY: the features (token) and 8 readable i16 (16 bytes) at `p` (caller).
         unsafe { _mm256_cvtepi16_epi32(_mm_loadu_si128(p.cast())) }
@@ -246,34 +160,10 @@ unsafe impl Simd for Avx2 {
             _mm_storeu_si128(p.cast(), _mm_packs_epi32(lo, hi));
         }
     }
-    #[inline(always)]
-    unsafe fn madd_i16_i8(self, acc: __m256i, q: *const i16, k: *const i8) -> __m256i {
-        // SAFETY: the features (token); 16 readable i16 at `q`, 16 bytes at `k` (caller).
-        unsafe {
-            let kv = _mm256_cvtepi8_epi16(_mm_loadu_si128(k.cast()));
-            let qv = _mm256_loadu_si256(q.cast());
-            _mm256_add_epi32(acc, _mm256_madd_epi16(qv, kv))
-        }
-    }
-    #[inline(always)]
-    unsafe fn madd_rows_i8(
-        self,
-        acc: [__m256i; 2],
-        w: __m256i,
-        a: *const i8,
-        b: *const i8,
-    ) -> [__m256i; 2] {
-        // SAFETY: the features (token); 16 readable bytes at `a` and at `b` (caller).
-        unsafe {
-            let (x, y) = (_mm_loadu_si128(a.cast()), _mm_loadu_si128(b.cast()));
-            // Bytes interleaved `a[j], b[j]` and widened: each i16 pair meets `(w0, w1)`.
-            let lo = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(x, y));
-            let hi = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(x, y));
-            [
-                _mm256_add_epi32(acc[0], _mm256_madd_epi16(lo, w)),
-                _mm256_add_epi32(acc[1], _mm256_madd_epi16(hi, w)),
-            ]
-        }
+    x86_madd! {
+        __m256i; load_half = _mm_loadu_si128, load = _mm256_loadu_si256,
+        widen8 = _mm256_cvtepi8_epi16, madd = _mm256_madd_epi16, add = _mm256_add_epi32,
+        unpacklo = _mm_unpacklo_epi8, unpackhi = _mm_unpackhi_epi8,
     }
     #[inline(always)]
     fn madd_rows_order(self, acc: [__m256i; 2]) -> [__m256i; 2] {

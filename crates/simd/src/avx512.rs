@@ -6,23 +6,13 @@
 //! and `vrndscaleps` are written another way under Miri or everywhere).
 
 use crate::portable::EXP2_POLY;
-use crate::{Level, Simd};
+use crate::Simd;
 use core::arch::x86_64::*;
 
 /// The AVX-512F + AVX-512BW token (with AVX2, FMA, F16C; x86-64); a value exists only if
 /// the CPU has them.
 #[derive(Clone, Copy, Debug)]
 pub struct Avx512(());
-
-/// Evaluates intrinsics that need the features a token proves.
-macro_rules! feat {
-    ($e:expr) => {
-        // SAFETY: a token (`self`) exists only if the CPU has AVX-512F, AVX-512BW, AVX2, FMA
-        // and F16C (the type's invariant, checked by `try_new` or promised to
-        // `new_unchecked`).
-        unsafe { $e }
-    };
-}
 
 /// Per lane `if a > b { a } else { b }` (`MAX`) or `if a < b { a } else { b }`: `b` when
 /// either is NaN, as `vmaxps` / `vminps` define it.
@@ -59,36 +49,31 @@ fn pick_ps<const MAX: bool>(a: __m512, b: __m512) -> __m512 {
 // promised so); every primitive uses only AVX-512F/BW, AVX2, FMA, F16C and their
 // predecessors.
 unsafe impl Simd for Avx512 {
-    const LANES: usize = 16;
-    const LEVEL: Level = Level::Avx512;
-    type F32 = __m512;
-    type I32 = __m512i;
-
-    #[inline(always)]
-    fn try_new() -> Option<Self> {
-        Level::Avx512.is_available().then_some(Avx512(()))
-    }
-    #[inline(always)]
-    unsafe fn new_unchecked() -> Self {
-        Avx512(())
-    }
-    #[inline(always)]
-    fn splat(self, x: f32) -> __m512 {
-        feat!(_mm512_set1_ps(x))
-    }
-    #[inline(always)]
-    fn zero(self) -> __m512 {
-        feat!(_mm512_setzero_ps())
-    }
-    #[inline(always)]
-    unsafe fn load(self, p: *const f32) -> __m512 {
-        // SAFETY: the features (token) and 16 readable floats at `p` (caller).
-        unsafe { _mm512_loadu_ps(p) }
-    }
-    #[inline(always)]
-    unsafe fn store(self, p: *mut f32, v: __m512) {
-        // SAFETY: the features (token) and 16 writable floats at `p` (caller).
-        unsafe { _mm512_storeu_ps(p, v) }
+    simd_methods! {
+        Avx512: 16 lanes, __m512, __m512i;
+        unsafe fn (p: *const f32) -> __m512 { load = _mm512_loadu_ps }
+        unsafe fn (p: *mut f32, v: __m512) { store = _mm512_storeu_ps }
+        fn (x: f32) -> __m512 { splat = _mm512_set1_ps }
+        fn () -> __m512 { zero = _mm512_setzero_ps }
+        fn (a: __m512, b: __m512, c: __m512) -> __m512 { fma = _mm512_fmadd_ps }
+        fn (a: __m512, b: __m512) -> __m512 {
+            add = _mm512_add_ps, sub = _mm512_sub_ps, mul = _mm512_mul_ps,
+        }
+        fn (a: __m512) -> f32 {
+            reduce_sum = _mm512_reduce_add_ps, reduce_max = _mm512_reduce_max_ps,
+        }
+        fn (a: __m512i) -> i32 { reduce_sum_i32 = _mm512_reduce_add_epi32 }
+        fn (x: i32) -> __m512i { splat_i32 = _mm512_set1_epi32 }
+        fn (a: __m512i, b: __m512i) -> __m512i {
+            add_i32 = _mm512_add_epi32, sub_i32 = _mm512_sub_epi32,
+            mul_i32 = _mm512_mullo_epi32, and_i32 = _mm512_and_si512,
+        }
+        fn (a: __m512) -> __m512i {
+            f32_to_i32 = _mm512_cvtps_epi32, f32_to_bits = _mm512_castps_si512,
+        }
+        fn (a: __m512i) -> __m512 {
+            i32_to_f32 = _mm512_cvtepi32_ps, bits_to_f32 = _mm512_castsi512_ps,
+        }
     }
     #[inline(always)]
     unsafe fn load_bf16(self, p: *const u16) -> __m512 {
@@ -100,37 +85,12 @@ unsafe impl Simd for Avx512 {
     }
     #[inline(always)]
     unsafe fn load_f16(self, p: *const u16) -> __m512 {
-        #[cfg(not(miri))]
-        {
-            // SAFETY: the features (token) and 16 readable u16 at `p` (caller).
-            let h = unsafe { _mm256_loadu_si256(p.cast()) };
-            feat!(_mm512_cvtph_ps(h))
-        }
-        // Miri lacks `vcvtph2ps`: the same values, converted lane by lane.
-        #[cfg(miri)]
-        {
+        if cfg!(miri) {
             // SAFETY: 16 readable u16 at `p` (caller).
-            let h = unsafe { p.cast::<[u16; 16]>().read_unaligned() };
-            let f = h.map(crate::f16_to_f32);
-            // SAFETY: the features (token); `f` holds 16 floats.
-            unsafe { self.load(f.as_ptr()) }
+            return unsafe { crate::convert::load_f16_lanes(self, p) };
         }
-    }
-    #[inline(always)]
-    fn add(self, a: __m512, b: __m512) -> __m512 {
-        feat!(_mm512_add_ps(a, b))
-    }
-    #[inline(always)]
-    fn sub(self, a: __m512, b: __m512) -> __m512 {
-        feat!(_mm512_sub_ps(a, b))
-    }
-    #[inline(always)]
-    fn mul(self, a: __m512, b: __m512) -> __m512 {
-        feat!(_mm512_mul_ps(a, b))
-    }
-    #[inline(always)]
-    fn fma(self, a: __m512, b: __m512, c: __m512) -> __m512 {
-        feat!(_mm512_fmadd_ps(a, b, c))
+        // SAFETY: the features (token) and 16 readable u16 at `p` (caller).
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
     }
     #[inline(always)]
     fn max(self, a: __m512, b: __m512) -> __m512 {
@@ -139,14 +99,6 @@ unsafe impl Simd for Avx512 {
     #[inline(always)]
     fn min(self, a: __m512, b: __m512) -> __m512 {
         pick_ps::<false>(a, b)
-    }
-    #[inline(always)]
-    fn reduce_sum(self, v: __m512) -> f32 {
-        feat!(_mm512_reduce_add_ps(v))
-    }
-    #[inline(always)]
-    fn reduce_max(self, v: __m512) -> f32 {
-        feat!(_mm512_reduce_max_ps(v))
     }
     #[inline(always)]
     fn exp2_neg(self, x: __m512) -> __m512 {
@@ -173,10 +125,6 @@ unsafe impl Simd for Avx512 {
         })
     }
     #[inline(always)]
-    fn splat_i32(self, x: i32) -> __m512i {
-        feat!(_mm512_set1_epi32(x))
-    }
-    #[inline(always)]
     unsafe fn load_i8(self, p: *const i8) -> __m512i {
         // SAFETY: the features (token) and 16 readable bytes at `p` (caller).
         unsafe { _mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast())) }
@@ -187,22 +135,6 @@ unsafe impl Simd for Avx512 {
         unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast())) }
     }
     #[inline(always)]
-    fn add_i32(self, a: __m512i, b: __m512i) -> __m512i {
-        feat!(_mm512_add_epi32(a, b))
-    }
-    #[inline(always)]
-    fn sub_i32(self, a: __m512i, b: __m512i) -> __m512i {
-        feat!(_mm512_sub_epi32(a, b))
-    }
-    #[inline(always)]
-    fn mul_i32(self, a: __m512i, b: __m512i) -> __m512i {
-        feat!(_mm512_mullo_epi32(a, b))
-    }
-    #[inline(always)]
-    fn and_i32(self, a: __m512i, b: __m512i) -> __m512i {
-        feat!(_mm512_and_si512(a, b))
-    }
-    #[inline(always)]
     fn shl_i32<const N: i32>(self, a: __m512i) -> __m512i {
         // The immediate form takes a `u32` count; a constant count in a register folds to it.
         feat!(_mm512_sll_epi32(a, _mm_cvtsi32_si128(N)))
@@ -210,10 +142,6 @@ unsafe impl Simd for Avx512 {
     #[inline(always)]
     fn shr_i32<const N: i32>(self, a: __m512i) -> __m512i {
         feat!(_mm512_srl_epi32(a, _mm_cvtsi32_si128(N)))
-    }
-    #[inline(always)]
-    fn reduce_sum_i32(self, v: __m512i) -> i32 {
-        feat!(_mm512_reduce_add_epi32(v))
     }
     #[inline(always)]
     fn reduce_sums_i32(self, a: &[__m512i]) -> __m512i {
@@ -236,22 +164,6 @@ unsafe impl Simd for Avx512 {
         })
     }
     #[inline(always)]
-    fn i32_to_f32(self, a: __m512i) -> __m512 {
-        feat!(_mm512_cvtepi32_ps(a))
-    }
-    #[inline(always)]
-    fn f32_to_i32(self, a: __m512) -> __m512i {
-        feat!(_mm512_cvtps_epi32(a))
-    }
-    #[inline(always)]
-    fn f32_to_bits(self, a: __m512) -> __m512i {
-        feat!(_mm512_castps_si512(a))
-    }
-    #[inline(always)]
-    fn bits_to_f32(self, a: __m512i) -> __m512 {
-        feat!(_mm512_castsi512_ps(a))
-    }
-    #[inline(always)]
     unsafe fn load_i16(self, p: *const i16) -> __m512i {
         // SAFETY: the features (token) and 16 readable i16 (32 bytes) at `p` (caller).
         unsafe { _mm512_cvtepi16_epi32(_mm256_loadu_si256(p.cast())) }
@@ -268,35 +180,10 @@ unsafe impl Simd for Avx512 {
             _mm256_storeu_si256(p.cast(), packed);
         }
     }
-    #[inline(always)]
-    unsafe fn madd_i16_i8(self, acc: __m512i, q: *const i16, k: *const i8) -> __m512i {
-        // SAFETY: the features (token); 32 readable i16 at `q`, 32 bytes at `k` (caller).
-        unsafe {
-            let kv = _mm512_cvtepi8_epi16(_mm256_loadu_si256(k.cast()));
-            let qv = _mm512_loadu_si512(q.cast());
-            _mm512_add_epi32(acc, _mm512_madd_epi16(qv, kv))
-        }
-    }
-    #[inline(always)]
-    unsafe fn madd_rows_i8(
-        self,
-        acc: [__m512i; 2],
-        w: __m512i,
-        a: *const i8,
-        b: *const i8,
-    ) -> [__m512i; 2] {
-        // SAFETY: the features (token); 32 readable bytes at `a` and at `b` (caller).
-        unsafe {
-            let (x, y) = (_mm256_loadu_si256(a.cast()), _mm256_loadu_si256(b.cast()));
-            // The 256-bit unpacks work per 128-bit half: `lo` holds columns 0..8 and
-            // 16..24, `hi` 8..16 and 24..32 (put in order by `madd_rows_order`).
-            let lo = _mm512_cvtepi8_epi16(_mm256_unpacklo_epi8(x, y));
-            let hi = _mm512_cvtepi8_epi16(_mm256_unpackhi_epi8(x, y));
-            [
-                _mm512_add_epi32(acc[0], _mm512_madd_epi16(lo, w)),
-                _mm512_add_epi32(acc[1], _mm512_madd_epi16(hi, w)),
-            ]
-        }
+    x86_madd! {
+        __m512i; load_half = _mm256_loadu_si256, load = _mm512_loadu_si512,
+        widen8 = _mm512_cvtepi8_epi16, madd = _mm512_madd_epi16, add = _mm512_add_epi32,
+        unpacklo = _mm256_unpacklo_epi8, unpackhi = _mm256_unpackhi_epi8,
     }
     #[inline(always)]
     fn madd_rows_order(self, acc: [__m512i; 2]) -> [__m512i; 2] {

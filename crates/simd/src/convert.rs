@@ -29,3 +29,20 @@ pub fn f16_to_f32(h: u16) -> f32 {
         _ => f32::from_bits(sign | (exp + 112) << 23 | man << 13),
     }
 }
+
+/// `S::LANES` f16 bit patterns at `p` widened one by one: the x86 levels' `load_f16` under
+/// Miri, which lacks `vcvtph2ps` (elsewhere they use the instruction).
+///
+/// # Safety
+/// `p` is readable for `S::LANES` u16 (any alignment).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn load_f16_lanes<S: crate::Simd>(s: S, p: *const u16) -> S::F32 {
+    let mut f = [0f32; 64];
+    for (i, x) in f.iter_mut().take(S::LANES).enumerate() {
+        // SAFETY: `i < LANES`: readable (caller).
+        *x = f16_to_f32(unsafe { p.add(i).read_unaligned() });
+    }
+    // SAFETY: `f` holds 64 >= LANES floats.
+    unsafe { s.load(f.as_ptr()) }
+}

@@ -23,6 +23,8 @@
 //! variable (`portable`, `avx2`, `avx512`, `neon`), so each level can be tested on a machine
 //! that has a higher one.
 //!
+//! [`test_data`] has deterministic inputs for kernels' tests and benchmarks.
+//!
 //! ```
 //! use kernel_simd::{instantiate, Simd};
 //!
@@ -59,10 +61,14 @@
 //! }
 //! ```
 
+#[macro_use]
+mod methods;
+
 mod convert;
 mod instantiate;
 mod level;
 mod portable;
+pub mod test_data;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;

@@ -2,23 +2,12 @@
 //!
 
 use crate::portable::EXP2_POLY;
-use crate::{Level, Simd};
+use crate::Simd;
 use core::arch::aarch64::*;
 
 /// The NEON token (aarch64); a value exists only if the CPU has NEON.
 #[derive(Clone, Copy, Debug)]
 pub struct Neon(());
-
-/// Evaluates intrinsics that need the features a token proves (and, in the `unsafe`
-/// primitives, the caller's pointer contract).
-macro_rules! feat {
-    ($e:expr) => {
-        // SAFETY: a token (`self`) exists only if the CPU has NEON (the type's invariant,
-        // checked by `try_new` or promised to `new_unchecked`); pointers as the primitive's
-        // contract says (its caller's promise).
-        unsafe { $e }
-    };
-}
 
 /// Four bytes at `p` in the low lanes of a vector (the loads below widen only those).
 ///
@@ -33,30 +22,26 @@ unsafe fn load4_bytes(p: *const u8) -> uint8x8_t {
 // SAFETY: a value of `Neon` exists only when `Level::Neon.is_available()` (or its caller
 // promised so); every primitive uses only NEON.
 unsafe impl Simd for Neon {
-    const LANES: usize = 4;
-    const LEVEL: Level = Level::Neon;
-    type F32 = float32x4_t;
-    type I32 = int32x4_t;
-
-    #[inline(always)]
-    fn try_new() -> Option<Self> {
-        Level::Neon.is_available().then_some(Neon(()))
-    }
-    #[inline(always)]
-    unsafe fn new_unchecked() -> Self {
-        Neon(())
-    }
-    #[inline(always)]
-    fn splat(self, x: f32) -> float32x4_t {
-        feat!(vdupq_n_f32(x))
-    }
-    #[inline(always)]
-    unsafe fn load(self, p: *const f32) -> float32x4_t {
-        feat!(vld1q_f32(p))
-    }
-    #[inline(always)]
-    unsafe fn store(self, p: *mut f32, v: float32x4_t) {
-        feat!(vst1q_f32(p, v))
+    simd_methods! {
+        Neon: 4 lanes, float32x4_t, int32x4_t;
+        fn (x: f32) -> float32x4_t { splat = vdupq_n_f32 }
+        unsafe fn (p: *const f32) -> float32x4_t { load = vld1q_f32 }
+        unsafe fn (p: *mut f32, v: float32x4_t) { store = vst1q_f32 }
+        fn (a: float32x4_t, b: float32x4_t) -> float32x4_t {
+            add = vaddq_f32, sub = vsubq_f32, mul = vmulq_f32, max = vmaxq_f32, min = vminq_f32,
+        }
+        fn (a: float32x4_t) -> f32 { reduce_sum = vaddvq_f32, reduce_max = vmaxvq_f32 }
+        fn (x: i32) -> int32x4_t { splat_i32 = vdupq_n_s32 }
+        fn (a: int32x4_t, b: int32x4_t) -> int32x4_t {
+            add_i32 = vaddq_s32, sub_i32 = vsubq_s32, mul_i32 = vmulq_s32, and_i32 = vandq_s32,
+        }
+        fn (a: int32x4_t) -> i32 { reduce_sum_i32 = vaddvq_s32 }
+        fn (a: int32x4_t) -> float32x4_t {
+            i32_to_f32 = vcvtq_f32_s32, bits_to_f32 = vreinterpretq_f32_s32,
+        }
+        fn (a: float32x4_t) -> int32x4_t {
+            f32_to_i32 = vcvtnq_s32_f32, f32_to_bits = vreinterpretq_s32_f32,
+        }
     }
     #[inline(always)]
     unsafe fn load_bf16(self, p: *const u16) -> float32x4_t {
@@ -85,36 +70,8 @@ unsafe impl Simd for Neon {
         })
     }
     #[inline(always)]
-    fn add(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
-        feat!(vaddq_f32(a, b))
-    }
-    #[inline(always)]
-    fn sub(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
-        feat!(vsubq_f32(a, b))
-    }
-    #[inline(always)]
-    fn mul(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
-        feat!(vmulq_f32(a, b))
-    }
-    #[inline(always)]
     fn fma(self, a: float32x4_t, b: float32x4_t, c: float32x4_t) -> float32x4_t {
         feat!(vfmaq_f32(c, a, b))
-    }
-    #[inline(always)]
-    fn max(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
-        feat!(vmaxq_f32(a, b))
-    }
-    #[inline(always)]
-    fn min(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
-        feat!(vminq_f32(a, b))
-    }
-    #[inline(always)]
-    fn reduce_sum(self, a: float32x4_t) -> f32 {
-        feat!(vaddvq_f32(a))
-    }
-    #[inline(always)]
-    fn reduce_max(self, a: float32x4_t) -> f32 {
-        feat!(vmaxvq_f32(a))
     }
     #[inline(always)]
     fn exp2_neg(self, x: float32x4_t) -> float32x4_t {
@@ -133,10 +90,6 @@ unsafe impl Simd for Neon {
         })
     }
     #[inline(always)]
-    fn splat_i32(self, x: i32) -> int32x4_t {
-        feat!(vdupq_n_s32(x))
-    }
-    #[inline(always)]
     unsafe fn load_i8(self, p: *const i8) -> int32x4_t {
         feat!({
             let b = vreinterpret_s8_u8(load4_bytes(p.cast()));
@@ -151,22 +104,6 @@ unsafe impl Simd for Neon {
         })
     }
     #[inline(always)]
-    fn add_i32(self, a: int32x4_t, b: int32x4_t) -> int32x4_t {
-        feat!(vaddq_s32(a, b))
-    }
-    #[inline(always)]
-    fn sub_i32(self, a: int32x4_t, b: int32x4_t) -> int32x4_t {
-        feat!(vsubq_s32(a, b))
-    }
-    #[inline(always)]
-    fn mul_i32(self, a: int32x4_t, b: int32x4_t) -> int32x4_t {
-        feat!(vmulq_s32(a, b))
-    }
-    #[inline(always)]
-    fn and_i32(self, a: int32x4_t, b: int32x4_t) -> int32x4_t {
-        feat!(vandq_s32(a, b))
-    }
-    #[inline(always)]
     fn shl_i32<const N: i32>(self, a: int32x4_t) -> int32x4_t {
         feat!(vshlq_n_s32::<N>(a))
     }
@@ -177,31 +114,11 @@ unsafe impl Simd for Neon {
         )))
     }
     #[inline(always)]
-    fn reduce_sum_i32(self, a: int32x4_t) -> i32 {
-        feat!(vaddvq_s32(a))
-    }
-    #[inline(always)]
     fn reduce_sums_i32(self, a: &[int32x4_t]) -> int32x4_t {
         match a.first_chunk::<4>() {
             Some(a) => feat!(vpaddq_s32(vpaddq_s32(a[0], a[1]), vpaddq_s32(a[2], a[3]))),
             None => crate::reduce_sums_lanes(self, a),
         }
-    }
-    #[inline(always)]
-    fn i32_to_f32(self, a: int32x4_t) -> float32x4_t {
-        feat!(vcvtq_f32_s32(a))
-    }
-    #[inline(always)]
-    fn f32_to_i32(self, a: float32x4_t) -> int32x4_t {
-        feat!(vcvtnq_s32_f32(a))
-    }
-    #[inline(always)]
-    fn f32_to_bits(self, a: float32x4_t) -> int32x4_t {
-        feat!(vreinterpretq_s32_f32(a))
-    }
-    #[inline(always)]
-    fn bits_to_f32(self, a: int32x4_t) -> float32x4_t {
-        feat!(vreinterpretq_f32_s32(a))
     }
     #[inline(always)]
     unsafe fn load_i16(self, p: *const i16) -> int32x4_t {

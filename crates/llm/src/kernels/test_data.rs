@@ -1,16 +1,8 @@
 //! Inputs and the tolerance check shared by the kernels' unit tests.
 
-/// Deterministic values in `[-1, 1)` (xorshift from `seed`).
+/// Deterministic values in `[-1, 1)`: [`kernel_simd::test_data::uniform`] with amplitude 1.
 pub(crate) fn data(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
+    kernel_simd::test_data::uniform(n, seed, 1.0)
 }
 
 /// Panics (naming `what`) unless `got` is within `1e-4 * (1 + |want|)` of the f64 `want`.

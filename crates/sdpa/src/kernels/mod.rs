@@ -37,6 +37,7 @@ use crate::elem::{Bf16, F16};
 use crate::simd::{simd_level, SimdLevel};
 use int8::{PvFlush, PvMadd, PvTableFn, PvWeights, QuantizeQ16, ScoresQ16};
 use row::{AxpyRow, ScoresRow};
+use scalar::Strided;
 
 /// The kernel set of a call. Every function pointer is `unsafe` because the SIMD versions
 /// require the CPU features checked by [`Kernels::for_level`], on top of each kernel's own
@@ -46,7 +47,7 @@ pub(crate) struct Kernels {
     /// `S[MR x NR] = Qstrip . Kpanel`: see [`scalar::qk_tile`].
     pub qk_tile: unsafe fn(*const f32, usize, *const f32, *mut f32, usize),
     /// `O[MR x NR] += P[MR x nk] . V[nk x NR]`: see [`scalar::pv_tile`].
-    pub pv_tile: unsafe fn(*const f32, usize, *const f32, usize, usize, *mut f32, usize),
+    pub pv_tile: unsafe fn(Strided<*const f32>, Strided<*const f32>, usize, Strided<*mut f32>),
     /// Online-softmax step of one row: see [`scalar::softmax_row`].
     pub softmax_row: unsafe fn(&mut [f32], usize, f32, f32) -> (f32, f32),
     /// `x *= a`.
@@ -95,14 +96,11 @@ pub(crate) struct Kernels {
 }
 
 /// The generic kernels instantiated for one ISA (`$isa`: `avx2`, `avx512` or `neon`, the
-/// functions `kernel_simd::instantiate!` writes), the portable set for the rest.
+/// functions `kernel_simd::instantiate!` writes), the portable set for the rest. The kernels
+/// of `tile` and `int8` fill the field of their own name.
 macro_rules! generic_set {
     ($isa:ident, $level:expr) => {
         Kernels {
-            qk_tile: tile::qk_tile::$isa,
-            pv_tile: tile::pv_tile::$isa,
-            softmax_row: tile::softmax_row::$isa,
-            scale: tile::scale::$isa,
             widen_bf16: convert::widen_bf16_simd::$isa,
             widen_f16: convert::widen_f16_simd::$isa,
             dequant: convert::dequant_simd::$isa,
@@ -112,12 +110,14 @@ macro_rules! generic_set {
             axpy_f32: row::axpy_simd::$isa,
             axpy_bf16: row::axpy_simd::$isa,
             axpy_i8: row::axpy_simd::$isa,
-            scores_q16: int8::scores_q16::$isa,
-            quantize_q16: int8::quantize_q16::$isa,
-            pv_weights: int8::pv_weights::$isa,
-            pv_madd: int8::pv_madd::$isa,
-            pv_flush: int8::pv_flush::$isa,
             level: $level,
+            ..generic_set!(@named $isa, tile: qk_tile pv_tile softmax_row scale,
+                int8: scores_q16 quantize_q16 pv_weights pv_madd pv_flush)
+        }
+    };
+    (@named $isa:ident, $($m:ident: $($f:ident)*),*) => {
+        Kernels {
+            $($($f: $m::$f::$isa,)*)*
             ..Kernels::scalar()
         }
     };

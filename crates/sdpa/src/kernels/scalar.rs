@@ -30,21 +30,25 @@ pub(crate) unsafe fn qk_tile(a: *const f32, d: usize, b: *const f32, s: *mut f32
     }
 }
 
-/// `o[r * ldo + j] += sum_{t < nk} p[r * ldp + t] * v[t * ldv + j]` for `r < MR`, `j < NR`.
+/// The rows of a matrix in memory, as the tile kernels take their operands: the pointer to
+/// row 0 and the row stride in elements (row `r` starts at `ptr + r * stride`).
+#[derive(Clone, Copy)]
+pub(crate) struct Strided<P>(pub P, pub usize);
+
+/// `o[r * ldo + j] += sum_{t < nk} p[r * ldp + t] * v[t * ldv + j]` for `r < MR`, `j < NR`,
+/// with `p = Strided(p, ldp)`, `v = Strided(v, ldv)` and `o = Strided(o, ldo)`.
 ///
 /// # Safety
 /// `p` readable for rows `r < MR` of `nk` floats at `p + r * ldp`; `v` readable for rows
 /// `t < nk` of `NR` floats at `v + t * ldv`; `o` readable and writable for rows `r < MR` of
 /// `NR` floats at `o + r * ldo`, not overlapping `p` or `v`.
 pub(crate) unsafe fn pv_tile(
-    p: *const f32,
-    ldp: usize,
-    v: *const f32,
-    ldv: usize,
+    p: Strided<*const f32>,
+    v: Strided<*const f32>,
     nk: usize,
-    o: *mut f32,
-    ldo: usize,
+    o: Strided<*mut f32>,
 ) {
+    let (Strided(p, ldp), Strided(v, ldv), Strided(o, ldo)) = (p, v, o);
     for r in 0..MR {
         // SAFETY: row `r` of `o` is valid for NR floats and not aliased (caller).
         let orow = unsafe { &mut *o.add(r * ldo).cast::<[f32; NR]>() };

@@ -3,21 +3,9 @@
 
 use super::*;
 use crate::plan::{MR, NR};
+use kernel_simd::test_data::uniform;
 
 mod whole_calls;
-
-/// Deterministic pseudo-random floats in `[-1, 1)` (xorshift), `n` of them.
-pub(crate) fn data(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
-}
 
 /// `n` int8 values `(j * step + offset) mod 256` (every byte for `step` odd, over 256 of them).
 fn bytes(n: usize, step: usize, offset: usize) -> Vec<i8> {
@@ -123,7 +111,7 @@ fn int_pv_matches_model(f: Kernels) {
         let vals: Vec<Vec<i8>> = (0..nr).map(|t| bytes(kvh * d, 37, t * 101 + d)).collect();
         let scales: Vec<Vec<f32>> = (0..nr)
             .map(|t| {
-                data(kvh, 70 + t as u32)
+                uniform(kvh, 70 + t as u32, 1.0)
                     .iter()
                     .map(|x| x.abs() * 0.05)
                     .collect()
@@ -137,7 +125,7 @@ fn int_pv_matches_model(f: Kernels) {
         };
         let rows: Vec<KvRow<'_, i8>> = (0..nr).map(row).collect();
         let ldp = n + 3;
-        let mut p: Vec<f32> = data(heads * ldp, 90 + d as u32)
+        let mut p: Vec<f32> = uniform(heads * ldp, 90 + d as u32, 1.0)
             .iter()
             .map(|x| x.abs())
             .collect();
@@ -145,7 +133,7 @@ fn int_pv_matches_model(f: Kernels) {
         if heads > 2 {
             p[2 * ldp + n / 2] = f32::NAN; // head 2: NaN
         }
-        let a0 = data(heads * d, 91);
+        let a0 = uniform(heads * d, 91, 1.0);
         // The table: every level's bit for bit as the scalar one, which is checked
         // against its definition.
         let table = |k: &Kernels| {
@@ -304,7 +292,7 @@ impl Unbits for Vec<u32> {
 /// every vector tail is covered).
 fn conversions_match_scalar(f: Kernels) {
     let s = Kernels::scalar();
-    let x = data(40, 21);
+    let x = uniform(40, 21, 1.0);
     let bf: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v * 300.0)).collect();
     let hf: Vec<F16> = x.iter().map(|&v| F16::from_f32(v * 300.0)).collect();
     let q = bytes(40, 37, 0);
@@ -347,7 +335,7 @@ fn row_kernels_match_scalar(f: Kernels) {
     // quantize_q16: bit-identical to the scalar version, on heads of zeros, with a NaN,
     // with an infinity, and of every length 1..40 (every vector tail).
     for d in lengths(1..40) {
-        let mut q = data(5 * d, 60 + d as u32);
+        let mut q = uniform(5 * d, 60 + d as u32, 1.0);
         q[d..2 * d].fill(0.0);
         q[2 * d + d / 2] = f32::NAN;
         q[3 * d] = f32::NEG_INFINITY;
@@ -401,14 +389,14 @@ fn row_kernels_match_scalar(f: Kernels) {
         let group = if heads % group == 0 { group } else { 1 };
         let kvh = heads / group;
         let n = kvh * d;
-        let q = data(heads * d, 31 + d as u32);
-        let fl: Vec<Vec<f32>> = (0..4).map(|u| data(n, 32 + u + d as u32)).collect();
+        let q = uniform(heads * d, 31 + d as u32, 1.0);
+        let fl: Vec<Vec<f32>> = (0..4).map(|u| uniform(n, 32 + u + d as u32, 1.0)).collect();
         let bf: Vec<Vec<Bf16>> = fl
             .iter()
             .map(|r| r.iter().map(|&x| Bf16::from_f32(x)).collect())
             .collect();
         let i8s: Vec<Vec<i8>> = (0..4).map(|u| bytes(n, 37, u * 11)).collect();
-        let scales: Vec<Vec<f32>> = (0..4).map(|u| data(kvh, 40 + u)).collect();
+        let scales: Vec<Vec<f32>> = (0..4).map(|u| uniform(kvh, 40 + u, 1.0)).collect();
         let zps: Vec<Vec<i8>> = (0..4).map(|u| bytes(kvh, 53, u * 7)).collect();
         let rf = |u: usize| KvRow::dense(&fl[u][..]);
         let rb = |u: usize| KvRow::dense(&bf[u][..]);
@@ -492,9 +480,9 @@ fn row_kernels_match_scalar(f: Kernels) {
             }
             for w in 1..=4 {
                 let ldp = 5;
-                let mut p = data(heads * ldp, 50 + w as u32);
+                let mut p = uniform(heads * ldp, 50 + w as u32, 1.0);
                 p[ldp..2 * ldp].fill(0.0); // head 1: all weights 0, skipped
-                let a0 = data(heads * d, 51);
+                let a0 = uniform(heads * d, 51, 1.0);
                 let (mut a1, mut a2) = (a0.clone(), a0.clone());
                 // SAFETY: as above.
                 unsafe {
@@ -551,8 +539,8 @@ fn matches_scalar(f: Kernels) {
         &[1, 7, 8, 64, 72, 100, 128]
     };
     for &d in dims {
-        let a = data(d * MR, d as u32);
-        let b = data(d * NR, 3 + d as u32);
+        let a = uniform(d * MR, d as u32, 1.0);
+        let b = uniform(d * NR, 3 + d as u32, 1.0);
         let (mut s1, mut s2) = (vec![0f32; MR * 20], vec![0f32; MR * 20]);
         // SAFETY: a holds d*MR floats, b d*NR, s rows of NR at stride 20 (MR*20 floats).
         unsafe {
@@ -562,18 +550,19 @@ fn matches_scalar(f: Kernels) {
         close(&s1, &s2, 1e-5);
 
         let nk = d.min(50);
-        let p = data(MR * 50, 5);
-        let v = data(nk * 32, 6);
-        let (mut o1, mut o2) = (data(MR * 24, 7), data(MR * 24, 7));
+        let p = uniform(MR * 50, 5, 1.0);
+        let v = uniform(nk * 32, 6, 1.0);
+        let (mut o1, mut o2) = (uniform(MR * 24, 7, 1.0), uniform(MR * 24, 7, 1.0));
         // SAFETY: p rows of nk <= 50 at stride 50; v rows of 16 at stride 32 (nk rows);
         // o rows of 16 at stride 24.
         unsafe {
-            (f.pv_tile)(p.as_ptr(), 50, v.as_ptr(), 32, nk, o1.as_mut_ptr(), 24);
-            (s.pv_tile)(p.as_ptr(), 50, v.as_ptr(), 32, nk, o2.as_mut_ptr(), 24);
+            let (p, v) = (Strided(p.as_ptr(), 50), Strided(v.as_ptr(), 32));
+            (f.pv_tile)(p, v, nk, Strided(o1.as_mut_ptr(), 24));
+            (s.pv_tile)(p, v, nk, Strided(o2.as_mut_ptr(), 24));
         }
         close(&o1, &o2, 1e-5);
 
-        let mut a1 = data(d, 10);
+        let mut a1 = uniform(d, 10, 1.0);
         let mut a2 = a1.clone();
         // SAFETY: slice-based kernels on a CPU `detect` chose them for.
         unsafe {
@@ -584,7 +573,7 @@ fn matches_scalar(f: Kernels) {
 
         for (nk, nkp) in [(0, 16), (5, 16), (8, 16), (16, 16), (27, 32), (64, 64)] {
             let stride = d + 5;
-            let k = data(nk.max(1) * stride, 16);
+            let k = uniform(nk.max(1) * stride, 16, 1.0);
             let (mut p1, mut p2) = (vec![f32::NAN; nkp * d], vec![f32::NAN; nkp * d]);
             // SAFETY: as above.
             unsafe {
@@ -602,7 +591,7 @@ fn matches_scalar(f: Kernels) {
         }
 
         for valid in [1, d / 2 + 1, d] {
-            let (mut r1, mut r2) = (data(d, 15), data(d, 15));
+            let (mut r1, mut r2) = (uniform(d, 15, 1.0), uniform(d, 15, 1.0));
             for m_old in [f32::NEG_INFINITY, 0.5, 30.0] {
                 // SAFETY: as above.
                 let (x1, x2) = unsafe {

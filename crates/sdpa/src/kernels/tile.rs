@@ -7,6 +7,7 @@
 
 use kernel_simd::Simd;
 
+use super::scalar::Strided;
 use crate::plan::{MR, NR};
 
 /// Most vectors per panel row (NEON's 4 lanes).
@@ -102,17 +103,14 @@ unsafe fn qk_tile_body<S: Simd>(
 /// # Safety
 /// The contract of [`super::scalar::pv_tile`].
 #[inline(always)]
-#[allow(clippy::too_many_arguments)] // the `pv_tile` signature, plus the token
 unsafe fn pv_tile_body<S: Simd>(
     s: S,
-    p: *const f32,
-    ldp: usize,
-    v: *const f32,
-    ldv: usize,
+    p: Strided<*const f32>,
+    v: Strided<*const f32>,
     nk: usize,
-    o: *mut f32,
-    ldo: usize,
+    o: Strided<*mut f32>,
 ) {
+    let (Strided(p, ldp), Strided(v, ldv), Strided(o, ldo)) = (p, v, o);
     let nv = vectors::<S>();
     let c: Block<S> = core::array::from_fn(|r| {
         core::array::from_fn(|j| {
@@ -210,15 +208,8 @@ kernel_simd::instantiate! {
     pub(crate) unsafe fn qk_tile(a: *const f32, d: usize, b: *const f32, out: *mut f32, lds: usize)
         = qk_tile_body;
     /// `O[MR x NR] += P[MR x nk] . V[nk x NR]` per ISA.
-    pub(crate) unsafe fn pv_tile(
-        p: *const f32,
-        ldp: usize,
-        v: *const f32,
-        ldv: usize,
-        nk: usize,
-        o: *mut f32,
-        ldo: usize
-    ) = pv_tile_body;
+    pub(crate) unsafe fn pv_tile(p: Strided<*const f32>, v: Strided<*const f32>, nk: usize,
+        o: Strided<*mut f32>) = pv_tile_body;
     /// One online-softmax step of a row per ISA.
     pub(crate) fn softmax_row(row: &mut [f32], valid: usize, c: f32, m_old: f32) -> (f32, f32)
         = softmax_row_body;

@@ -2,12 +2,12 @@
 //! kernel-by-kernel checks of [`super`] do not reach (the dispatch, the query order the set
 //! takes, the path code around the kernels).
 
-use crate::kernels::tests::data;
 use crate::{
     attention_quantized, attention_typed, quantize_kv, simd_level, with_max_simd, Bf16, Params,
     QuantizedKv, QuantizedKvMut, Shape, SimdLevel,
 };
 use caching_allocator::CachingAllocator;
+use kernel_simd::test_data::uniform;
 
 /// One call at the current level: f32, bf16 or (`int8`) f32 Q over an int8 cache holding
 /// `k` and `v`; the output as f32.
@@ -85,8 +85,8 @@ fn avx512_attention_matches_portable() {
             causal,
             ..Params::default()
         };
-        let q = data(q_len * 4 * 40, 1);
-        let (k, v) = (data(40 * 2 * 40, 2), data(40 * 2 * 40, 3));
+        let q = uniform(q_len * 4 * 40, 1, 1.0);
+        let (k, v) = (uniform(40 * 2 * 40, 2, 1.0), uniform(40 * 2 * 40, 3, 1.0));
         for kind in 0..3 {
             let got = call(kind, &q, &k, &v, &sh, &p);
             assert_eq!(simd_level(), SimdLevel::Avx512);
