@@ -44,6 +44,8 @@ pub mod goal {
     pub const LLM_DECODE_STREAM: f64 = 0.80;
     /// `llm` prefill: fraction of sgemm's GFLOP/s.
     pub const LLM_PREFILL_SGEMM: f64 = 0.50;
+    /// `soak`: peak reserved over the true peak live (the bytes the soak held; issue #20).
+    pub const SOAK_RESERVED_OVER_LIVE: f64 = 1.3;
 }
 
 /// Where and how a run ran, shared by every report.
