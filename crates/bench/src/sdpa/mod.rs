@@ -29,8 +29,8 @@ use serde_json::json;
 
 use crate::measure::Ratios;
 use crate::report::{
-    align_right, comparison_table, efficiency_check, goal, markdown_table, pct, within_static,
-    RunInfo, Section, TargetCheck, CACHING, CACHING_SCOPE,
+    comparison_table, efficiency_check, goal, pct, table, within_static, RunInfo, Section,
+    TargetCheck, CACHING, CACHING_SCOPE,
 };
 use crate::source::{ScratchSource, ScratchWorker, SourceConfig, SourceKind};
 use crate::steps::{KernelRun, Steps};
@@ -442,13 +442,11 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
         let mut header = vec!["dtype"];
         header.extend(first);
         header.extend(["ratio (best)", "ratio (median)"]);
-        let mut t = markdown_table(&header);
-        for (mut row, ratios) in rows {
+        let rows = rows.map(|(mut row, ratios)| {
             row.extend(ratios.percent());
-            t.add_row(row);
-        }
-        align_right(&mut t, 1..header.len());
-        t
+            row
+        });
+        table(&header, rows, 1)
     };
     let mut blocks = vec![
         head,
