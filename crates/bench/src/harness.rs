@@ -49,7 +49,7 @@ impl RunConfig {
     pub fn quick() -> Self {
         RunConfig {
             warmup_rounds: 1,
-            rounds: 11,
+            rounds: 7,
             round_target: Duration::from_millis(40),
             calibration_calls: 2,
             max_round_calls: 1_000_000,
