@@ -79,7 +79,7 @@ pub struct SdpaConfig {
 
 /// The quick comparison's wall-time budget ([`SdpaConfig::budget_s`]): on a quiet 2-core
 /// machine it takes well under it; on a busy one the steps stop early.
-pub const QUICK_BUDGET_S: f64 = 60.0;
+pub const QUICK_BUDGET_S: f64 = 40.0;
 
 /// Evenly spaced positions `1..=n`, `count` of them (all of `1..=n` when `count` is 0 or
 /// at least `n`), always including 1 and `n`.
