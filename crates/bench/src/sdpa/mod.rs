@@ -77,8 +77,9 @@ pub struct SdpaConfig {
     pub dtypes: Vec<SdpaDtype>,
 }
 
-/// The quick comparison's wall-time budget ([`SdpaConfig::budget_s`]): on a quiet 2-core
-/// machine it takes well under it; on a busy one the steps stop early.
+/// The quick comparison's wall-time budget in seconds ([`SdpaConfig::budget_s`]): on a busy
+/// machine, where a step takes many times its quiet time, the steps stop early instead of
+/// the run growing with the load (warm-ups and the minimum steps come on top of it).
 pub const QUICK_BUDGET_S: f64 = 40.0;
 
 /// Evenly spaced positions `1..=n`, `count` of them (all of `1..=n` when `count` is 0 or
