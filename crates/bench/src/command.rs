@@ -38,10 +38,20 @@ pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode 
         "{} run; each scratch workload, sdpa and llm in a fresh process",
         if s.quick { "quick" } else { "full" }
     );
+    let mut took = Vec::new();
     let parts: Vec<Section> = suites
         .iter()
         .enumerate()
-        .map(|(i, suite)| parts::run_in_child(i, suite.label()).unwrap_or_else(Section::failed))
+        .map(|(i, suite)| {
+            let t0 = Instant::now();
+            let part = parts::run_in_child(i, suite.label()).unwrap_or_else(Section::failed);
+            took.push(format!(
+                "{} {:.1} s",
+                suite.label(),
+                t0.elapsed().as_secs_f64()
+            ));
+            part
+        })
         .collect();
     let info = RunInfo::now(s.quick, s.opts.threads, started);
     // The scratch jobs' parts make the command's own section (its goals compare them).
@@ -72,6 +82,16 @@ pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode 
     }
     let mut ok = print(&sections, details);
     println!("\n{}", info.finished(s.what.name()));
+    // Wrapped at 100 columns, as the summary.
+    let mut line = "wall time per part:".to_string();
+    for t in took {
+        if line.len() + t.len() + 2 > 100 {
+            println!("{line}");
+            line = " ".to_string();
+        }
+        line += &format!(" {t},");
+    }
+    println!("{}", line.trim_end_matches(','));
     let rows: Vec<_> = sections.iter().flat_map(|r| r.rows.clone()).collect();
     ok &= json.write_json(&json_of(&sections));
     ok &= plot.write_plot(&info, &rows);

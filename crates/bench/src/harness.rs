@@ -49,7 +49,7 @@ impl RunConfig {
     pub fn quick() -> Self {
         RunConfig {
             warmup_rounds: 1,
-            rounds: 11,
+            rounds: 7,
             round_target: Duration::from_millis(40),
             calibration_calls: 2,
             max_round_calls: 1_000_000,
@@ -130,6 +130,15 @@ pub struct Measurement {
     pub error: Option<String>,
 }
 
+/// The message of a caught panic's payload (`?` when it is neither a `String` nor a `&str`).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or("?")
+}
+
 /// What the coordinating thread asks the workers to do next.
 const STOP: u64 = u64::MAX;
 
@@ -191,13 +200,7 @@ fn worker_loop(sh: &Shared<'_>, index: usize) {
             let msg = match res {
                 Ok(Ok(())) => None,
                 Ok(Err(e)) => Some(e.to_string()),
-                Err(p) => Some(format!(
-                    "panicked: {}",
-                    p.downcast_ref::<String>()
-                        .map(String::as_str)
-                        .or_else(|| p.downcast_ref::<&str>().copied())
-                        .unwrap_or("?")
-                )),
+                Err(p) => Some(format!("panicked: {}", panic_message(p.as_ref()))),
             };
             if let Some(msg) = msg {
                 lock(&sh.errors)[si].get_or_insert(msg);

@@ -92,7 +92,7 @@ pub struct Ratios {
 impl Ratios {
     /// Both as percentages, no decimals: best, median.
     pub fn percent(self) -> [String; 2] {
-        [self.ratio_best, self.ratio_median].map(|x| format!("{:.0}%", 100.0 * x))
+        [self.ratio_best, self.ratio_median].map(crate::report::pct)
     }
 }
 

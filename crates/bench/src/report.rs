@@ -44,6 +44,8 @@ pub mod goal {
     pub const LLM_DECODE_STREAM: f64 = 0.80;
     /// `llm` prefill: fraction of sgemm's GFLOP/s.
     pub const LLM_PREFILL_SGEMM: f64 = 0.50;
+    /// `soak`: peak reserved over the true peak live (the bytes the soak held; issue #20).
+    pub const SOAK_RESERVED_OVER_LIVE: f64 = 1.3;
 }
 
 /// Where and how a run ran, shared by every report.
@@ -191,13 +193,11 @@ pub fn comparison_table(ms: &[Measurement], lead: &[Column<'_>], trail: &[Column
         "peak held/live MiB",
     ]);
     header.extend(trail.iter().map(|c| c.header));
-    let mut t = markdown_table(&header);
-    for m in ms {
+    let rows = ms.iter().map(|m| {
         let mut row = vec![m.workload.clone(), m.source.clone()];
         if let Some(e) = &m.error {
             row.push(format!("FAILED: {e}"));
-            t.add_row(row);
-            continue;
+            return row;
         }
         let x = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_else(|| "-".into());
         let [faults, sys_allocs, rss] = memory_cells(m);
@@ -218,10 +218,9 @@ pub fn comparison_table(ms: &[Measurement], lead: &[Column<'_>], trail: &[Column
             held_cell(m),
         ]);
         row.extend(trail.iter().map(|c| (c.cell)(m)));
-        t.add_row(row);
-    }
-    align_right(&mut t, 2..header.len());
-    t
+        row
+    });
+    table(&header, rows, 2)
 }
 
 /// The labels of `ms` in order, without repeats.
@@ -420,21 +419,25 @@ pub(crate) fn fmt_rate(x: f64) -> String {
     }
 }
 
-/// An empty Markdown table (readable in a terminal, pastes into a README) with `header`.
-pub(crate) fn markdown_table(header: &[&str]) -> Table {
+/// A Markdown table (readable in a terminal, pastes into a README) of `header` and `rows`,
+/// its columns from `right` on right-aligned (the numeric ones; `header.len()` for none).
+pub(crate) fn table(
+    header: &[&str],
+    rows: impl IntoIterator<Item = Vec<String>>,
+    right: usize,
+) -> Table {
     let mut t = Table::new();
     t.load_preset(presets::ASCII_MARKDOWN);
     t.set_header(header.to_vec());
-    t
-}
-
-/// Right-aligns the columns `cols` of `t` (the numeric ones).
-pub(crate) fn align_right(t: &mut Table, cols: core::ops::Range<usize>) {
-    for i in cols {
+    for row in rows {
+        t.add_row(row);
+    }
+    for i in right..header.len() {
         if let Some(c) = t.column_mut(i) {
             c.set_cell_alignment(CellAlignment::Right);
         }
     }
+    t
 }
 
 /// The cells "faults/call", "sys allocs/call" and "peak RSS +MiB" of a measurement.
@@ -464,15 +467,10 @@ pub(crate) fn held_cell(m: &Measurement) -> String {
 
 /// The targets table: target, measured, verdict.
 pub fn targets_table(checks: &[TargetCheck]) -> Table {
-    let mut t = markdown_table(&["target", "measured", "verdict"]);
-    for c in checks {
-        t.add_row(vec![
-            c.target.clone(),
-            c.measured.clone(),
-            c.verdict().to_string(),
-        ]);
-    }
-    t
+    let rows = checks
+        .iter()
+        .map(|c| vec![c.target.clone(), c.measured.clone(), c.verdict().into()]);
+    table(&["target", "measured", "verdict"], rows, 3)
 }
 
 #[cfg(test)]

@@ -7,8 +7,8 @@ use serde_json::json;
 
 use crate::harness::{Measurement, RunConfig};
 use crate::report::{
-    comparison_table, fig, fmt_ns, fmt_rate, goal, labels, markdown_table, within_static, Column,
-    RunInfo, Section, TargetCheck, CACHING, CACHING_SCOPE, FLOOR, RIVALS,
+    comparison_table, fig, fmt_ns, fmt_rate, goal, labels, table, within_static, Column, RunInfo,
+    Section, TargetCheck, CACHING, CACHING_SCOPE, FLOOR, RIVALS,
 };
 use crate::source::{SourceConfig, SourceKind};
 
@@ -150,16 +150,8 @@ impl ScratchRun {
             });
         }
         // 4. threads scaling.
-        let one = "threads x1".to_string();
-        let many = labels
-            .iter()
-            .find(|l| l.starts_with("threads x") && **l != one)
-            .cloned();
         for v in variants {
-            let (Some(a), Some(b)) = (
-                self.get(&one, v),
-                many.as_deref().and_then(|w| self.get(w, v)),
-            ) else {
+            let (Some(a), Some(b)) = (self.get("threads x1", v), self.many_threads(v)) else {
                 continue;
             };
             let s = self.scaling(v);
@@ -186,13 +178,18 @@ impl ScratchRun {
     /// Aggregate calls/s on N threads over calls/s on one, for `source`.
     pub fn scaling(&self, source: &str) -> Option<f64> {
         let one = self.get("threads x1", source)?;
-        let many = self.measurements.iter().find(|m| {
+        let many = self.many_threads(source)?;
+        (one.calls_per_sec > 0.0).then(|| many.calls_per_sec / one.calls_per_sec)
+    }
+
+    /// The multi-thread `threads` measurement of `source`, if it ran and succeeded.
+    fn many_threads(&self, source: &str) -> Option<&Measurement> {
+        self.measurements.iter().find(|m| {
             m.workload.starts_with("threads x")
                 && m.threads > 1
                 && m.source == source
                 && m.error.is_none()
-        })?;
-        (one.calls_per_sec > 0.0).then(|| many.calls_per_sec / one.calls_per_sec)
+        })
     }
 
     /// The report's section: settings, workloads, the comparison and scaling tables and the
@@ -254,31 +251,25 @@ impl ScratchRun {
         if sources.is_empty() {
             return None;
         }
-        let mut t = markdown_table(&[
+        let dash = || "-".to_string();
+        let rows = sources.into_iter().map(|s| {
+            vec![
+                s.to_string(),
+                self.get("threads x1", s)
+                    .map_or_else(dash, |m| fmt_rate(m.calls_per_sec)),
+                self.many_threads(s).map_or_else(dash, |m| {
+                    format!("{} ({} threads)", fmt_rate(m.calls_per_sec), m.threads)
+                }),
+                self.scaling(s).map_or_else(dash, |x| format!("{x:.2}x")),
+            ]
+        });
+        let header = [
             "source",
             "calls/s, 1 thread",
             "calls/s, N threads",
             "scaling",
-        ]);
-        for s in sources {
-            let one = self.get("threads x1", s);
-            let many = self
-                .measurements
-                .iter()
-                .find(|m| m.workload.starts_with("threads x") && m.threads > 1 && m.source == s);
-            t.add_row(vec![
-                s.to_string(),
-                one.map(|m| fmt_rate(m.calls_per_sec))
-                    .unwrap_or_else(|| "-".into()),
-                many.filter(|m| m.error.is_none())
-                    .map(|m| format!("{} ({} threads)", fmt_rate(m.calls_per_sec), m.threads))
-                    .unwrap_or_else(|| "-".into()),
-                self.scaling(s)
-                    .map(|x| format!("{x:.2}x"))
-                    .unwrap_or_else(|| "-".into()),
-            ]);
-        }
-        Some(t)
+        ];
+        Some(table(&header, rows, header.len()))
     }
 }
 

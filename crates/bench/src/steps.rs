@@ -67,7 +67,12 @@ pub struct Steps<'a> {
     taken: usize,
     /// Seconds on a monotonic clock ([`wall_seconds`] but in tests).
     clock: &'a dyn Fn() -> f64,
+    /// When measuring should stop ([`Steps::with_budget`]), on `clock`.
+    deadline: Option<f64>,
 }
+
+/// Steps taken before a budget may stop a run: one forward and one backward step.
+pub const MIN_STEPS: usize = 2;
 
 /// Seconds since the first call, on the monotonic clock.
 fn wall_seconds() -> f64 {
@@ -94,7 +99,22 @@ impl<'a> Steps<'a> {
             accs: vec![Acc::default(); kinds.len()],
             taken: 0,
             clock,
+            deadline: None,
         }
+    }
+
+    /// The same steps with a wall-time budget of `seconds` from now (none: no budget), which
+    /// [`out_of_time`](Self::out_of_time) checks.
+    pub fn with_budget(mut self, seconds: Option<f64>) -> Self {
+        self.deadline = seconds.map(|s| (self.clock)() + s);
+        self
+    }
+
+    /// Whether the budget is spent, with at least [`MIN_STEPS`] steps taken: the caller stops
+    /// measuring, and every figure is the median of the steps taken (each row's `rounds`
+    /// says how many). Never without a budget.
+    pub fn out_of_time(&self) -> bool {
+        self.taken >= MIN_STEPS && self.deadline.is_some_and(|d| (self.clock)() >= d)
     }
 
     /// Whether source `i` has failed (it is skipped from then on).
@@ -254,9 +274,12 @@ mod tests {
         // A clock the steps advance: exact times, whatever the machine's load.
         let now = std::cell::Cell::new(0.0f64);
         let clock = || now.get();
-        let mut s = Steps::with_clock(&kinds, &counters, &clock);
+        // A budget of 1 ms: spent after the first step, but no stop before the second.
+        let mut s = Steps::with_clock(&kinds, &counters, &clock).with_budget(Some(1e-3));
+        assert!(!s.out_of_time());
         s.warm_up(1, || Ok(()));
         for step in 0..4 {
+            assert_eq!(s.out_of_time(), step >= MIN_STEPS, "step {step}");
             s.step(|i| {
                 // caching takes twice static's time, and 20 times in one disturbed step.
                 let disturbed = if step == 0 && i == 1 { 10.0 } else { 1.0 };

@@ -82,15 +82,16 @@ pub struct LlmConfig {
 }
 
 impl LlmConfig {
-    /// The defaults: quick runs 1 measured round of 32 decode tokens, full runs 3 of 64
-    /// (`allocbench llm` takes its count from `--decode-tokens`).
+    /// The defaults: quick runs 1 measured round of 2 prefills and 16 decode tokens (after a
+    /// warm-up round, so the main command stays within 4 minutes on a busy machine), full
+    /// runs 3 of 3 prefills and 64 (`allocbench llm` takes its count from `--decode-tokens`).
     pub fn new(quick: bool, shape: &str) -> Self {
         LlmConfig {
             model: shape.into(),
             model_dir: None,
             prompt_tokens: 128,
-            decode_tokens: if quick { 32 } else { 64 },
-            prefill_reps: 3,
+            decode_tokens: if quick { 16 } else { 64 },
+            prefill_reps: if quick { 2 } else { 3 },
             rounds: if quick { 1 } else { 3 },
             eff_reps: if quick { 3 } else { 7 },
             seed: 1,

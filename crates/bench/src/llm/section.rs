@@ -7,8 +7,8 @@ use serde_json::json;
 use super::{LlmConfig, LlmRun};
 use crate::harness::Measurement;
 use crate::report::{
-    align_right, comparison_table, efficiency_check, goal, markdown_table, pct, within_static,
-    Column, RunInfo, Section, TargetCheck, CACHING,
+    comparison_table, efficiency_check, goal, pct, table, within_static, Column, RunInfo, Section,
+    TargetCheck, CACHING,
 };
 use llm::scratch_profile::ScratchProfile;
 
@@ -129,55 +129,57 @@ pub(super) fn section(
 
 /// The efficiency table, as Markdown.
 fn efficiency_table(r: &LlmRun, prompt_tokens: usize) -> Table {
-    let mut t = markdown_table(&[
+    let decode = r.decode_eff.as_ref().map(|d| {
+        let mib = d.weight_bytes as f64 / (1 << 20) as f64;
+        let [best, median] = d.ratios.percent();
+        vec![
+            "decode".into(),
+            format!("{:.2} GB/s of weights ({mib:.1} MiB/token)", d.decode_gbs),
+            format!("streaming read {:.2} GB/s", d.stream_gbs),
+            best,
+            median,
+        ]
+    });
+    let prefill = r.prefill_eff.as_ref().map(|p| {
+        let (m, k, n) = p.sgemm_shape;
+        let [best, median] = p.ratios.percent();
+        vec![
+            format!("prefill {prompt_tokens}"),
+            format!("{:.1} GFLOP/s", p.prefill_gflops),
+            format!("sgemm {m}x{k}x{n} {:.1} GFLOP/s", p.sgemm_gflops),
+            best,
+            median,
+        ]
+    });
+    let header = [
         "phase",
         "model",
         "baseline",
         "ratio (best)",
         "ratio (median)",
-    ]);
-    if let Some(d) = &r.decode_eff {
-        let mib = d.weight_bytes as f64 / (1 << 20) as f64;
-        let mut row = vec!["decode".into()];
-        row.push(format!(
-            "{:.2} GB/s of weights ({mib:.1} MiB/token)",
-            d.decode_gbs
-        ));
-        row.push(format!("streaming read {:.2} GB/s", d.stream_gbs));
-        row.extend(d.ratios.percent());
-        t.add_row(row);
-    }
-    if let Some(p) = &r.prefill_eff {
-        let (m, k, n) = p.sgemm_shape;
-        let mut row = vec![format!("prefill {prompt_tokens}")];
-        row.push(format!("{:.1} GFLOP/s", p.prefill_gflops));
-        row.push(format!("sgemm {m}x{k}x{n} {:.1} GFLOP/s", p.sgemm_gflops));
-        row.extend(p.ratios.percent());
-        t.add_row(row);
-    }
-    t
+    ];
+    table(&header, decode.into_iter().chain(prefill), header.len())
 }
 
 /// The scratch profile as a table: per phase and kernel name, the calls, the largest scratch
 /// one call took and the scratch per token (the phase's prompt or decode tokens).
 pub fn profile_table(p: &ScratchProfile, prefill_tokens: usize, decode_tokens: usize) -> Table {
-    let mut t = markdown_table(&["phase", "kernel", "calls", "max call B", "B/token"]);
-    for e in p.entries() {
+    let rows = p.entries().iter().map(|e| {
         let tokens = if e.phase == "decode" {
             decode_tokens
         } else {
             prefill_tokens
         };
-        t.add_row(vec![
+        vec![
             e.phase.to_string(),
             e.kernel.to_string(),
             e.calls.to_string(),
             e.max_call_bytes.to_string(),
             format!("{:.0}", e.total_bytes as f64 / tokens.max(1) as f64),
-        ]);
-    }
-    align_right(&mut t, 2..5);
-    t
+        ]
+    });
+    let header = ["phase", "kernel", "calls", "max call B", "B/token"];
+    table(&header, rows, 2)
 }
 
 /// The headline: what `caching` buys against `system`, `fresh-pages` and `exact-cache`, per

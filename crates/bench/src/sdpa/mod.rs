@@ -29,8 +29,8 @@ use serde_json::json;
 
 use crate::measure::Ratios;
 use crate::report::{
-    align_right, comparison_table, efficiency_check, goal, markdown_table, pct, within_static,
-    RunInfo, Section, TargetCheck, CACHING, CACHING_SCOPE,
+    comparison_table, efficiency_check, goal, pct, table, within_static, RunInfo, Section,
+    TargetCheck, CACHING, CACHING_SCOPE,
 };
 use crate::source::{ScratchSource, ScratchWorker, SourceConfig, SourceKind};
 use crate::steps::{KernelRun, Steps};
@@ -55,8 +55,16 @@ pub struct SdpaConfig {
     pub decode_tokens: Vec<usize>,
     /// Decode: sweeps over `decode_tokens`.
     pub decode_rounds: usize,
+    /// Decode: layer calls measured per token (at most `layers`); the time per token is
+    /// their time times `layers / decode_calls`, every layer's call being the same.
+    pub decode_calls: usize,
     /// Prefill: (prompt length, layer calls measured per source).
     pub prefill: Vec<(usize, usize)>,
+    /// The comparison's wall-time budget in seconds (quick runs), shared by its workloads
+    /// (each dtype's decode and prefills): each gets what is left of it over the workloads
+    /// left, and one past its share stops measuring after [`crate::steps::MIN_STEPS`] steps
+    /// (decode: after a whole sweep); its figures are the medians of the steps it took.
+    pub budget_s: Option<f64>,
     /// Efficiency: decode KV lengths.
     pub eff_decode_kvs: Vec<usize>,
     /// Efficiency: bytes of K/V (and of the streaming-read buffer) per decode measurement.
@@ -68,6 +76,11 @@ pub struct SdpaConfig {
     /// The dtype columns: every workload and efficiency figure runs once per dtype.
     pub dtypes: Vec<SdpaDtype>,
 }
+
+/// The quick comparison's wall-time budget in seconds ([`SdpaConfig::budget_s`]): on a busy
+/// machine, where a step takes many times its quiet time, the steps stop early instead of
+/// the run growing with the load (warm-ups and the minimum steps come on top of it).
+pub const QUICK_BUDGET_S: f64 = 40.0;
 
 /// Evenly spaced positions `1..=n`, `count` of them (all of `1..=n` when `count` is 0 or
 /// at least `n`), always including 1 and `n`.
@@ -86,10 +99,12 @@ pub fn sample_tokens(n: usize, count: usize) -> Vec<usize> {
 
 impl SdpaConfig {
     /// The issue's model: 32 layers, 32 heads (= kv heads), head_dim 128, decode tokens
-    /// `1..=tokens` (quick: 16 evenly spaced positions, 2 sweeps; full: every position, one
-    /// sweep), prefill at 128, 512 and 2048 tokens (full: all 32 layers measured; quick: 32,
-    /// 8 and 1 layer calls, so that the main command stays within 4 minutes on a busy 2-core
-    /// machine: one 2048-token call takes 0.25-0.8 s there).
+    /// `1..=tokens`, prefill at 128, 512 and 2048 tokens. Full: every decode position in one
+    /// sweep, every layer call measured. Quick (so that the main command stays within 4
+    /// minutes on a busy 2-core machine, where a 2048-token call took 3 s and every source
+    /// warms up with one): 16 evenly spaced decode positions in 2 sweeps with 4 of the layer
+    /// calls timed per token; prefill at 128, 512 and 1024 tokens with 32, 4 and 1 layer
+    /// calls; the comparison within [`QUICK_BUDGET_S`].
     pub fn new(quick: bool, tokens: usize, layers: usize) -> Self {
         let layers = layers.max(1);
         let tokens = tokens.max(1);
@@ -101,11 +116,13 @@ impl SdpaConfig {
             kv_capacity: tokens,
             decode_tokens: sample_tokens(tokens, if quick { 16 } else { 0 }),
             decode_rounds: if quick { 2 } else { 1 },
+            decode_calls: if quick { layers.min(4) } else { layers },
             prefill: if quick {
-                vec![(128, layers), (512, layers.min(8)), (2048, 1)]
+                vec![(128, layers), (512, layers.min(4)), (1024, 1)]
             } else {
                 vec![(128, layers), (512, layers), (2048, layers)]
             },
+            budget_s: quick.then_some(QUICK_BUDGET_S),
             eff_decode_kvs: if quick {
                 vec![1024, 4096]
             } else {
@@ -128,7 +145,9 @@ impl SdpaConfig {
             kv_capacity: 12,
             decode_tokens: sample_tokens(12, 4),
             decode_rounds: 1,
+            decode_calls: 1,
             prefill: vec![(7, 2), (12, 1)],
+            budget_s: None,
             eff_decode_kvs: vec![12],
             eff_span_bytes: 64 << 10,
             eff_sgemm_shapes: vec![(16, 16, 16)],
@@ -147,6 +166,12 @@ impl SdpaConfig {
 
     fn prefill_shape(&self, len: usize) -> Shape {
         crate::measure::prefill_shape(self.heads, self.kv_heads, self.head_dim, len)
+    }
+
+    /// Layer calls timed per decode token: [`decode_calls`](Self::decode_calls), within
+    /// `1..=layers`.
+    fn decode_calls(&self) -> usize {
+        self.decode_calls.clamp(1, self.layers.max(1))
     }
 
     /// Progress units of [`run`]: one per step of the comparison, one per efficiency figure.
@@ -168,10 +193,12 @@ impl SdpaConfig {
             out.push((
                 dt.label("sdpa-decode"),
                 format!(
-                    "per token: {} layer calls, q_len 1, kv = t for t in {} ({} positions in \
-                 1..={}, {} sweep(s)); one {}-position KV cache shared by all layers; scratch \
-                 {} B at kv 1, {} B at kv {}",
+                    "per token: {} layer calls ({} timed, times {}), q_len 1, kv = t for t in {} \
+                 ({} positions in 1..={}, {} sweep(s)); one {}-position KV cache shared by all \
+                 layers; scratch {} B at kv 1, {} B at kv {}",
                     self.layers,
+                    self.decode_calls(),
+                    self.layers as f64 / self.decode_calls() as f64,
                     describe_tokens(&self.decode_tokens),
                     self.decode_tokens.len(),
                     self.kv_capacity,
@@ -263,6 +290,17 @@ pub fn run(
         Ok(times as u64)
     };
 
+    // The budget's share of the next workload, with `left` workloads left (counting it).
+    let started = std::time::Instant::now();
+    let mut left = cfg.dtypes.len() * (1 + cfg.prefill.len());
+    let mut share = || {
+        let spent = started.elapsed().as_secs_f64();
+        let s = cfg
+            .budget_s
+            .map(|b| (b - spent).max(0.0) / left.max(1) as f64);
+        left = left.saturating_sub(1);
+        s
+    };
     for &dt in &cfg.dtypes {
         // ---- decode: one layer's cache, shared by every layer ----
         let Some(mut inputs) =
@@ -270,7 +308,7 @@ pub fn run(
         else {
             continue;
         };
-        let mut steps = Steps::new(kinds, &counters);
+        let mut steps = Steps::new(kinds, &counters).with_budget(share());
         for i in 0..kinds.len() {
             steps.warm_up(i, || {
                 for &t in &cfg.decode_tokens {
@@ -280,17 +318,22 @@ pub fn run(
             });
         }
         for _ in 0..cfg.decode_rounds {
+            if steps.out_of_time() {
+                break;
+            }
             for &t in &cfg.decode_tokens {
                 let sh = cfg.decode_shape(t);
-                steps.step(|i| calls(i, &mut inputs, &sh, cfg.layers));
+                steps.step(|i| calls(i, &mut inputs, &sh, cfg.decode_calls()));
                 tick();
             }
         }
-        // Per token: mean step time within each sweep, spread over sweeps.
+        // Per token: mean step time within each sweep (scaled from the timed layer calls to
+        // all layers), spread over sweeps.
+        let scale = cfg.layers as f64 / cfg.decode_calls() as f64;
         let per_token = |steps: &[f64]| -> Vec<f64> {
             steps
                 .chunks(cfg.decode_tokens.len().max(1))
-                .map(|c| c.iter().sum::<f64>() / c.len() as f64 * 1e9)
+                .map(|c| c.iter().sum::<f64>() / c.len() as f64 * scale * 1e9)
                 .collect()
         };
         rows.extend(steps.measurements(&dt.label("sdpa-decode"), "token", per_token));
@@ -302,11 +345,14 @@ pub fn run(
             let Some(mut inputs) = inputs_or_note(dt, &sh, 21, &mut eff_errors) else {
                 continue;
             };
-            let mut steps = Steps::new(kinds, &counters);
+            let mut steps = Steps::new(kinds, &counters).with_budget(share());
             for i in 0..kinds.len() {
                 steps.warm_up(i, || calls(i, &mut inputs, &sh, 1).map(drop));
             }
             for _ in 0..n_calls {
+                if steps.out_of_time() {
+                    break;
+                }
                 steps.step(|i| calls(i, &mut inputs, &sh, 1));
                 tick();
             }
@@ -442,13 +488,11 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
         let mut header = vec!["dtype"];
         header.extend(first);
         header.extend(["ratio (best)", "ratio (median)"]);
-        let mut t = markdown_table(&header);
-        for (mut row, ratios) in rows {
+        let rows = rows.map(|(mut row, ratios)| {
             row.extend(ratios.percent());
-            t.add_row(row);
-        }
-        align_right(&mut t, 1..header.len());
-        t
+            row
+        });
+        table(&header, rows, 1)
     };
     let mut blocks = vec![
         head,
