@@ -10,7 +10,9 @@
 //! - [`gguf::GgufFile`] maps a GGUF file (v2/v3); [`gguf::load_weights`] takes a llama
 //!   model's tensors from it (F32, F16, BF16, Q4_0, Q4_1, Q8_0), restoring HF's Q/K row order;
 //!   [`gguf_tokenizer::from_gguf`] builds its tokenizer and [`chat`] renders its chat
-//!   template. [`Weights::load`] takes a `.gguf` file or a checkpoint directory.
+//!   template (both with the feature `text`, on by default; a client that runs on token ids
+//!   can turn it off and build without `tokenizers` and `minijinja`). [`Weights::load`] takes
+//!   a `.gguf` file or a checkpoint directory.
 //! - Weight matrices are [`matrix::Matrix`]es, dense or block-quantized ([`quant`]); the
 //!   quantized linear kernels ([`quant_kernels`], inner loops in [`quant_simd`] on the
 //!   [`quant_groups`] layout) keep f32 activations.
@@ -49,11 +51,13 @@
 //! ```
 
 pub mod bandwidth;
+#[cfg(feature = "text")]
 pub mod chat;
 pub mod config;
 pub mod error;
 pub mod generate;
 pub mod gguf;
+#[cfg(feature = "text")]
 pub mod gguf_tokenizer;
 pub mod kernels;
 pub mod matrix;
@@ -67,6 +71,7 @@ pub mod safetensors;
 pub mod sample;
 pub mod scratch_profile;
 pub mod shapes;
+#[cfg(feature = "text")]
 pub mod tokenizer;
 pub mod weights;
 
