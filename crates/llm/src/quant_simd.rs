@@ -18,6 +18,29 @@ use crate::quant_groups::{group_block_bytes, scale_bytes, GROUP};
 /// The largest number of vectors a group spans (portable and NEON: 4 lanes).
 const MAX_VECS: usize = 4;
 
+/// Bytes ahead of the group-block being read that [`prefetch_ahead`] asks for: about three
+/// Q4_1 group-blocks. Measured on the real model (SmolLM2-135M Q4_1, 2 rayon threads, one
+/// run, distances interleaved, 6 rounds, medians): decode 51.6 tok/s without the hint, 60.2
+/// at 640 bytes, 63.1 at 1024, 56.3 at 2048, 44.1 at 4096.
+const PREFETCH_DISTANCE: usize = 1024;
+
+/// A hint to bring the `len` bytes [`PREFETCH_DISTANCE`] past `p` into cache, so the next
+/// group-blocks' loads do not wait on memory (the hardware prefetcher alone left decode at
+/// about half the weight-streaming bound). x86-64 only; nothing elsewhere. The address may
+/// lie past the matrix: a prefetch never faults.
+#[inline(always)]
+fn prefetch_ahead(p: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for line in (0..len).step_by(64) {
+        let a = p.wrapping_add(PREFETCH_DISTANCE + line).cast::<i8>();
+        // SAFETY: a prefetch is a hint that reads nothing architecturally and never faults,
+        // at any address.
+        unsafe { core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(a) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, len);
+}
+
 /// The dot products of one group's 16 rows (`blocks` group-blocks at `g`) with `x`.
 ///
 /// # Safety
@@ -40,6 +63,7 @@ unsafe fn group_dots<S: Simd>(
         // SAFETY: block `b < blocks` of `g`, its 32 floats of `x` and its sum (caller).
         unsafe {
             let gb = g.add(b * gbb);
+            prefetch_ahead(gb, gbb);
             let xb = x.add(b * QK);
             let q = gb.add(sb);
             // Four chains per vector (low / high nibbles or byte parity, even / odd `j`), so
