@@ -2,27 +2,28 @@
 //! allocator) and takes every temporary buffer it needs from it; the runtime
 //! ([`crate::runtime::Runtime`]) resets the allocator after every kernel call.
 //!
-//! Matrices are HF `Linear` weights, `[out, in]` row-major, in f32, bf16 or f16; bf16/f16 are
-//! widened to f32 on the fly (decode: in registers; prefill: a block of rows at a time into
-//! scratch). Work is split over output rows with rayon. The inner loops are the generic
-//! bodies of `kernels/simd.rs` over `kernel_simd`, instantiated for the portable, AVX2,
-//! AVX-512 and NEON levels; each task runs on the level [`isa`] picks (detected at run time,
-//! capped by `KERNEL_SIMD_MAX` and [`set_max_level`]).
+//! The linear layers are [`crate::matrix::Linear`]s, which pick a row kernel per weight
+//! matrix (f32, bf16, f16 rows, or quantized groups) and run it through the two shapes of
+//! this module: the decode matvec as parallel jobs over chunks of output rows
+//! (`row_jobs`), and the prefill matmul (`prefill`), which widens `NB` weight rows at a
+//! time into scratch. Work is split with rayon. The inner loops are the generic bodies of
+//! `kernels/simd.rs` and [`crate::quant_simd`] over `kernel_simd`, instantiated for the
+//! portable, AVX2, AVX-512 and NEON levels; each task runs on the level [`isa`] picks
+//! (detected at run time, capped by `KERNEL_SIMD_MAX` and [`set_max_level`]).
 
+use core::ops::Range;
 use core::sync::atomic::{AtomicU8, Ordering};
 
 use rayon::prelude::*;
 
 use crate::error::{LlmError, Result};
+use crate::matrix::Kernel;
 use crate::runtime::Scratch;
-use crate::safetensors::TensorData;
 use caching_allocator::TempAllocator;
 pub use kernel_simd::{available_levels, Level};
-pub use row_jobs::LinearJob;
-use simd::{deinterleave, pair_block, Rows};
 
 pub(crate) mod row_jobs;
-mod simd;
+pub(crate) mod simd;
 #[cfg(test)]
 pub(crate) mod test_data;
 
@@ -61,65 +62,24 @@ pub fn isa() -> Level {
     kernel_simd::best_within(kernel_simd::env_cap().min(MAX_RANK.load(Ordering::Relaxed)))
 }
 
-/// `w` as the row kernels read it.
-fn rows(w: TensorData<'_>) -> Rows<'_> {
-    match w {
-        TensorData::F32(d) => Rows::F32(d),
-        TensorData::BF16(d) => Rows::Bf16(d),
-        TensorData::F16(d) => Rows::F16(d),
-    }
+/// How a kernel's result meets its output buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// `out = result`.
+    Overwrite,
+    /// `out += result` (a residual add fused into the kernel).
+    AddTo,
 }
 
-/// `out[i, r] (+)= sum_j x[i, j] * w[r, j] + bias[r]` for `i < m`, `r < n`, `j < k`: a
-/// `Linear` layer over `m` rows. `out` holds `m * n` floats (row stride `n`); with
-/// `accumulate` the result is added to `out` (a fused residual add).
-///
-/// Decode (`m == 1`) reads every weight once, widened in registers. Prefill widens `NB` rows
-/// at a time into a scratch block per task and multiplies every input row against them.
-#[allow(clippy::too_many_arguments)]
-pub fn linear<A: TempAllocator + ?Sized>(
-    s: &Scratch<'_, A>,
-    x: &[f32],
-    m: usize,
-    w: TensorData<'_>,
-    n: usize,
-    k: usize,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-    accumulate: bool,
-) -> Result<()> {
-    let wlen = match w {
-        TensorData::F32(d) => d.len(),
-        TensorData::BF16(d) | TensorData::F16(d) => d.len(),
-    };
-    if wlen != n * k {
-        return Err(LlmError::InvalidArgument {
-            message: format!("linear: weights of {wlen} elements, want {n}x{k}"),
-        });
+impl Output {
+    /// `v` written over, or added to, `out`.
+    #[inline(always)]
+    pub fn apply(self, out: f32, v: f32) -> f32 {
+        match self {
+            Output::Overwrite => v,
+            Output::AddTo => out + v,
+        }
     }
-    check_buffers("linear", [m, n, k], x, out, bias)?;
-    if m == 0 || n == 0 {
-        return Ok(());
-    }
-    if m == 1 {
-        // Decode: chunks of output rows in parallel, one row at a time per task.
-        let x = &x[..k];
-        let bf16 = matches!(w, TensorData::BF16(_));
-        let isa = decode_level(bf16);
-        let xd = deinterleave_into(s, isa, bf16, x)?;
-        let job = LinearJob {
-            w,
-            n,
-            bias,
-            out,
-            accumulate,
-        };
-        row_jobs::run([job], decode_chunk, |w, r0, o, add| {
-            simd::matvec::run(isa, rows(*w), r0, x, xd, o, add)
-        });
-        return Ok(());
-    }
-    prefill(s, x, m, &w, n, k, bias, out, accumulate)
 }
 
 /// Checks the buffers of a linear layer of `[m, n, k]` (rows of `x`, outputs, inputs): `x`
@@ -145,74 +105,43 @@ pub(crate) fn check_buffers(
     Ok(())
 }
 
-/// Weight rows as the prefill matmul reads them: f32, a block of rows at a time.
-pub(crate) trait PrefillRows: Sync {
-    /// Whether [`PrefillRows::rows`] widens into its buffer (so [`prefill`] takes a scratch
-    /// block per task) rather than borrowing f32 weights.
-    fn widens(&self) -> bool;
-    /// Rows `r .. r + nb` (`k` floats each) as f32: borrowed from the weights, or widened
-    /// into `buf` (`nb * k` floats when [`PrefillRows::widens`]).
-    fn rows<'b>(
-        &'b self,
-        isa: Level,
-        r: usize,
-        nb: usize,
-        k: usize,
-        buf: &'b mut [f32],
-    ) -> &'b [f32];
+/// A prefill matmul `out[i, r] (+)= x[i] . w[r] + bias[r]` for `i < m`, `r < n`: `x` is
+/// `[m, k]`, `out` `[m, n]` (shapes checked by the caller).
+#[derive(Clone, Copy)]
+pub(crate) struct Gemm<'a> {
+    /// The input rows.
+    pub x: &'a [f32],
+    /// Rows of `x` (positions).
+    pub m: usize,
+    /// Rows of the weights (outputs).
+    pub n: usize,
+    /// Columns of the weights (inputs).
+    pub k: usize,
+    /// Optional bias of `n`.
+    pub bias: Option<&'a [f32]>,
+    /// Overwrite `out` or add to it.
+    pub output: Output,
 }
 
-impl PrefillRows for TensorData<'_> {
-    fn widens(&self) -> bool {
-        !matches!(self, TensorData::F32(_))
-    }
-
-    fn rows<'b>(
-        &'b self,
-        isa: Level,
-        r: usize,
-        nb: usize,
-        k: usize,
-        buf: &'b mut [f32],
-    ) -> &'b [f32] {
-        let span = r * k..(r + nb) * k;
-        match *self {
-            TensorData::F32(d) => &d[span],
-            TensorData::BF16(d) | TensorData::F16(d) => {
-                let bf16 = matches!(self, TensorData::BF16(_));
-                simd::widen::run(isa, &d[span], bf16, &mut buf[..nb * k]);
-                &buf[..nb * k]
-            }
-        }
-    }
-}
-
-/// The prefill matmul `out[i, r] (+)= x[i] . w[r] + bias[r]` (`m` rows of `x`, `n` of `w`,
-/// shapes checked by the caller): `tasks` contiguous ranges of output rows (columns of
-/// `out`), each widening [`NB`] weight rows at a time into its own scratch block and
-/// multiplying every input row against them.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn prefill<A: TempAllocator + ?Sized, R: PrefillRows>(
+/// The prefill matmul `g` on weights `w`: `tasks` contiguous ranges of output rows (columns
+/// of `out`), each widening [`NB`] weight rows at a time into its own scratch block (or
+/// borrowing f32 rows) and multiplying every input row against them.
+pub(crate) fn prefill<A: TempAllocator + ?Sized>(
     s: &Scratch<'_, A>,
-    x: &[f32],
-    m: usize,
-    w: &R,
-    n: usize,
-    k: usize,
-    bias: Option<&[f32]>,
+    w: Kernel<'_>,
+    g: Gemm<'_>,
     out: &mut [f32],
-    accumulate: bool,
 ) -> Result<()> {
     let isa = isa();
     let threads = rayon::current_num_threads().max(1);
-    let blocks = n.div_ceil(NB);
+    let blocks = g.n.div_ceil(NB);
     let tasks = (threads * 4).min(blocks).max(1);
     // Whole blocks of NB rows per task, as evenly as they divide (counts differ by at most
     // one): every widening but the matrix's last is a full block, which for quantized
     // weights is a whole group of their layout (`quant_groups::GROUP` = NB).
-    let task_rows = |t: usize| (t * blocks / tasks * NB).min(n);
+    let task_rows = |t: usize| (t * blocks / tasks * NB).min(g.n);
     // Borrowed f32 weights need no block: a 1-float placeholder per task.
-    let block = if w.widens() { NB * k } else { 1 };
+    let block = if w.widens() { NB * g.k } else { 1 };
     let scratch = s.f32s(tasks * block)?;
     let outp = SharedOut(out.as_mut_ptr());
     scratch
@@ -224,140 +153,25 @@ pub(crate) fn prefill<A: TempAllocator + ?Sized, R: PrefillRows>(
             let mut rb = r_begin;
             while rb < r_end {
                 let nb = NB.min(r_end - rb);
-                let rows = w.rows(isa, rb, nb, k, wbuf);
+                let rows = w.f32_rows(isa, rb..rb + nb, g.k, wbuf);
                 // SAFETY: this task writes only columns rb..rb + nb of rows 0..m of `out`
                 // (which holds m * n floats, the caller's check); the column ranges of tasks
                 // are disjoint, and `out` outlives the parallel loop.
-                unsafe { gemm_block(isa, x, m, k, rows, nb, outp, n, rb, bias, accumulate) };
+                unsafe { gemm_block(isa, &g, rows, rb..rb + nb, outp) };
                 rb += nb;
             }
         });
     Ok(())
 }
 
-/// Rows of one parallel task of the decode matvec over `n` rows.
-fn decode_chunk(n: usize) -> usize {
-    let threads = rayon::current_num_threads().max(1);
-    (n / (threads * 8)).clamp(4, 256).next_multiple_of(4)
-}
-
-/// The level of a decode matvec: [`isa`], but at most AVX2 when weights are bf16. Those
-/// rows are memory-bound, and the AVX-512 instantiation decoded slower than the AVX2 one on
-/// this project's AVX-512 machines (measured interleaved in one run: 0.5-0.9x on 2 threads,
-/// 0.88-0.99x on 1), so AVX-512 buys nothing there.
-fn decode_level(bf16: bool) -> Level {
-    match isa() {
-        Level::Avx512 if bf16 => Level::Avx2,
-        level => level,
-    }
-}
-
-/// `x` de-interleaved into pair blocks ([`simd::deinterleave`]) in scratch, for the bf16
-/// row kernels; empty (and no scratch taken) when no weights are bf16.
-fn deinterleave_into<'t, A: TempAllocator + ?Sized>(
-    s: &Scratch<'t, A>,
-    isa: Level,
-    bf16: bool,
-    x: &[f32],
-) -> Result<&'t [f32]> {
-    if !bf16 {
-        return Ok(&[]);
-    }
-    let b = pair_block(isa);
-    let xd = s.f32s(x.len() / b * b)?;
-    deinterleave(isa, x, xd);
-    Ok(xd)
-}
-
-/// Several decode matvecs over the same `x` (`k` floats) in **one** parallel section (q, k
-/// and v of a layer): fewer fork/join points per token, and `x` prepared once.
-pub fn linear_many<A: TempAllocator + ?Sized, const J: usize>(
-    s: &Scratch<'_, A>,
-    x: &[f32],
-    k: usize,
-    jobs: [LinearJob<'_, TensorData<'_>>; J],
-) -> Result<()> {
-    let x = x.get(..k).ok_or_else(|| LlmError::InvalidArgument {
-        message: format!("linear_many: x has {} floats, want {k}", x.len()),
-    })?;
-    let mut bf16 = false;
-    for j in &jobs {
-        let wlen = match j.w {
-            TensorData::F32(d) => d.len(),
-            TensorData::BF16(d) | TensorData::F16(d) => d.len(),
-        };
-        bf16 |= matches!(j.w, TensorData::BF16(_));
-        if wlen != j.n * k || j.out.len() < j.n || j.bias.is_some_and(|b| b.len() != j.n) {
-            return Err(LlmError::InvalidArgument {
-                message: format!(
-                    "linear_many: weights {wlen} (want {}x{k}), out {}",
-                    j.n,
-                    j.out.len()
-                ),
-            });
-        }
-    }
-    let isa = decode_level(bf16);
-    let xd = deinterleave_into(s, isa, bf16, x)?;
-    row_jobs::run(jobs, decode_chunk, |w, r0, o, add| {
-        simd::matvec::run(isa, rows(*w), r0, x, xd, o, add)
-    });
-    Ok(())
-}
-
-/// The decode MLP's first half in one parallel section: `out[r] = silu(gate[r] . x) *
-/// (up[r] . x)` for `r < n` (`gate`, `up`: `[n, k]`).
-pub fn linear_swiglu<A: TempAllocator + ?Sized>(
-    s: &Scratch<'_, A>,
-    x: &[f32],
-    k: usize,
-    gate: TensorData<'_>,
-    up: TensorData<'_>,
-    n: usize,
-    out: &mut [f32],
-) -> Result<()> {
-    let len = |w: TensorData<'_>| match w {
-        TensorData::F32(d) => d.len(),
-        TensorData::BF16(d) | TensorData::F16(d) => d.len(),
-    };
-    if len(gate) != n * k || len(up) != n * k || x.len() < k || out.len() < n {
-        return Err(LlmError::InvalidArgument {
-            message: "linear_swiglu: length mismatch".into(),
-        });
-    }
-    let x = &x[..k];
-    let bf16 = matches!(gate, TensorData::BF16(_)) || matches!(up, TensorData::BF16(_));
-    let isa = decode_level(bf16);
-    let xd = deinterleave_into(s, isa, bf16, x)?;
-    let chunk = decode_chunk(n);
-    out[..n]
-        .par_chunks_mut(chunk)
-        .enumerate()
-        .for_each(|(ci, o)| {
-            simd::swiglu_rows::run(isa, rows(gate), rows(up), ci * chunk, x, xd, o);
-        });
-    Ok(())
-}
-
-/// Columns `c0 .. c0 + nb` of `out` (`[m, ldo]`) from `x` (`[m, k]`) and `rows` (`[nb, k]`).
+/// Columns `cols` of `out` (`[g.m, g.n]`) from `g.x` and `rows` (`[cols.len(), g.k]`, the
+/// weight rows `cols`).
 ///
 /// # Safety
-/// `out` points to `m * ldo` floats with `c0 + nb <= ldo`; no other thread accesses those
+/// `out` points to `g.m * g.n` floats with `cols.end <= g.n`; no other thread accesses those
 /// columns during the call.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_block(
-    isa: Level,
-    x: &[f32],
-    m: usize,
-    k: usize,
-    rows: &[f32],
-    nb: usize,
-    out: SharedOut,
-    ldo: usize,
-    c0: usize,
-    bias: Option<&[f32]>,
-    accumulate: bool,
-) {
+unsafe fn gemm_block(isa: Level, g: &Gemm<'_>, rows: &[f32], cols: Range<usize>, out: SharedOut) {
+    let (m, k, nb) = (g.m, g.k, cols.len());
     let mut j = 0;
     while j < nb {
         let nr = (nb - j).min(4);
@@ -370,7 +184,7 @@ unsafe fn gemm_block(
             unsafe {
                 simd::micro::run(
                     isa,
-                    x[i * k..].as_ptr(),
+                    g.x[i * k..].as_ptr(),
                     mr,
                     rows[j * k..].as_ptr(),
                     nr,
@@ -380,13 +194,13 @@ unsafe fn gemm_block(
             };
             for (a, ra) in res.iter().enumerate().take(mr) {
                 for (b, &v) in ra.iter().enumerate().take(nr) {
-                    let c = c0 + j + b;
-                    let v = v + bias.map_or(0.0, |bs| bs[c]);
-                    // SAFETY: (i + a) < m and c < c0 + nb <= ldo: inside `out`, in this
+                    let c = cols.start + j + b;
+                    let v = v + g.bias.map_or(0.0, |bs| bs[c]);
+                    // SAFETY: (i + a) < m and c < cols.end <= n: inside `out`, in this
                     // task's columns (the caller's contract).
                     unsafe {
-                        let p = out.0.add((i + a) * ldo + c);
-                        *p = if accumulate { *p + v } else { v };
+                        let p = out.0.add((i + a) * g.n + c);
+                        *p = g.output.apply(*p, v);
                     }
                 }
             }
@@ -429,45 +243,46 @@ pub fn rmsnorm<A: TempAllocator + ?Sized>(
     Ok(())
 }
 
-/// Rotary embedding, HF rotate-half convention, in place on `m` positions
-/// `start_pos..start_pos + m` of `q` (`[m, heads, head_dim]`) and `k` (`[m, kv_heads,
-/// head_dim]`): for `i < head_dim / 2`, with `a = pos * inv_freq[i]`,
-/// `x'[i] = x[i] cos a - x[i + half] sin a`, `x'[i + half] = x[i + half] cos a + x[i] sin a`.
-/// The cos/sin table (`m * head_dim / 2` of each) goes to scratch, computed in f64.
-#[allow(clippy::too_many_arguments)]
+/// `heads` heads of `head_dim` per position, positions one after another: the q or k rows
+/// [`rope`] rotates in place.
+pub struct Heads<'a> {
+    /// `[positions, heads, head_dim]`.
+    pub data: &'a mut [f32],
+    /// Heads per position.
+    pub heads: usize,
+}
+
+/// Rotary embedding, HF rotate-half convention, in place on `positions` of `q` and `k`
+/// (heads of `head_dim = 2 * inv_freq.len()`): for `i < head_dim / 2`, with
+/// `a = pos * inv_freq[i]`, `x'[i] = x[i] cos a - x[i + half] sin a` and
+/// `x'[i + half] = x[i + half] cos a + x[i] sin a`. The cos/sin table
+/// (`positions.len() * head_dim / 2` of each) goes to scratch, computed in f64.
 pub fn rope<A: TempAllocator + ?Sized>(
     s: &Scratch<'_, A>,
-    q: &mut [f32],
-    heads: usize,
-    k: &mut [f32],
-    kv_heads: usize,
-    head_dim: usize,
-    m: usize,
-    start_pos: usize,
     inv_freq: &[f64],
+    positions: Range<usize>,
+    q: Heads<'_>,
+    k: Heads<'_>,
 ) -> Result<()> {
-    let half = head_dim / 2;
-    if inv_freq.len() != half || q.len() < m * heads * head_dim || k.len() < m * kv_heads * head_dim
-    {
+    let (half, m) = (inv_freq.len(), positions.len());
+    let head_dim = 2 * half;
+    if q.data.len() < m * q.heads * head_dim || k.data.len() < m * k.heads * head_dim {
         return Err(LlmError::InvalidArgument {
             message: "rope: length mismatch".into(),
         });
     }
     let cos = s.f32s(m * half)?;
     let sin = s.f32s(m * half)?;
-    for p in 0..m {
-        let pos = (start_pos + p) as f64;
+    for (p, pos) in positions.enumerate() {
         for i in 0..half {
-            let a = pos * inv_freq[i];
+            let a = pos as f64 * inv_freq[i];
             cos[p * half + i] = a.cos() as f32;
             sin[p * half + i] = a.sin() as f32;
         }
     }
-    let rot = |v: &mut [f32], nh: usize| {
-        for (p, row) in v[..m * nh * head_dim]
-            .chunks_exact_mut(nh * head_dim)
-            .enumerate()
-        {
+    for v in [q, k] {
+        let row_len = v.heads * head_dim;
+        for (p, row) in v.data[..m * row_len].chunks_exact_mut(row_len).enumerate() {
             let (c, sn) = (&cos[p * half..][..half], &sin[p * half..][..half]);
             for h in row.chunks_exact_mut(head_dim) {
                 let (lo, hi) = h.split_at_mut(half);
@@ -478,9 +293,7 @@ pub fn rope<A: TempAllocator + ?Sized>(
                 }
             }
         }
-    };
-    rot(q, heads);
-    rot(k, kv_heads);
+    }
     Ok(())
 }
 
@@ -498,31 +311,25 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// Embedding lookup: row `tokens[i]` of `table` (`[vocab, dim]`) widened into `out[i]`.
-pub fn embed(table: TensorData<'_>, dim: usize, tokens: &[u32], out: &mut [f32]) -> Result<()> {
-    let rows = match table {
-        TensorData::F32(d) => d.len(),
-        TensorData::BF16(d) | TensorData::F16(d) => d.len(),
-    } / dim.max(1);
-    if out.len() < tokens.len() * dim {
-        return Err(LlmError::InvalidArgument {
-            message: "embed: output too short".into(),
-        });
+/// Checks a level's row kernels against `want`, the f64 dot products of the rows they cover:
+/// `matvec` adds the dots to outputs of 1, `swiglu` (gate and up both those rows) gives
+/// `silu(d) * d`. `what` names the case in a failure.
+#[cfg(test)]
+pub(crate) fn check_row_kernels(
+    want: &[f64],
+    what: &str,
+    matvec: impl FnOnce(&mut [f32]),
+    swiglu: impl FnOnce(&mut [f32]),
+) {
+    let mut o = vec![1.0f32; want.len()];
+    matvec(&mut o);
+    for (r, (&got, &d)) in o.iter().zip(want).enumerate() {
+        test_data::close(got, 1.0 + d, &format!("{what} matvec row {r}"));
     }
-    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= rows) {
-        return Err(LlmError::BadToken {
-            token: t,
-            vocab: rows,
-        });
+    o.fill(f32::NAN);
+    swiglu(&mut o);
+    for (r, (&got, &d)) in o.iter().zip(want).enumerate() {
+        let silu = d / (1.0 + (-d).exp());
+        test_data::close(got, silu * d, &format!("{what} swiglu row {r}"));
     }
-    for (i, &t) in tokens.iter().enumerate() {
-        let t = t as usize;
-        let o = &mut out[i * dim..][..dim];
-        match table {
-            TensorData::F32(d) => o.copy_from_slice(&d[t * dim..][..dim]),
-            TensorData::BF16(d) => simd::widen::run(isa(), &d[t * dim..][..dim], true, o),
-            TensorData::F16(d) => simd::widen::run(isa(), &d[t * dim..][..dim], false, o),
-        }
-    }
-    Ok(())
 }

@@ -13,9 +13,9 @@
 //!   template (both with the feature `text`, on by default; a client that runs on token ids
 //!   can turn it off and build without `tokenizers` and `minijinja`). [`Weights::load`] takes
 //!   a `.gguf` file or a checkpoint directory.
-//! - Weight matrices are [`matrix::Matrix`]es, dense or block-quantized ([`quant`]); the
-//!   quantized linear kernels ([`quant_kernels`], inner loops in [`quant_simd`] on the
-//!   [`quant_groups`] layout) keep f32 activations.
+//! - Weight matrices are [`matrix::Matrix`]es, dense or block-quantized ([`quant`]), run as
+//!   [`matrix::Linear`] layers whose row kernel each matrix picks (quantized inner loops in
+//!   [`quant_simd`] on the [`quant_groups`] layout); activations stay f32.
 //! - [`Llama`] is the module: `Llama::new(weights, temp, &options)` ([`Module`], the one
 //!   constructor shape of every model type) owns the temp allocator, the KV cache and the
 //!   activation buffers. Each forward pass is a sequence of kernel calls (embed, RMSNorm,
@@ -64,7 +64,6 @@ pub mod matrix;
 pub mod model;
 pub mod quant;
 pub mod quant_groups;
-pub mod quant_kernels;
 pub mod quant_simd;
 pub mod runtime;
 pub mod safetensors;

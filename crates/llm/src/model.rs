@@ -6,12 +6,12 @@ use std::sync::Arc;
 use caching_allocator::{CachingAllocator, Config, TempReset, DEFAULT_WORKING_SET_SLACK};
 
 use crate::error::{LlmError, Result};
-use crate::matrix;
+use crate::matrix::{Linear, Output};
 use crate::runtime::{Runtime, TempUsage};
 use crate::sample::Sampler;
 use crate::weights::Weights;
 use crate::LlamaConfig;
-use blocks::{Attention, AttentionBuffers, Cache, Linear, Mlp, MlpBuffers, Output, RmsNorm, Step};
+use blocks::{Attention, AttentionBuffers, Cache, Mlp, MlpBuffers, RmsNorm, Step};
 
 mod blocks;
 
@@ -235,11 +235,10 @@ impl<A: TempReset> Llama<A> {
         self.rt.set_phase(if m == 1 { "decode" } else { "prefill" });
         let b = &mut self.bufs;
         let rt = &mut self.rt;
-        rt.run("embed", |_| {
-            matrix::embed(&w.embed, h, tokens, &mut b.x[..m * h])
-        })?;
+        rt.run("embed", |_| w.embed.embed(tokens, &mut b.x[..m * h]))?;
         for (li, lw) in w.layers.iter().enumerate() {
-            RmsNorm::new(&lw.input_norm, c.rms_norm_eps).forward(rt, &b.x, m, &mut b.xn)?;
+            let norm = |weight| RmsNorm::new(weight, c.rms_norm_eps);
+            let io = norm(&lw.input_norm).pre_norm(rt, &mut b.x, m, &mut b.xn)?;
             let cache = Cache {
                 k: &mut self.k_cache[li],
                 v: &mut self.v_cache[li],
@@ -247,20 +246,16 @@ impl<A: TempReset> Llama<A> {
                 inv_freq: &self.inv_freq,
             };
             let bufs = AttentionBuffers {
-                xn: &b.xn,
                 q: &mut b.q,
                 attn: &mut b.attn,
-                residual: &mut b.x,
             };
-            Attention::new(c, lw).forward(rt, step, bufs, cache)?;
-            RmsNorm::new(&lw.post_norm, c.rms_norm_eps).forward(rt, &b.x, m, &mut b.xn)?;
+            Attention::new(c, lw).forward(rt, step, io, bufs, cache)?;
+            let io = norm(&lw.post_norm).pre_norm(rt, &mut b.x, m, &mut b.xn)?;
             let bufs = MlpBuffers {
-                xn: &b.xn,
                 gate: &mut b.gate,
                 up: &mut b.up,
-                residual: &mut b.x,
             };
-            Mlp::new(c, lw).forward(rt, step, bufs)?;
+            Mlp::new(lw).forward(rt, step, io, bufs)?;
         }
         // Final norm and head over the rows whose logits are wanted.
         let first = m - logit_rows;
@@ -270,7 +265,7 @@ impl<A: TempReset> Llama<A> {
             logit_rows,
             &mut b.xn,
         )?;
-        let head = Linear::new(&w.head, None, vocab, h);
+        let head = Linear::new(&w.head, None);
         rt.run("logits", |s| {
             head.forward(s, &b.xn, logit_rows, &mut b.logits, Output::Overwrite)
         })?;

@@ -1,4 +1,4 @@
-//! The SIMD inner loops of the quantized decode kernels ([`crate::quant_kernels`]): 16 rows
+//! The SIMD inner loops of the quantized decode kernels ([`crate::matrix::Linear`]): 16 rows
 //! at a time in the group layout ([`crate::quant_groups`]), dequantized in registers and
 //! multiplied (FMA) against f32 `x`. One body over `kernel_simd::Simd`, instantiated for the
 //! portable, AVX2, AVX-512 and NEON levels by `kernel_simd::instantiate!`.
@@ -11,11 +11,35 @@
 
 use kernel_simd::{load_nibbles, Simd};
 
-use crate::quant::{f16_at, QType, QK};
+use crate::kernels::Output;
+use crate::quant::{f16_at, QTensor, QType, QK};
 use crate::quant_groups::{group_block_bytes, scale_bytes, GROUP};
 
 /// The largest number of vectors a group spans (portable and NEON: 4 lanes).
 const MAX_VECS: usize = 4;
+
+/// Bytes ahead of the group-block being read that [`prefetch_ahead`] asks for: about three
+/// Q4_1 group-blocks. Measured on the real model (SmolLM2-135M Q4_1, 2 rayon threads, one
+/// run, distances interleaved, 6 rounds, medians): decode 51.6 tok/s without the hint, 60.2
+/// at 640 bytes, 63.1 at 1024, 56.3 at 2048, 44.1 at 4096.
+const PREFETCH_DISTANCE: usize = 1024;
+
+/// A hint to bring the `len` bytes [`PREFETCH_DISTANCE`] past `p` into cache, so the next
+/// group-blocks' loads do not wait on memory (the hardware prefetcher alone left decode at
+/// about half the weight-streaming bound). x86-64 only; nothing elsewhere. The address may
+/// lie past the matrix: a prefetch never faults.
+#[inline(always)]
+fn prefetch_ahead(p: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for line in (0..len).step_by(64) {
+        let a = p.wrapping_add(PREFETCH_DISTANCE + line).cast::<i8>();
+        // SAFETY: a prefetch is a hint that reads nothing architecturally and never faults,
+        // at any address.
+        unsafe { core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(a) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, len);
+}
 
 /// The dot products of one group's 16 rows (`blocks` group-blocks at `g`) with `x`.
 ///
@@ -39,6 +63,7 @@ unsafe fn group_dots<S: Simd>(
         // SAFETY: block `b < blocks` of `g`, its 32 floats of `x` and its sum (caller).
         unsafe {
             let gb = g.add(b * gbb);
+            prefetch_ahead(gb, gbb);
             let xb = x.add(b * QK);
             let q = gb.add(sb);
             // Four chains per vector (low / high nibbles or byte parity, even / odd `j`), so
@@ -105,7 +130,17 @@ pub struct Groups<'a> {
     pub blocks: usize,
 }
 
-impl Groups<'_> {
+impl<'a> Groups<'a> {
+    /// The groups of rows `r0 .. r0 + rows` of `w` (`r0` a multiple of [`GROUP`]).
+    pub fn of(w: &'a QTensor, r0: usize, rows: usize) -> Self {
+        let g = w.groups();
+        Groups {
+            qtype: w.qtype(),
+            bytes: g.groups(r0 / GROUP, rows.div_ceil(GROUP)),
+            blocks: g.blocks(),
+        }
+    }
+
     /// Whether the groups cover `rows` rows and `x` their blocks.
     fn fit(&self, rows: usize, x: &Activation<'_>) -> bool {
         self.bytes.len() >= rows.div_ceil(GROUP) * self.blocks * group_block_bytes(self.qtype)
@@ -144,14 +179,14 @@ pub struct Activation<'a> {
 /// `o[i] (+)= row i . x` for the rows of `w` (the last group may be partly used). Writes
 /// NaN if the lengths do not fit (the kernels check the shapes, so this does not happen).
 #[inline(always)]
-fn matvec_body<S: Simd>(s: S, w: Groups<'_>, x: Activation<'_>, o: &mut [f32], accumulate: bool) {
+fn matvec_body<S: Simd>(s: S, w: Groups<'_>, x: Activation<'_>, o: &mut [f32], output: Output) {
     if !w.fit(o.len(), &x) {
         o.fill(f32::NAN);
         return;
     }
     for (g, og) in o.chunks_mut(GROUP).enumerate() {
         for (oi, v) in og.iter_mut().zip(w.dots(s, g, &x)) {
-            *oi = if accumulate { *oi + v } else { v };
+            *oi = output.apply(*oi, v);
         }
     }
 }
@@ -228,7 +263,72 @@ kernel_simd::instantiate! {
     /// Whole file blocks dequantized into rows of a stride (prefill's widening).
     pub fn widen_blocks(t: QType, blocks: &[u8], out: &mut [f32], stride: usize) = widen_blocks_body;
     /// The decode matvec over a run of groups.
-    pub fn matvec(w: Groups<'_>, x: Activation<'_>, o: &mut [f32], accumulate: bool) = matvec_body;
+    pub fn matvec(w: Groups<'_>, x: Activation<'_>, o: &mut [f32], output: Output) = matvec_body;
     /// The decode MLP's gate/up matvecs and SwiGLU over a run of groups.
     pub fn swiglu(gate: Groups<'_>, up: Groups<'_>, x: Activation<'_>, o: &mut [f32]) = swiglu_body;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::check_row_kernels;
+    use crate::kernels::test_data::data;
+    use crate::quant::quantize_row;
+    use kernel_simd::available_levels;
+
+    /// Every level's group matvec and SwiGLU, in every format, against f64 dot products of
+    /// the exactly dequantized rows, for row counts around a group (padding rows) and
+    /// several block counts.
+    #[test]
+    fn group_kernels_match_f64_on_every_level() {
+        for t in [QType::Q4_0, QType::Q4_1, QType::Q8_0] {
+            for (rows, blocks) in [(1, 1), (5, 2), (16, 1), (21, 3), (33, 4)] {
+                let k = blocks * QK;
+                let wf = data(rows * k, (rows * 31 + blocks) as u32);
+                let bytes: Vec<u8> = wf
+                    .chunks_exact(k)
+                    .flat_map(|r| quantize_row(t, r))
+                    .collect();
+                let w = QTensor::from_bytes(t, rows, k, &bytes).unwrap();
+                let exact = w.to_f32();
+                let x = data(k, 99 + blocks as u32);
+                let xsum: Vec<f32> = x.chunks_exact(QK).map(|b| b.iter().sum()).collect();
+                let want: Vec<f64> = exact
+                    .chunks_exact(k)
+                    .map(|r| {
+                        r.iter()
+                            .zip(&x)
+                            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                            .sum()
+                    })
+                    .collect();
+                let (wg, xa) = (Groups::of(&w, 0, rows), Activation { x: &x, sums: &xsum });
+                for level in available_levels() {
+                    check_row_kernels(
+                        &want,
+                        &format!("{level} {t:?} rows {rows} blocks {blocks}"),
+                        |o| matvec::run(level, wg, xa, o, Output::AddTo),
+                        |o| swiglu::run(level, wg, wg, xa, o),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Lengths that do not fit give NaN, not a read out of bounds.
+    #[test]
+    fn group_matvec_refuses_short_inputs() {
+        let bytes = quantize_row(QType::Q4_1, &data(64, 1));
+        let w = QTensor::from_bytes(QType::Q4_1, 1, 64, &bytes).unwrap();
+        let x = data(32, 2); // one block of the two
+        let mut o = [0f32; 1];
+        for level in available_levels() {
+            let xa = Activation {
+                x: &x,
+                sums: &[0.0; 2],
+            };
+            matvec::run(level, Groups::of(&w, 0, 1), xa, &mut o, Output::Overwrite);
+            assert!(o[0].is_nan(), "{level}");
+        }
+    }
 }

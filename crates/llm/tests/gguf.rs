@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::gguf::{self as g, Writer};
 use common::{prompt, rel_err, Reference, Spec, TempDir};
 use llm::gguf::{GgufFile, Value};
-use llm::matrix::Matrix;
+use llm::matrix::{Linear, Matrix, Output};
 use llm::quant::{QTensor, QType};
 use llm::runtime::Runtime;
 use llm::{caching_temp, Llama, ModelOptions, Module, Weights};
@@ -89,7 +89,7 @@ fn quantized_linear_matches_f64() {
             let mut out = init.clone();
             let mut rt = Runtime::new(caching_temp(1 << 20));
             rt.run("linear", |s| {
-                llm::matrix::linear(s, &x, m, &mat, n, k, Some(&bias), &mut out, true)
+                Linear::new(&mat, Some(&bias)).forward(s, &x, m, &mut out, Output::AddTo)
             })
             .unwrap();
             for i in 0..m {

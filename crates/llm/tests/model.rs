@@ -138,7 +138,15 @@ fn rope_is_rotate_half_hand_checked() {
     let mut q = vec![1.0f32, 2.0, 3.0, 4.0];
     let mut k = vec![1.0f32, 2.0, 3.0, 4.0];
     rt.run("rope", |s| {
-        llm::kernels::rope(s, &mut q, 1, &mut k, 1, 4, 1, 1, &inv)
+        let q = llm::kernels::Heads {
+            data: &mut q,
+            heads: 1,
+        };
+        let k = llm::kernels::Heads {
+            data: &mut k,
+            heads: 1,
+        };
+        llm::kernels::rope(s, &inv, 1..2, q, k)
     })
     .unwrap();
     let (c0, s0, c1, s1) = (1f64.cos(), 1f64.sin(), 0.01f64.cos(), 0.01f64.sin());

@@ -4,6 +4,8 @@
 
 use kernel_simd::{bf16_to_f32, f16_to_f32, Level, Simd};
 
+use super::Output;
+
 /// One weight matrix's rows (`[n, k]` row-major) as a row kernel reads them.
 #[derive(Clone, Copy)]
 pub(crate) enum Rows<'a> {
@@ -35,6 +37,31 @@ pub(crate) fn deinterleave(level: Level, x: &[f32], xd: &mut [f32]) {
     }
 }
 
+/// The loop both row dots share, four accumulators of `S::LANES`: `four(i, acc)` for `i` in
+/// steps of `4 * S::LANES` while they fit below `end`, then `one(i, acc)` in steps of `tail`
+/// while they fit. Returns the sum of the accumulators and the `i` where the steps stopped.
+#[inline(always)]
+fn four_accumulators<S: Simd>(
+    s: S,
+    end: usize,
+    tail: usize,
+    mut four: impl FnMut(usize, &mut [S::F32; 4]),
+    mut one: impl FnMut(usize, &mut [S::F32; 4]),
+) -> (f32, usize) {
+    let mut acc = [s.zero(); 4];
+    let mut i = 0;
+    while i + 4 * S::LANES <= end {
+        four(i, &mut acc);
+        i += 4 * S::LANES;
+    }
+    while i + tail <= end {
+        one(i, &mut acc);
+        i += tail;
+    }
+    let sum = s.reduce_sum(s.add(s.add(acc[0], acc[1]), s.add(acc[2], acc[3])));
+    (sum, i)
+}
+
 /// `sum_j w[j] x[j]` over `k = x.len()` elements of a row widened by `load` (the lanes) and
 /// `conv` (the tail): four accumulators of `S::LANES`, then single vectors.
 ///
@@ -48,25 +75,21 @@ unsafe fn dot_lanes<S: Simd, E: Copy>(
     load: impl Fn(S, *const E) -> S::F32,
     conv: impl Fn(E) -> f32,
 ) -> f32 {
-    let (k, l) = (x.len(), S::LANES);
-    let mut acc = [s.zero(); 4];
-    let mut i = 0;
-    while i + 4 * l <= k {
-        for (u, au) in acc.iter_mut().enumerate() {
-            // SAFETY: `i + (u + 1) * LANES <= k`: inside `x` and the row (caller).
-            unsafe {
-                let wv = load(s, w.add(i + u * l));
-                *au = s.fma(wv, s.load(x.as_ptr().add(i + u * l)), *au);
+    let (k, l, xp) = (x.len(), S::LANES, x.as_ptr());
+    // SAFETY: every step of the loops ends at `i + LANES <= k`: inside `x` and the row
+    // (caller).
+    let fma_at = |i: usize, a: S::F32| unsafe { s.fma(load(s, w.add(i)), s.load(xp.add(i)), a) };
+    let (mut sum, i) = four_accumulators(
+        s,
+        k,
+        l,
+        |i, acc| {
+            for (u, au) in acc.iter_mut().enumerate() {
+                *au = fma_at(i + u * l, *au);
             }
-        }
-        i += 4 * l;
-    }
-    while i + l <= k {
-        // SAFETY: `i + LANES <= k`, as above.
-        unsafe { acc[0] = s.fma(load(s, w.add(i)), s.load(x.as_ptr().add(i)), acc[0]) };
-        i += l;
-    }
-    let mut sum = s.reduce_sum(s.add(s.add(acc[0], acc[1]), s.add(acc[2], acc[3])));
+        },
+        |i, acc| acc[0] = fma_at(i, acc[0]),
+    );
     for (j, xj) in x.iter().enumerate().skip(i) {
         // SAFETY: `j < k`: inside the row (caller).
         sum += conv(unsafe { *w.add(j) }) * xj;
@@ -75,8 +98,8 @@ unsafe fn dot_lanes<S: Simd, E: Copy>(
 }
 
 /// A bf16 row dotted with `x`, whose pair blocks are also given in `xd` ([`deinterleave`]
-/// at this level): `2 * S::LANES` weights per vector load, four
-/// accumulators over two pair blocks a step.
+/// at this level): `2 * S::LANES` weights per vector load, four accumulators over two pair
+/// blocks a step.
 ///
 /// # Safety
 /// `w` is readable for `x.len()` elements; `xd` holds `x.len() / b * b` floats
@@ -88,40 +111,30 @@ unsafe fn dot_bf16_pairs<S: Simd>(s: S, w: *const u16, x: &[f32], xd: &[f32]) ->
     let kb = k / b * b;
     debug_assert!(xd.len() >= kb);
     let mask = s.splat_i32(0xFFFF_0000u32 as i32);
-    // The even and odd halves of one pair block at `i`: `l` 32-bit lanes of two bf16 each.
-    let pair = |i: usize| {
-        // SAFETY: `i + b <= kb <= k`: `b` u16 (`l` floats' bytes) inside the row (caller).
-        let bits = s.f32_to_bits(unsafe { s.load(w.add(i).cast::<f32>()) });
-        (
-            s.bits_to_f32(s.shl_i32::<16>(bits)),
-            s.bits_to_f32(s.and_i32(bits, mask)),
-        )
-    };
     let xdp = xd.as_ptr();
-    let mut acc = [s.zero(); 4];
-    let mut i = 0;
-    while i + 2 * b <= kb {
-        let (we, wo) = pair(i);
-        let (ue, uo) = pair(i + b);
-        // SAFETY: `i + 2b <= kb <= xd.len()`.
+    // The pair block at `i` (`l` 32-bit lanes of two bf16 each, even and odd halves) dotted
+    // into two accumulators.
+    let pair = |i: usize, even: &mut S::F32, odd: &mut S::F32| {
+        // SAFETY: the steps end at `i + b <= kb <= k`: `b` u16 inside the row (caller), and
+        // `b` floats inside `xd` (`kb <= xd.len()`).
         unsafe {
-            acc[0] = s.fma(we, s.load(xdp.add(i)), acc[0]);
-            acc[1] = s.fma(wo, s.load(xdp.add(i + l)), acc[1]);
-            acc[2] = s.fma(ue, s.load(xdp.add(i + b)), acc[2]);
-            acc[3] = s.fma(uo, s.load(xdp.add(i + b + l)), acc[3]);
+            let bits = s.f32_to_bits(s.load(w.add(i).cast::<f32>()));
+            let we = s.bits_to_f32(s.shl_i32::<16>(bits));
+            let wo = s.bits_to_f32(s.and_i32(bits, mask));
+            *even = s.fma(we, s.load(xdp.add(i)), *even);
+            *odd = s.fma(wo, s.load(xdp.add(i + l)), *odd);
         }
-        i += 2 * b;
-    }
-    while i < kb {
-        let (we, wo) = pair(i);
-        // SAFETY: `i + b <= kb <= xd.len()`.
-        unsafe {
-            acc[0] = s.fma(we, s.load(xdp.add(i)), acc[0]);
-            acc[1] = s.fma(wo, s.load(xdp.add(i + l)), acc[1]);
-        }
-        i += b;
-    }
-    let mut sum = s.reduce_sum(s.add(s.add(acc[0], acc[1]), s.add(acc[2], acc[3])));
+    };
+    let (mut sum, _) = four_accumulators(
+        s,
+        kb,
+        b,
+        |i, [a0, a1, a2, a3]| {
+            pair(i, a0, a1);
+            pair(i + b, a2, a3);
+        },
+        |i, [a0, a1, ..]| pair(i, a0, a1),
+    );
     for (j, xj) in x.iter().enumerate().skip(kb) {
         // SAFETY: `j < k`: inside the row (caller).
         sum += bf16_to_f32(unsafe { *w.add(j) }) * xj;
@@ -166,11 +179,10 @@ fn matvec_body<S: Simd>(
     x: &[f32],
     xd: &[f32],
     o: &mut [f32],
-    accumulate: bool,
+    output: Output,
 ) {
     for (i, oi) in o.iter_mut().enumerate() {
-        let d = dot_row(s, w, r0 + i, x, xd);
-        *oi = if accumulate { *oi + d } else { d };
+        *oi = output.apply(*oi, dot_row(s, w, r0 + i, x, xd));
     }
 }
 
@@ -329,7 +341,7 @@ kernel_simd::instantiate! {
         x: &[f32],
         xd: &[f32],
         o: &mut [f32],
-        accumulate: bool
+        output: Output
     ) = matvec_body;
     /// Decode's fused gate/up matvec and SwiGLU over a range of rows.
     pub(crate) fn swiglu_rows(
@@ -360,6 +372,7 @@ kernel_simd::instantiate! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::check_row_kernels;
     use crate::kernels::test_data::{close, data};
     use kernel_simd::available_levels;
 
@@ -406,25 +419,13 @@ mod tests {
                                 .sum()
                         })
                         .collect();
-                    let mut o = vec![1.0f32; n - 1];
-                    matvec::run(level, *w, 1, &x, &xd, &mut o, true);
-                    for (r, &got) in o.iter().enumerate() {
-                        close(
-                            got,
-                            1.0 + want[r + 1],
-                            &format!("{level} k={k} matvec row {r}"),
-                        );
-                    }
-                    let mut o = vec![0f32; n];
-                    swiglu_rows::run(level, *w, *w, 0, &x, &xd, &mut o);
-                    for (r, &got) in o.iter().enumerate() {
-                        let g = want[r];
-                        close(
-                            got,
-                            g / (1.0 + (-g).exp()) * g,
-                            &format!("{level} k={k} swiglu"),
-                        );
-                    }
+                    // Rows 1.. (a row offset), of every kernel.
+                    check_row_kernels(
+                        &want[1..],
+                        &format!("{level} k={k}"),
+                        |o| matvec::run(level, *w, 1, &x, &xd, o, Output::AddTo),
+                        |o| swiglu_rows::run(level, *w, *w, 1, &x, &xd, o),
+                    );
                 }
             }
         }

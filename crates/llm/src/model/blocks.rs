@@ -1,15 +1,15 @@
-//! The blocks of a decoder layer, in the manner of candle-transformers' `models/llama.rs`: a
-//! [`Linear`] layer (weights and the kernel that runs them), [`Attention`], [`Mlp`] and
-//! [`RmsNorm`], each with a `forward` over one [`Step`] of positions. Every kernel call goes
+//! The blocks of a decoder layer, in the manner of candle-transformers' `models/llama.rs`:
+//! [`Attention`], [`Mlp`] and [`RmsNorm`] over [`Linear`] layers (weights and the kernel that
+//! runs them), each with a `forward` over one [`Step`] of positions. Every kernel call goes
 //! through the [`Runtime`], so each takes its scratch from the temp allocator and is reset
 //! after it.
 
-use caching_allocator::{TempAllocator, TempReset};
+use caching_allocator::TempReset;
 
 use crate::error::{LlmError, Result};
-use crate::kernels;
-use crate::matrix::{self, Matrix};
-use crate::runtime::{Runtime, Scratch};
+use crate::kernels::{self, Heads};
+use crate::matrix::{Job, Linear, Output};
+use crate::runtime::Runtime;
 use crate::weights::LayerWeights;
 use crate::LlamaConfig;
 
@@ -27,79 +27,6 @@ impl Step {
     /// parallel section).
     fn is_decode(self) -> bool {
         self.rows == 1
-    }
-}
-
-/// How a layer's result meets its output buffer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Output {
-    /// `out = result`.
-    Overwrite,
-    /// `out += result` (a residual add fused into the kernel).
-    AddTo,
-}
-
-/// A linear layer `out = x W^T + bias` over `[rows, in_features]` activations. Its weights
-/// are a [`Matrix`]: dense (f32, bf16 or f16 rows, widened by the kernels) or quantized blocks
-/// (Q4_0, Q4_1, Q8_0, dequantized in registers); [`matrix`] picks the kernel for each.
-#[derive(Clone, Copy)]
-pub(crate) struct Linear<'w> {
-    weight: &'w Matrix,
-    bias: Option<&'w [f32]>,
-    out_features: usize,
-    in_features: usize,
-}
-
-impl<'w> Linear<'w> {
-    /// A layer over `w` (`[out_features, in_features]`, checked by the kernels).
-    pub fn new(
-        w: &'w Matrix,
-        bias: Option<&'w [f32]>,
-        out_features: usize,
-        in_features: usize,
-    ) -> Self {
-        Linear {
-            weight: w,
-            bias,
-            out_features,
-            in_features,
-        }
-    }
-
-    /// `out (+)= x W^T + bias` over `rows` rows of `x`.
-    pub fn forward<A: TempAllocator + ?Sized>(
-        &self,
-        s: &Scratch<'_, A>,
-        x: &[f32],
-        rows: usize,
-        out: &mut [f32],
-        output: Output,
-    ) -> Result<()> {
-        matrix::linear(
-            s,
-            x,
-            rows,
-            self.weight,
-            self.out_features,
-            self.in_features,
-            self.bias,
-            out,
-            output == Output::AddTo,
-        )
-    }
-
-    /// This layer as one job of a fused decode matvec ([`matrix::linear_many`]).
-    fn job<'a>(&self, out: &'a mut [f32]) -> matrix::Job<'a>
-    where
-        'w: 'a,
-    {
-        matrix::Job {
-            w: self.weight,
-            n: self.out_features,
-            bias: self.bias,
-            out: &mut out[..self.out_features],
-            accumulate: false,
-        }
     }
 }
 
@@ -129,6 +56,19 @@ impl<'w> RmsNorm<'w> {
             kernels::rmsnorm(s, x, rows, dim, self.weight, self.eps, out)
         })
     }
+
+    /// A pre-norm block's input: `xn = rmsnorm(stream)` over `rows` rows, handed back with
+    /// the residual stream the block adds to.
+    pub fn pre_norm<'b, A: TempReset>(
+        &self,
+        rt: &mut Runtime<A>,
+        stream: &'b mut [f32],
+        rows: usize,
+        xn: &'b mut [f32],
+    ) -> Result<Residual<'b>> {
+        self.forward(rt, stream, rows, xn)?;
+        Ok(Residual { xn, stream })
+    }
 }
 
 /// One layer's KV cache and the rotary table the attention block reads.
@@ -154,31 +94,30 @@ pub(crate) struct Attention<'w> {
     head_dim: usize,
 }
 
-/// The attention block's activation buffers.
-pub(crate) struct AttentionBuffers<'b> {
+/// What a block reads and where it adds its output: the pre-norm and the residual stream.
+pub(crate) struct Residual<'b> {
     /// The normed input, `[rows, hidden]`.
     pub xn: &'b [f32],
+    /// The residual stream the block's last projection adds to, `[rows, hidden]`.
+    pub stream: &'b mut [f32],
+}
+
+/// The attention block's own activation buffers.
+pub(crate) struct AttentionBuffers<'b> {
     /// Queries, `[rows, heads * head_dim]`.
     pub q: &'b mut [f32],
     /// SDPA's output, the same shape.
     pub attn: &'b mut [f32],
-    /// The residual stream the output projection adds to, `[rows, hidden]`.
-    pub residual: &'b mut [f32],
 }
 
 impl<'w> Attention<'w> {
     /// Layer `lw`'s attention under `c`.
     pub fn new(c: &LlamaConfig, lw: &'w LayerWeights) -> Self {
-        let (h, qd, kvd) = (
-            c.hidden_size,
-            c.num_heads * c.head_dim,
-            c.num_kv_heads * c.head_dim,
-        );
         Attention {
-            q: Linear::new(&lw.q, lw.q_bias.as_deref(), qd, h),
-            k: Linear::new(&lw.k, lw.k_bias.as_deref(), kvd, h),
-            v: Linear::new(&lw.v, lw.v_bias.as_deref(), kvd, h),
-            o: Linear::new(&lw.o, lw.o_bias.as_deref(), h, qd),
+            q: Linear::new(&lw.q, lw.q_bias.as_deref()),
+            k: Linear::new(&lw.k, lw.k_bias.as_deref()),
+            v: Linear::new(&lw.v, lw.v_bias.as_deref()),
+            o: Linear::new(&lw.o, lw.o_bias.as_deref()),
             heads: c.num_heads,
             kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
@@ -190,52 +129,44 @@ impl<'w> Attention<'w> {
         &self,
         rt: &mut Runtime<A>,
         step: Step,
+        io: Residual<'_>,
         b: AttentionBuffers<'_>,
         cache: Cache<'_>,
     ) -> Result<()> {
         let (m, start) = (step.rows, step.start);
         let (qd, kvd) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
         let kv_rows = start * kvd..(start + m) * kvd;
-        let hidden = self.q.in_features;
+        let xn = io.xn;
+        let projections = [
+            (&self.q, &mut b.q[..m * qd]),
+            (&self.k, &mut cache.k[kv_rows.clone()]),
+            (&self.v, &mut cache.v[kv_rows.clone()]),
+        ];
         if step.is_decode() {
             // q, k and v in one parallel section.
-            rt.run("linear_qkv", |s| {
-                matrix::linear_many(
-                    s,
-                    b.xn,
-                    hidden,
-                    [
-                        self.q.job(&mut b.q[..qd]),
-                        self.k.job(&mut cache.k[kv_rows.clone()]),
-                        self.v.job(&mut cache.v[kv_rows.clone()]),
-                    ],
-                )
-            })?;
+            let jobs = projections.map(|(layer, out)| Job {
+                layer: *layer,
+                out,
+                output: Output::Overwrite,
+            });
+            rt.run("linear_qkv", |s| Linear::forward_many(s, xn, jobs))?;
         } else {
-            rt.run("linear", |s| {
-                self.q.forward(s, b.xn, m, b.q, Output::Overwrite)
-            })?;
-            rt.run("linear", |s| {
-                let out = &mut cache.k[kv_rows.clone()];
-                self.k.forward(s, b.xn, m, out, Output::Overwrite)
-            })?;
-            rt.run("linear", |s| {
-                let out = &mut cache.v[kv_rows.clone()];
-                self.v.forward(s, b.xn, m, out, Output::Overwrite)
-            })?;
+            for (layer, out) in projections {
+                rt.run("linear", |s| {
+                    layer.forward(s, xn, m, out, Output::Overwrite)
+                })?;
+            }
         }
         rt.run("rope", |s| {
-            kernels::rope(
-                s,
-                b.q,
-                self.heads,
-                &mut cache.k[kv_rows.clone()],
-                self.kv_heads,
-                self.head_dim,
-                m,
-                start,
-                cache.inv_freq,
-            )
+            let q = Heads {
+                data: b.q,
+                heads: self.heads,
+            };
+            let k = Heads {
+                data: &mut cache.k[kv_rows.clone()],
+                heads: self.kv_heads,
+            };
+            kernels::rope(s, cache.inv_freq, start..start + m, q, k)
         })?;
         rt.run("attention", |s| {
             let shape = sdpa::Shape {
@@ -259,7 +190,7 @@ impl<'w> Attention<'w> {
             .map_err(LlmError::from)
         })?;
         rt.run("linear", |s| {
-            self.o.forward(s, b.attn, m, b.residual, Output::AddTo)
+            self.o.forward(s, b.attn, m, io.stream, Output::AddTo)
         })
     }
 }
@@ -271,26 +202,21 @@ pub(crate) struct Mlp<'w> {
     down: Linear<'w>,
 }
 
-/// The MLP block's activation buffers.
+/// The MLP block's own activation buffers.
 pub(crate) struct MlpBuffers<'b> {
-    /// The normed input, `[rows, hidden]`.
-    pub xn: &'b [f32],
     /// `[rows, ffn]`: the gate projection, then the SwiGLU product.
     pub gate: &'b mut [f32],
     /// `[rows, ffn]`: the up projection (prefill only).
     pub up: &'b mut [f32],
-    /// The residual stream the down projection adds to, `[rows, hidden]`.
-    pub residual: &'b mut [f32],
 }
 
 impl<'w> Mlp<'w> {
     /// Layer `lw`'s MLP under `c`.
-    pub fn new(c: &LlamaConfig, lw: &'w LayerWeights) -> Self {
-        let (h, ffn) = (c.hidden_size, c.intermediate_size);
+    pub fn new(lw: &'w LayerWeights) -> Self {
         Mlp {
-            gate: Linear::new(&lw.gate, None, ffn, h),
-            up: Linear::new(&lw.up, None, ffn, h),
-            down: Linear::new(&lw.down, None, h, ffn),
+            gate: Linear::new(&lw.gate, None),
+            up: Linear::new(&lw.up, None),
+            down: Linear::new(&lw.down, None),
         }
     }
 
@@ -299,24 +225,24 @@ impl<'w> Mlp<'w> {
         &self,
         rt: &mut Runtime<A>,
         step: Step,
+        io: Residual<'_>,
         b: MlpBuffers<'_>,
     ) -> Result<()> {
-        let m = step.rows;
-        let (h, ffn) = (self.gate.in_features, self.gate.out_features);
+        let (m, xn) = (step.rows, io.xn);
+        let ffn = self.gate.out_features();
         match step.is_decode() {
             true => {
                 // Gate, up and SwiGLU in one parallel section.
                 rt.run("linear_swiglu", |s| {
-                    let (gate, up) = (self.gate.weight, self.up.weight);
-                    matrix::linear_swiglu(s, b.xn, h, gate, up, ffn, &mut b.gate[..ffn])
+                    Linear::forward_swiglu(s, xn, &self.gate, &self.up, &mut b.gate[..ffn])
                 })?;
             }
             false => {
                 rt.run("linear", |s| {
-                    self.gate.forward(s, b.xn, m, b.gate, Output::Overwrite)
+                    self.gate.forward(s, xn, m, b.gate, Output::Overwrite)
                 })?;
                 rt.run("linear", |s| {
-                    self.up.forward(s, b.xn, m, b.up, Output::Overwrite)
+                    self.up.forward(s, xn, m, b.up, Output::Overwrite)
                 })?;
                 rt.run("swiglu", |_| {
                     kernels::swiglu(&mut b.gate[..m * ffn], &b.up[..m * ffn]);
@@ -325,7 +251,7 @@ impl<'w> Mlp<'w> {
             }
         }
         rt.run("linear", |s| {
-            self.down.forward(s, b.gate, m, b.residual, Output::AddTo)
+            self.down.forward(s, b.gate, m, io.stream, Output::AddTo)
         })
     }
 }
