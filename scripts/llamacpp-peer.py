@@ -6,9 +6,13 @@
 
 A seeded random prompt of `--prompt-tokens` ids is evaluated in one batch (prefill), then
 `--new-tokens` greedy steps of one token each (decode, argmax of the logits, no sampler), as
-`llm bench` does. Prints one line per run and the medians. Needs `pip install
-llama-cpp-python` (PyPI ships it as source: pip builds llama.cpp with CMake, several minutes,
-for the build machine's CPU). Compare it with `llm bench` in the same session, back to back:
+`llm bench` does. Prints one line per run and the medians. Needs llama-cpp-python (PyPI ships
+it as source: pip builds llama.cpp with CMake, 10-30 minutes on 2 cores). On a CPU that
+advertises AMX without the OS permission (these VMs), the native build's first decode
+segfaults; build without AMX:
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+    -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+    pip install llama-cpp-python==0.3.36 Compare it with `llm bench` in the same session, back to back:
 the figures of a shared machine move between runs.
 """
 
