@@ -196,7 +196,7 @@ const CLOSED: usize = usize::MAX;
 
 /// What other threads may read of an arena (and the inbox they write).
 pub(crate) struct ArenaShared {
-    /// The fast paths' one check ([`ArenaCell::current`]): the arena's epoch while nothing
+    /// The fast release's one check ([`ArenaCell::open`]): the arena's epoch while nothing
     /// waits in the inbox, [`CLOSED`] while something does (and always on a shared cache's
     /// arena). Only the owner stores an epoch here, only under the inbox's lock or before it
     /// publishes any record of that epoch; other threads store `CLOSED`, under the lock.
@@ -209,9 +209,8 @@ pub(crate) struct ArenaShared {
     /// Published records (`records[..count]`).
     count: AtomicUsize,
     records: Records,
-    /// The most bytes live at once this epoch, as of the last release (live bytes only grow
-    /// between releases, so the true peak is this or the live bytes now). Only the owner
-    /// writes it.
+    /// The highest bump offset (`top`) of this epoch, as of its last fall (`top` only grows
+    /// between falls, so the true peak is this or `top` now). Only the owner writes it.
     peak: AtomicUsize,
     /// The peak of the epoch before this one, and of every epoch before this one.
     last_peak: AtomicUsize,
@@ -232,10 +231,10 @@ pub(crate) struct ArenaFigures {
     pub(crate) live_blocks: usize,
     pub(crate) requested: usize,
     pub(crate) hits: usize,
-    /// Peak live bytes of the current reset interval, and of the one before it.
+    /// The highest bump offset of the current reset interval, and of the one before it.
     pub(crate) peak: usize,
     pub(crate) last_peak: usize,
-    /// The most bytes live at once in any interval.
+    /// The highest bump offset of any interval.
     pub(crate) max_peak: usize,
 }
 
