@@ -4,6 +4,10 @@
 //! minus the same with 0 iterations, divided by the iterations. `scripts/hotpath-counts.sh`
 //! does all of it.
 //!
+//! The allocator is configured as a temp allocator (`arena_max_bytes(MAX_ARENA_BYTES)`, as
+//! allocbench's `caching` source and the llm runner configure it); `reset2-classes` is
+//! `reset2` with the default arena bound (32 KiB), where the 2 MiB block is a size class's.
+//!
 //! Modes: `release` (allocate 4 KiB + release), `scope` (open, 4 KiB, drop), `reset2`
 //! (allocbench's decode call: 20 KiB + 2 MiB, then a reset), `reset16` (allocbench's
 //! scratch-small call: 16 blocks of 64 B - 4 KiB, then a reset), and `static16`: the
@@ -11,7 +15,7 @@
 
 use std::hint::black_box;
 
-use caching_allocator::CachingAllocator;
+use caching_allocator::{CachingAllocator, Config, MAX_ARENA_BYTES};
 
 /// The sizes of the `reset16` call: 64 B - 4 KiB, as allocbench's scratch-small mix.
 const SIZES16: [usize; 16] = [
@@ -22,7 +26,16 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let what = args.get(1).map_or("release", String::as_str);
     let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(100_000);
-    let alloc = CachingAllocator::new(64 << 20);
+    let arena_max = if what == "reset2-classes" {
+        caching_allocator::DEFAULT_ARENA_MAX_BYTES
+    } else {
+        MAX_ARENA_BYTES
+    };
+    let alloc = CachingAllocator::with_config(
+        Config::default()
+            .max_cached_bytes(64 << 20)
+            .arena_max_bytes(arena_max),
+    );
     let mut buffer = vec![0u8; 4096];
     // One loop per mode, so the mode's match is not part of what is counted.
     match what {
@@ -36,7 +49,7 @@ fn main() {
             let s = scope.alloc_uninit::<u8>(black_box(4096)).unwrap();
             black_box(s.as_mut_ptr());
         }),
-        "reset2" => (0..n).for_each(|_| {
+        "reset2" | "reset2-classes" => (0..n).for_each(|_| {
             black_box(alloc.allocate(black_box(20 << 10), 64).unwrap());
             black_box(alloc.allocate(black_box(2 << 20), 64).unwrap());
             // SAFETY: nothing handed out above is used after this.
@@ -54,6 +67,6 @@ fn main() {
                 black_box(&mut buffer[..black_box(size)]);
             }
         }),
-        _ => panic!("release, scope, reset2, reset16 or static16"),
+        _ => panic!("release, scope, reset2, reset2-classes, reset16 or static16"),
     }
 }

@@ -216,7 +216,7 @@ impl CachingAllocator {
         };
         match bumped {
             Some(ptr) => Ok(ptr),
-            None => self.allocate_block(local, size, align),
+            None => self.allocate_missed(local, size, align),
         }
     }
 
@@ -234,8 +234,44 @@ impl CachingAllocator {
     fn allocate_slow(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         let local = self.thread_cache();
         if self.arena_serves(size, align) && local.owned() {
-            if let Some(ptr) = self.arena_slow(local, size, align) {
-                return Ok(ptr);
+            return match self.arena_slow(local, size, align) {
+                Some(ptr) => Ok(ptr),
+                None => self.allocate_missed(local, size, align),
+            };
+        }
+        self.allocate_block(local, size, align)
+    }
+
+    /// A request the owner's arena (of `local`, owned) missed, through the size classes: in
+    /// the block its next chunk will be, when the request is most of that chunk
+    /// (`Arena::successor_for`), else in a block of its own class.
+    #[cold]
+    fn allocate_missed(
+        &self,
+        local: Local<'_>,
+        size: usize,
+        align: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
+        debug_assert!(local.owned());
+        // SAFETY: the owner thread (the callers checked `owned`); the borrow ends here.
+        let next = unsafe { local.arena.owner() }.successor_for(size);
+        // Under a hard limit the larger block could be what passes it: its own class only.
+        let next = next.filter(|_| self.limit == usize::MAX);
+        let req = self.request(size, align)?;
+        let larger = next
+            .and_then(SizeClass::for_size)
+            .filter(|&chunk| req.class.is_some_and(|own| chunk > own));
+        if let Some(chunk) = larger {
+            // Aligned as a chunk must be, so the rewind can take it as one.
+            let req = Request {
+                align: ARENA_MAX_ALIGN,
+                ..req
+            };
+            // Refused (the cap or the limit): the request's own class may still fit.
+            if let Ok(block) = self.take(local, chunk, &req, true, |state, live| {
+                state.live.insert(live);
+            }) {
+                return Ok(block.ptr);
             }
         }
         self.allocate_block(local, size, align)
@@ -299,6 +335,8 @@ impl CachingAllocator {
         size: usize,
         align: usize,
     ) -> Option<NonNull<u8>> {
+        // A new chunk holds this request too.
+        let grow = grow.map(|bytes| bytes.max(crate::arena::first_chunk(size)));
         let got = grow.is_none_or(|bytes| self.replace_chunk(local, bytes));
         // SAFETY: as in `allocate_after_reset`; `replace_chunk` holds no borrow of the arena.
         let arena = unsafe { local.arena.owner() };

@@ -60,9 +60,43 @@ pub(crate) const MAX_CHUNK: usize = 4 << 20;
 /// Low bit of a published record: the block was released (addresses are 64-byte aligned).
 const RELEASED: usize = 1;
 /// A record's `meta` word: the block's serial above these bits, the size asked for in them
-/// (requests are at most 1 MiB, `Config::arena_max_bytes`'s bound).
-const SIZE_BITS: u32 = 21;
+/// (requests are at most [`MAX_CHUNK`], `Config::arena_max_bytes`'s bound; 41 bits of serial
+/// outlast any process).
+const SIZE_BITS: u32 = 23;
+const _: () = assert!(MAX_CHUNK < 1 << SIZE_BITS);
 const SIZE_MASK: usize = (1 << SIZE_BITS) - 1;
+
+/// The chunk an arena of `len` bytes should have next, after an interval that wanted `want`
+/// bytes (its peak, with what the chunk could not take): `None` to keep it. A chunk within
+/// 1/[`HEADROOM`] of full grows to the want plus that much, *before* it overflows: a buffer
+/// that grows a little each interval (a decode's attention scratch) then never misses, and the
+/// swap happens at a rewind, with the arena empty, so the old chunk is idle (and evictable)
+/// when the new one is taken; growing only after a miss would hold the old chunk (under the
+/// interval's small blocks) and the miss's block at once, twice the buffer.
+#[inline(always)]
+fn next_chunk(want: usize, len: usize) -> Option<usize> {
+    if want <= len - len / HEADROOM {
+        return None;
+    }
+    grown_chunk(want, len)
+}
+
+/// [`next_chunk`] past its common case.
+#[cold]
+#[inline(never)]
+fn grown_chunk(want: usize, len: usize) -> Option<usize> {
+    let next = (want + want / HEADROOM).clamp(MIN_CHUNK, MAX_CHUNK);
+    (next > len).then_some(next)
+}
+
+/// The least chunk to take for a request of `size` bytes: room for it, as [`next_chunk`]
+/// would make after an interval that wanted it.
+pub(crate) fn first_chunk(size: usize) -> usize {
+    grown_chunk(granules(size), 0).unwrap_or(MIN_CHUNK)
+}
+
+/// See [`next_chunk`]: the chunk keeps 1/16 of itself free for growth.
+const HEADROOM: usize = 16;
 
 /// Rounds a request to the arena's granule (one cache line, as every block of the allocator).
 #[inline(always)]
@@ -568,8 +602,8 @@ impl Arena {
         self.epoch = epoch;
         debug_assert!(epoch != usize::MAX, "the epoch of shared caches' arenas");
         self.top = 0;
-        let want = core::mem::take(&mut self.want);
-        (want > self.len).then(|| want.clamp(MIN_CHUNK, MAX_CHUNK))
+        let want = core::mem::take(&mut self.want).max(peak);
+        next_chunk(want, self.len)
     }
 
     /// [`bump`](Self::bump), noting a request the chunk could not take (see `missed`).
@@ -591,6 +625,16 @@ impl Arena {
     #[inline]
     pub(crate) fn missed(&mut self, size: usize) {
         self.want = self.want.max(self.top) + granules(size);
+    }
+
+    /// The chunk the next rewind will ask for, if a request of `size` bytes the chunk just
+    /// missed (see [`missed`](Self::missed)) is most of it: the size classes then serve the
+    /// request with a block of that size, which the rewind takes back from the idle blocks
+    /// as the new chunk (no second system allocation, no second copy of a large buffer).
+    #[inline]
+    pub(crate) fn successor_for(&self, size: usize) -> Option<usize> {
+        let next = next_chunk(self.want.max(self.top), self.len)?;
+        (granules(size) * 2 >= next).then_some(next)
     }
 
     /// No chunk could be had in `epoch`: the arena asks for none again until the next.

@@ -82,7 +82,7 @@ pub use allocator_api2;
 pub use allocator::CachingAllocator;
 pub use config::{
     Config, DEFAULT_ARENA_MAX_BYTES, DEFAULT_SCOPE_CHUNK_BYTES, DEFAULT_WORKING_SET_SLACK,
-    SCOPE_BUMP_MAX,
+    MAX_ARENA_BYTES, SCOPE_BUMP_MAX,
 };
 pub use error::AllocError;
 pub use scope::Scope;

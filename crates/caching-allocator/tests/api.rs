@@ -75,7 +75,7 @@ fn a_cached_block_serves_any_size_of_its_class() {
 
 #[test]
 fn decode_like_growing_sizes_hit_after_the_first_of_each_class() {
-    let mut alloc = CachingAllocator::new(64 << 20);
+    let mut alloc = classes(64 << 20);
     let mut classes = std::collections::HashSet::new();
     let step = if cfg!(miri) { 37 } else { 1 };
     for t in (1..512usize).step_by(step) {
@@ -231,7 +231,7 @@ fn zero_cap_caches_nothing() {
 
 #[test]
 fn trim_and_free_cached_reach_idle_threads() {
-    let alloc = Arc::new(CachingAllocator::new(64 << 20));
+    let alloc = Arc::new(classes(64 << 20));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let worker = {
@@ -616,7 +616,8 @@ fn best_fit_keeps_a_capped_decode_from_going_back_to_the_system() {
         let mut alloc = CachingAllocator::with_config(
             Config::default()
                 .max_cached_bytes(1 << 20)
-                .max_oversize(factor),
+                .max_oversize(factor)
+                .arena_max_bytes(0),
         );
         let mut after_first = 0;
         for round in 0..3 {

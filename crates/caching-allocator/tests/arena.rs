@@ -294,7 +294,8 @@ fn the_chunk_grows_to_what_one_interval_asked_for() {
 
 #[test]
 fn the_last_interval_peak_is_the_calls_high_water_mark() {
-    let mut alloc = CachingAllocator::new(64 << 20);
+    // Blocks above 32 KiB go to the size classes here, so the peak sums both kinds.
+    let mut alloc = CachingAllocator::with_config(Config::default().arena_max_bytes(32 << 10));
     let a = alloc.allocate(1000, 64).unwrap(); // 1024 bytes in the arena
     let _b = alloc.allocate(3000, 64).unwrap(); // 3008
                                                 // SAFETY: released once.
@@ -474,4 +475,81 @@ fn a_block_released_on_another_thread_cannot_be_released_again_by_its_owner() {
     let again = unsafe { alloc.release(a) };
     assert_eq!(again, Err(AllocError::UnknownPointer { addr: a_addr }));
     assert_eq!(alloc.stats(), before);
+}
+
+/// ExecuTorch's decode scratch: a small buffer and one that grows by 4 KiB a token, reset
+/// after every call (`tokens` tokens, 4 calls each), under a 10 MiB cap with the working-set
+/// budget, as its runner configures it. Returns the stats and the largest call's bytes.
+fn growing_decode(tokens: usize) -> (caching_allocator::Stats, usize) {
+    let mut alloc = CachingAllocator::with_config(
+        Config::default()
+            .max_cached_bytes(10 << 20)
+            .working_set_slack(Some(caching_allocator::DEFAULT_WORKING_SET_SLACK))
+            .arena_max_bytes(caching_allocator::MAX_ARENA_BYTES),
+    );
+    let mut largest = 0;
+    for t in 1..=tokens {
+        let sizes = [8 * (t + 130) * 4, 8 * t * 128 * 4];
+        largest = largest.max(sizes[0] + sizes[1]);
+        for _ in 0..4 {
+            for size in sizes {
+                tag(alloc.allocate(size, 64).unwrap(), 64, t as u8);
+            }
+            alloc.reset();
+        }
+    }
+    (alloc.stats(), largest)
+}
+
+#[test]
+fn a_growing_buffer_moves_to_a_larger_chunk_before_it_overflows() {
+    let tokens = if cfg!(miri) { 24 } else { 512 };
+    let (s, largest) = growing_decode(tokens);
+    // The chunk grows at a rewind while it still has room, so the old one is idle (and goes)
+    // when the new one comes: growing after an overflow would hold both at once.
+    assert!(
+        s.peak_reserved_bytes as f64 <= 1.25 * largest as f64,
+        "peak reserved {} for calls of at most {largest} bytes: {s}",
+        s.peak_reserved_bytes
+    );
+    // Both buffers live in the arena: no block of a size class was ever needed (chunks are
+    // not misses), and each growth took one system allocation.
+    assert_eq!(s.misses, 0, "{s}");
+    assert!(s.system_allocs <= 64, "{s}");
+}
+
+#[test]
+fn a_large_request_the_chunk_misses_gets_the_block_that_becomes_the_next_chunk() {
+    let mut alloc = CachingAllocator::with_config(
+        Config::default()
+            .max_cached_bytes(10 << 20)
+            .arena_max_bytes(caching_allocator::MAX_ARENA_BYTES),
+    );
+    // A thread's first request gets a chunk that holds it.
+    let first = alloc.allocate(100 << 10, 64).unwrap();
+    alloc.reset();
+    let s = alloc.stats();
+    assert_eq!(
+        (s.system_allocs, s.misses, s.arena_chunks),
+        (1, 0, 1),
+        "{s}"
+    );
+    let mut addrs = Vec::new();
+    for _ in 0..3 {
+        let p = alloc.allocate(1 << 20, 64).unwrap();
+        tag(p, 1 << 20, 7);
+        addrs.push(addr(p));
+        alloc.reset();
+    }
+    // The first 1 MiB block (the first chunk could not take it) was sized and aligned as the
+    // chunk the next rewind wanted, which took it back as that chunk: the same memory every
+    // call, two system allocations in all (the first chunk and that block).
+    assert_ne!(addrs[0], addr(first));
+    assert_eq!((addrs[0], addrs[0]), (addrs[1], addrs[2]));
+    let s = alloc.stats();
+    assert_eq!((s.system_allocs, s.misses), (2, 1), "{s}");
+    assert!(
+        s.reserved_bytes <= (1 << 20) + (1 << 20) / 4 + (64 << 10),
+        "{s}"
+    );
 }

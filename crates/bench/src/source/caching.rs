@@ -9,7 +9,9 @@
 use core::cell::RefCell;
 use core::ptr::NonNull;
 
-use caching_allocator::{CachingAllocator, Config, Stats, DEFAULT_WORKING_SET_SLACK};
+use caching_allocator::{
+    CachingAllocator, Config, Stats, DEFAULT_WORKING_SET_SLACK, MAX_ARENA_BYTES,
+};
 
 use super::{
     AllocError, Block, Call, Counters, ScratchSource, ScratchWorker, TempAllocator, TempReset,
@@ -33,13 +35,16 @@ pub struct CachingSource {
 }
 
 impl CachingSource {
-    /// A source with `Config::default().max_cached_bytes(max_cached_bytes)` that keeps its
-    /// working set (`working_set_slack(Some(1.25))`, as the `llm` runner configures it): both
+    /// A source with `Config::default().max_cached_bytes(max_cached_bytes)` configured as a
+    /// temp allocator, as the `llm` runner configures it: it keeps its working set
+    /// (`working_set_slack(Some(1.25))`) and its arena serves every request up to
+    /// `MAX_ARENA_BYTES`. Both
     /// ways of driving it give all scratch back after every kernel call.
     pub fn new(mode: CachingMode, max_cached_bytes: usize) -> Self {
         let config = Config::default()
             .max_cached_bytes(max_cached_bytes)
-            .working_set_slack(Some(DEFAULT_WORKING_SET_SLACK));
+            .working_set_slack(Some(DEFAULT_WORKING_SET_SLACK))
+            .arena_max_bytes(MAX_ARENA_BYTES);
         let shared = match mode {
             CachingMode::Reset => None,
             CachingMode::Scope => Some(CachingAllocator::with_config(config.clone())),

@@ -352,6 +352,7 @@ impl Model {
         let own = self.class_of(requested);
         let class = after.live_bytes - before.live_bytes;
         let in_arena = after.arena_live_blocks != before.arena_live_blocks;
+        let arena_missed = !in_arena && requested <= self.arena_max && align <= ARENA_MAX_ALIGN;
         if in_arena {
             assert_eq!(
                 after.arena_live_blocks,
@@ -375,7 +376,17 @@ impl Model {
                 "op {step}: an arena block is a hit"
             );
         } else if after.oversize_hits == before.oversize_hits {
-            assert_eq!(class, own, "op {step}: not best fit, so its own class");
+            // Its own class; or, for a request the arena missed that is most of the chunk its
+            // next rewind wants, the block of that chunk's class (at most twice the request's
+            // bytes, aligned as a chunk), which that rewind takes as the chunk.
+            let successor = arena_missed
+                && class > own
+                && class <= self.class_of(2 * granule(requested))
+                && addr.is_multiple_of(ARENA_MAX_ALIGN);
+            assert!(
+                class == own || successor,
+                "op {step}: gave {class} for class {own}, neither its own nor a next chunk's"
+            );
         } else {
             assert_eq!(after.oversize_hits, before.oversize_hits + 1, "op {step}");
             // Up to twice its class; any larger only under cap pressure or once the cap has
@@ -389,6 +400,7 @@ impl Model {
             assert!(
                 class > own
                     && (class <= 2 * own
+                        || (arena_missed && class <= 2 * self.class_of(2 * granule(requested)))
                         || before.cached_bytes + own > self.cap
                         || before.working_set_mode
                         || chunk_first),
