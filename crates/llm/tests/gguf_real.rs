@@ -91,6 +91,13 @@ fn tokenizer_ids_match_reference() {
     }
 }
 
+/// The prompt whose continuation names Paris, as ids, and its first `n` greedy tokens.
+fn capital_of_france(w: &Arc<Weights>, t: &Tokenizer, n: usize) -> (Vec<u32>, Vec<u32>) {
+    let ids = t.encode("The capital of France is").unwrap();
+    let out = greedy(w, &ids, n);
+    (ids, out)
+}
+
 fn greedy(w: &Arc<Weights>, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut m = model_on(w, 256);
     let mut out = Vec::new();
@@ -115,8 +122,7 @@ fn greedy_is_coherent_stable_and_kv_decode_equals_recompute() {
     let Some((_, w, t)) = open_weights() else {
         return;
     };
-    let ids = t.encode("The capital of France is").unwrap();
-    let a = greedy(&w, &ids, 8);
+    let (ids, a) = capital_of_france(&w, &t, 8);
     let text = t.decode(&a).unwrap();
     assert!(text.contains("Paris"), "continuation {text:?}");
     assert_eq!(
@@ -173,8 +179,7 @@ fn greedy_equals_f64_forward() {
     let Some((_, w, t)) = open_weights() else {
         return;
     };
-    let ids = t.encode("The capital of France is").unwrap();
-    let out = greedy(&w, &ids, 3);
+    let (ids, out) = capital_of_france(&w, &t, 3);
     let c = &w.config;
     let spec = common::Spec {
         hidden: c.hidden_size,
