@@ -60,6 +60,7 @@ pub mod gguf;
 #[cfg(feature = "text")]
 pub mod gguf_tokenizer;
 pub mod kernels;
+mod load;
 pub mod matrix;
 pub mod model;
 pub mod quant;

@@ -57,15 +57,6 @@ pub struct Weights {
 }
 
 impl Weights {
-    /// Loads a model: a `.gguf` file ([`crate::gguf`]), or a directory with `config.json` and
-    /// safetensors weights.
-    pub fn load(path: &Path) -> Result<Weights> {
-        if crate::gguf::is_gguf_path(path) {
-            return crate::gguf::load_weights(path);
-        }
-        Self::load_dir(path)
-    }
-
     /// Loads `dir/config.json` and the safetensors weights of `dir`.
     pub fn load_dir(dir: &Path) -> Result<Weights> {
         let config = LlamaConfig::from_file(&dir.join("config.json"))?;

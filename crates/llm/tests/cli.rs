@@ -90,10 +90,7 @@ fn generate_streams_only_the_generated_text() {
 
 #[test]
 fn generate_on_ids_without_tokenizer() {
-    let spec = Spec {
-        seed: 22,
-        ..Spec::default()
-    };
+    let spec = Spec::seeded(22);
     let dir = spec.checkpoint("cli-ids");
     let ids = greedy_ids(dir.path(), &[5, 6, 7], 6);
     let out = generate_ok(

@@ -8,6 +8,7 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use caching_allocator::CachingAllocator;
 use llm::gguf::GgufFile;
 use llm::tokenizer::Tokenizer;
 use llm::{caching_temp, generate, GenerateOptions, Llama, ModelOptions, Module, Sampler, Weights};
@@ -34,6 +35,21 @@ fn open_model() -> Option<(GgufFile, Tokenizer)> {
     let f = GgufFile::open(&model_path()?).unwrap();
     let t = llm::gguf_tokenizer::from_gguf(&f).unwrap();
     Some((f, t))
+}
+
+/// [`open_model`] with the file's weights loaded.
+fn open_weights() -> Option<(GgufFile, Arc<Weights>, Tokenizer)> {
+    let (f, t) = open_model()?;
+    let w = Arc::new(llm::gguf::weights_from(&f).unwrap());
+    Some((f, w, t))
+}
+
+/// A model on `w` with room for `context` positions.
+fn model_on(w: &Arc<Weights>, context: usize) -> Llama<CachingAllocator> {
+    let opts = ModelOptions {
+        context: Some(context),
+    };
+    Llama::new(w.clone(), caching_temp(10 << 20), &opts).unwrap()
 }
 
 /// Token ids against an independent construction: `scripts/gguf-tokenizer-reference.py`
@@ -75,13 +91,15 @@ fn tokenizer_ids_match_reference() {
     }
 }
 
+/// The prompt whose continuation names Paris, as ids, and its first `n` greedy tokens.
+fn capital_of_france(w: &Arc<Weights>, t: &Tokenizer, n: usize) -> (Vec<u32>, Vec<u32>) {
+    let ids = t.encode("The capital of France is").unwrap();
+    let out = greedy(w, &ids, n);
+    (ids, out)
+}
+
 fn greedy(w: &Arc<Weights>, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut m = Llama::new(
-        w.clone(),
-        caching_temp(10 << 20),
-        &ModelOptions { context: Some(256) },
-    )
-    .unwrap();
+    let mut m = model_on(w, 256);
     let mut out = Vec::new();
     let opts = GenerateOptions {
         max_new_tokens: n,
@@ -101,10 +119,10 @@ fn greedy(w: &Arc<Weights>, prompt: &[u32], n: usize) -> Vec<u32> {
 /// second run, and the KV-cache decode gives the logits a full recompute gives.
 #[test]
 fn greedy_is_coherent_stable_and_kv_decode_equals_recompute() {
-    let Some((f, t)) = open_model() else { return };
-    let w = Arc::new(llm::gguf::weights_from(&f).unwrap());
-    let ids = t.encode("The capital of France is").unwrap();
-    let a = greedy(&w, &ids, 8);
+    let Some((_, w, t)) = open_weights() else {
+        return;
+    };
+    let (ids, a) = capital_of_france(&w, &t, 8);
     let text = t.decode(&a).unwrap();
     assert!(text.contains("Paris"), "continuation {text:?}");
     assert_eq!(
@@ -119,22 +137,12 @@ fn greedy_is_coherent_stable_and_kv_decode_equals_recompute() {
     // KV decode vs recompute: the logits of each decode step against the last row of a
     // fresh forward over the whole sequence.
     let mut seq = ids.clone();
-    let mut m = Llama::new(
-        w.clone(),
-        caching_temp(10 << 20),
-        &ModelOptions { context: Some(64) },
-    )
-    .unwrap();
+    let mut m = model_on(&w, 64);
     m.forward(&seq).unwrap();
     for &tok in &a[..4] {
         seq.push(tok);
         let dec = m.forward(&[tok]).unwrap().to_vec();
-        let mut fresh = Llama::new(
-            w.clone(),
-            caching_temp(10 << 20),
-            &ModelOptions { context: Some(64) },
-        )
-        .unwrap();
+        let mut fresh = model_on(&w, 64);
         let full = fresh.forward(&seq).unwrap().to_vec();
         let scale = full.iter().fold(0f32, |s, v| s.max(v.abs()));
         let err = dec
@@ -152,12 +160,13 @@ fn greedy_is_coherent_stable_and_kv_decode_equals_recompute() {
 /// `--chat` renders the model's own template; the answer to a simple question names Paris.
 #[test]
 fn chat_answers_a_question() {
-    let Some((f, t)) = open_model() else { return };
+    let Some((f, w, t)) = open_weights() else {
+        return;
+    };
     let tpl = llm::gguf_tokenizer::chat_template(&f).expect("chat template");
     let prompt =
         llm::chat::render_user_prompt(tpl, "What is the capital of France?", "", "").unwrap();
     assert!(prompt.ends_with("<|im_start|>assistant\n"), "{prompt:?}");
-    let w = Arc::new(llm::gguf::weights_from(&f).unwrap());
     let out = greedy(&w, &t.encode(&prompt).unwrap(), 16);
     let text = t.decode(&out).unwrap();
     assert!(text.contains("Paris"), "answer {text:?}");
@@ -167,10 +176,10 @@ fn chat_answers_a_question() {
 /// same weights (dequantized), at every generated position.
 #[test]
 fn greedy_equals_f64_forward() {
-    let Some((f, t)) = open_model() else { return };
-    let w = Arc::new(llm::gguf::weights_from(&f).unwrap());
-    let ids = t.encode("The capital of France is").unwrap();
-    let out = greedy(&w, &ids, 3);
+    let Some((_, w, t)) = open_weights() else {
+        return;
+    };
+    let (ids, out) = capital_of_france(&w, &t, 3);
     let c = &w.config;
     let spec = common::Spec {
         hidden: c.hidden_size,

@@ -62,10 +62,7 @@ fn specs_match_reference() {
 
 #[test]
 fn decode_with_kv_cache_equals_full_recompute() {
-    let spec = Spec {
-        seed: 3,
-        ..Spec::default()
-    };
+    let spec = Spec::seeded(3);
     let dir = spec.checkpoint("kv");
     let mut a = model(dir.path());
     let mut tokens = prompt(spec.vocab, 16, 1);
@@ -257,10 +254,15 @@ fn sampling_is_seeded_and_respects_top_p() {
 
 // ---- bad checkpoints: each error names the file and the tensor ----
 
-fn load_err(dir: &std::path::Path) -> String {
-    match Weights::load(dir) {
+/// Loads the checkpoint in `dir`, which must fail with an error that contains every one of
+/// `parts`.
+fn assert_load_err(dir: &std::path::Path, parts: &[&str]) {
+    let e = match Weights::load(dir) {
         Ok(_) => panic!("loading {} should fail", dir.display()),
         Err(e) => e.to_string(),
+    };
+    for part in parts {
+        assert!(e.contains(part), "no {part:?} in: {e}");
     }
 }
 
@@ -271,12 +273,13 @@ fn missing_tensor_is_named() {
     let mut ts = spec.tensors();
     ts.retain(|(n, _, _)| n != "model.layers.1.mlp.up_proj.weight");
     spec.write_with(dir.path(), &ts);
-    let e = load_err(dir.path());
-    assert!(
-        e.contains("missing tensor `model.layers.1.mlp.up_proj.weight`"),
-        "{e}"
+    assert_load_err(
+        dir.path(),
+        &[
+            "missing tensor `model.layers.1.mlp.up_proj.weight`",
+            "model.safetensors",
+        ],
     );
-    assert!(e.contains("model.safetensors"), "{e}");
 }
 
 #[test]
@@ -291,22 +294,29 @@ fn wrong_shape_is_named() {
         }
     }
     spec.write_with(dir.path(), &ts);
-    let e = load_err(dir.path());
-    assert!(
-        e.contains("`model.layers.0.self_attn.k_proj.weight` has shape [8, 32]")
-            && e.contains("[16, 32]")
-            && e.contains("model.safetensors"),
-        "{e}"
+    assert_load_err(
+        dir.path(),
+        &[
+            "`model.layers.0.self_attn.k_proj.weight` has shape [8, 32]",
+            "[16, 32]",
+            "model.safetensors",
+        ],
     );
+}
+
+/// A default checkpoint in a new directory tagged `tag`, the path of its weights file and that
+/// file's bytes, for a test to write back damaged.
+fn weights_to_damage(tag: &str) -> (TempDir, std::path::PathBuf, Vec<u8>) {
+    let dir = Spec::default().checkpoint(tag);
+    let path = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    (dir, path, bytes)
 }
 
 #[test]
 fn unsupported_dtype_is_named() {
-    let spec = Spec::default();
-    let dir = spec.checkpoint("dtype");
+    let (dir, path, bytes) = weights_to_damage("dtype");
     // Rewrite one tensor's dtype as I32 (same 4-byte size, so the file stays consistent).
-    let path = dir.path().join("model.safetensors");
-    let bytes = std::fs::read(&path).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     header["model.norm.weight"]["dtype"] = "I32".into();
@@ -318,30 +328,20 @@ fn unsupported_dtype_is_named() {
     out.extend_from_slice(&h);
     out.extend_from_slice(&bytes[8 + n..]);
     std::fs::write(&path, out).unwrap();
-    let e = load_err(dir.path());
-    assert!(
-        e.contains("`model.norm.weight` has dtype I32") && e.contains("model.safetensors"),
-        "{e}"
+    assert_load_err(
+        dir.path(),
+        &["`model.norm.weight` has dtype I32", "model.safetensors"],
     );
 }
 
 #[test]
 fn truncated_file_is_named() {
-    let spec = Spec::default();
-    let dir = spec.checkpoint("trunc");
-    let path = dir.path().join("model.safetensors");
-    let bytes = std::fs::read(&path).unwrap();
+    let (dir, path, bytes) = weights_to_damage("trunc");
     std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
-    let e = load_err(dir.path());
-    assert!(
-        e.contains("truncated") && e.contains("model.safetensors"),
-        "{e}"
-    );
-    assert!(e.contains("tensor `"), "names the tensor: {e}");
+    assert_load_err(dir.path(), &["truncated", "model.safetensors", "tensor `"]);
     // A file too short for its header.
     std::fs::write(&path, &bytes[..20]).unwrap();
-    let e = load_err(dir.path());
-    assert!(e.contains("truncated") && e.contains("header"), "{e}");
+    assert_load_err(dir.path(), &["truncated", "header"]);
 }
 
 #[test]
@@ -352,30 +352,22 @@ fn config_contradicting_weights_is_reported() {
     let mut c = spec.config_json();
     c["num_hidden_layers"] = 1.into();
     std::fs::write(dir.path().join("config.json"), c.to_string()).unwrap();
-    let e = load_err(dir.path());
-    assert!(
-        e.contains("contradicts")
-            && e.contains("model.layers.1.")
-            && e.contains("model.safetensors"),
-        "{e}"
+    assert_load_err(
+        dir.path(),
+        &["contradicts", "model.layers.1.", "model.safetensors"],
     );
     // A vocabulary size that is not the embedding's.
     let mut c = spec.config_json();
     c["vocab_size"] = 100.into();
     std::fs::write(dir.path().join("config.json"), c.to_string()).unwrap();
-    let e = load_err(dir.path());
-    assert!(
-        e.contains("contradicts") && e.contains("model.embed_tokens.weight"),
-        "{e}"
-    );
+    assert_load_err(dir.path(), &["contradicts", "model.embed_tokens.weight"]);
     // Bias promised by a qwen2 config but absent.
     let mut c = spec.config_json();
     c["model_type"] = "qwen2".into();
     std::fs::write(dir.path().join("config.json"), c.to_string()).unwrap();
-    let e = load_err(dir.path());
-    assert!(
-        e.contains("missing tensor `model.layers.0.self_attn.q_proj.bias`"),
-        "{e}"
+    assert_load_err(
+        dir.path(),
+        &["missing tensor `model.layers.0.self_attn.q_proj.bias`"],
     );
 }
 
@@ -383,15 +375,10 @@ fn config_contradicting_weights_is_reported() {
 fn bad_config_and_no_weights() {
     let dir = TempDir::new("cfg");
     std::fs::write(dir.path().join("config.json"), "{\"hidden_size\": 4}").unwrap();
-    let e = load_err(dir.path());
-    assert!(
-        e.contains("config.json") && e.contains("missing field"),
-        "{e}"
-    );
+    assert_load_err(dir.path(), &["config.json", "missing field"]);
     Spec::default().write(dir.path());
     std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
-    let e = load_err(dir.path());
-    assert!(e.contains("no model.safetensors"), "{e}");
+    assert_load_err(dir.path(), &["no model.safetensors"]);
 }
 
 #[test]

@@ -9,6 +9,7 @@ use rayon::prelude::*;
 use crate::elem::Element;
 use crate::inputs::as_f32;
 use crate::kernels::int8::{PvTable, PvWeightsIn, PV_MAX_TILE, PV_ROWS, Q16};
+use crate::kernels::layout::{GroupedHeads, Strided};
 use crate::kernels::row::KvRow;
 use crate::plan::{regions, Path, Plan, RowsLayout, ROW_TILE, V_GROUP};
 use crate::sync::{Scratch, SharedOut};
@@ -148,6 +149,7 @@ fn chunk<T: Element>(
     let kern = &a.kernels;
     let (d, heads, nq) = (sh.head_dim, sh.heads, lay.nq);
     let group = heads / sh.kv_heads;
+    let hg = GroupedHeads { d, group };
     let row_len = sh.kv_heads * d; // one position row of K or V
     let [m, l, acc] = regions(part, [lay.m, lay.l, lay.acc]);
     let (m, l, acc) = (&mut m[..nq], &mut l[..nq], &mut acc[..nq * d]);
@@ -227,7 +229,8 @@ fn chunk<T: Element>(
                         sum: &q16_sum[i * heads..(i + 1) * heads],
                     });
                     let si = &mut s[i * heads * tile + u..];
-                    a.k.scores_row(kern, qi, q16, d, group, b * sh.kv_capacity + t, si, tile);
+                    let t = b * sh.kv_capacity + t;
+                    a.k.scores_row(kern, qi, q16, hg, t, Strided(si, tile));
                 }
                 continue;
             }
@@ -241,7 +244,7 @@ fn chunk<T: Element>(
                     let qg = &qb[r0 * d..(r0 + group) * d];
                     let sg = &mut s[r0 * tile + u..];
                     // SAFETY: slice-based kernel (checks its lengths); kernel set from `detect`.
-                    unsafe { (kern.scores_f32)(qg, d, group, kh, sg, tile) };
+                    unsafe { (kern.scores_f32)(qg, hg, kh, Strided(sg, tile)) };
                 }
             }
         }
@@ -293,7 +296,7 @@ fn chunk<T: Element>(
                     let w = &pv_w16[i * heads * ldw + u..(i + 1) * heads * ldw];
                     // SAFETY: slice-based kernel (checks its lengths); set from `detect`.
                     unsafe {
-                        (kern.pv_madd)(&mut pv32[i * hd..(i + 1) * hd], d, group, w, ldw, vr)
+                        (kern.pv_madd)(&mut pv32[i * hd..(i + 1) * hd], hg, Strided(w, ldw), vr)
                     };
                 }
             }
@@ -317,11 +320,12 @@ fn chunk<T: Element>(
         while u < nb {
             let w = V_GROUP.min(nb - u);
             if reads_rows {
-                let rows = core::array::from_fn(|j| b * sh.kv_capacity + t0 + u + j.min(w - 1));
+                let rows: [usize; V_GROUP] =
+                    core::array::from_fn(|j| b * sh.kv_capacity + t0 + u + j);
                 for i in 0..sh.q_len {
                     let acc_i = &mut acc[i * hd..(i + 1) * hd];
                     let p = &s[i * heads * tile + u..];
-                    a.v.axpy_row(kern, acc_i, d, group, p, tile, w, rows);
+                    a.v.axpy_row(kern, acc_i, hg, Strided(p, tile), &rows[..w]);
                 }
                 u += w;
                 continue;
@@ -339,7 +343,7 @@ fn chunk<T: Element>(
                     let acc_g = &mut acc[r0 * d..(r0 + group) * d];
                     let p = &s[r0 * tile + u..];
                     // SAFETY: slice-based kernel (checks its lengths); kernel set from `detect`.
-                    unsafe { (kern.axpy_f32)(acc_g, d, group, p, tile, w, vs) };
+                    unsafe { (kern.axpy_f32)(acc_g, hg, Strided(p, tile), &vs[..w]) };
                 }
             }
             u += w;

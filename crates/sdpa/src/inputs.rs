@@ -3,6 +3,7 @@
 
 use crate::elem::{Element, Elems};
 use crate::kernels::int8::Q16;
+use crate::kernels::layout::{GroupedHeads, Strided};
 use crate::kernels::row::KvRow;
 use crate::kernels::Kernels;
 use crate::quant::QuantizedKv;
@@ -123,71 +124,65 @@ impl<T: Element> Kv<'_, T> {
     }
 
     /// Scores of the query heads `q` (`heads * d` floats, `kv_heads = heads / group`)
-    /// against position row `t`: `s[h * lds] = q_h . k_{t, h / group}`. The int8 cache takes
-    /// the same query rows quantized to i16 (`q16`, required then; see
-    /// [`crate::kernels::int8::scores_q16`]).
-    #[allow(clippy::too_many_arguments)]
+    /// against position row `t`: `s[h * lds] = q_h . k_{t, h / group}` (`Strided(s, lds) =
+    /// out`). The int8 cache takes the same query rows quantized to i16 (`q16`, required then;
+    /// see [`crate::kernels::int8::scores_q16`]).
     #[inline]
     pub(crate) fn scores_row(
         &self,
         kern: &Kernels,
         q: &[f32],
         q16: Option<Q16<'_>>,
-        d: usize,
-        group: usize,
+        hg: GroupedHeads,
         t: usize,
-        s: &mut [f32],
-        lds: usize,
+        out: Strided<&mut [f32]>,
     ) {
-        let kvh = q.len() / d / group;
+        let d = hg.d;
+        let kvh = q.len() / d / hg.group;
         match self {
             Kv::Int8(c) => {
                 let k = Self::int8_row(c, t, kvh, d);
                 let q16 = q16.expect("int8 K is scored with the i16 query");
                 // SAFETY: slice-based kernel (checks its lengths); set chosen for this CPU.
-                unsafe { (kern.scores_q16)(q16, d, group, k, s, lds) }
+                unsafe { (kern.scores_q16)(q16, hg, k, out) }
             }
             Kv::Dense(x) => {
                 let r = t * kvh;
                 match T::elems(&x[r * d..(r + kvh) * d]) {
                     // SAFETY: as above.
-                    Elems::F32(k) => unsafe {
-                        (kern.scores_f32)(q, d, group, KvRow::dense(k), s, lds)
-                    },
+                    Elems::F32(k) => unsafe { (kern.scores_f32)(q, hg, KvRow::dense(k), out) },
                     // SAFETY: as above.
-                    Elems::Bf16(k) => unsafe {
-                        (kern.scores_bf16)(q, d, group, KvRow::dense(k), s, lds)
-                    },
+                    Elems::Bf16(k) => unsafe { (kern.scores_bf16)(q, hg, KvRow::dense(k), out) },
                     // SAFETY: the portable kernel is safe to call.
                     Elems::F16(k) => unsafe {
-                        crate::kernels::row::scores_row(q, d, group, KvRow::dense(k), s, lds)
+                        crate::kernels::row::scores_row(q, hg, KvRow::dense(k), out)
                     },
                 }
             }
         }
     }
 
-    /// `acc += P . V` for position rows `t[u]`, `u < w`: head `h`'s accumulator
-    /// `acc[h d..][..d]` gets `sum_u p[h * ldp + u] * v_{t[u], h / group}`.
-    #[allow(clippy::too_many_arguments)]
+    /// `acc += P . V` for the `w = t.len()` position rows `t[u]` (one to four): head `h`'s
+    /// accumulator `acc[h d..][..d]` gets `sum_u p[h * ldp + u] * v_{t[u], h / group}`
+    /// (`Strided(p, ldp) = weights`).
     #[inline]
     pub(crate) fn axpy_row(
         &self,
         kern: &Kernels,
         acc: &mut [f32],
-        d: usize,
-        group: usize,
-        p: &[f32],
-        ldp: usize,
-        w: usize,
-        t: [usize; 4],
+        hg: GroupedHeads,
+        weights: Strided<&[f32]>,
+        t: &[usize],
     ) {
-        let kvh = acc.len() / d / group;
+        let (d, w) = (hg.d, t.len());
+        let kvh = acc.len() / d / hg.group;
+        // Four positions for the arrays below; the kernels read only the first `w`.
+        let t: [usize; 4] = core::array::from_fn(|u| t[u.min(w - 1)]);
         match self {
             Kv::Int8(c) => {
                 let v = t.map(|t| Self::int8_row(c, t, kvh, d));
                 // SAFETY: slice-based kernel (checks its lengths); set chosen for this CPU.
-                unsafe { (kern.axpy_i8)(acc, d, group, p, ldp, w, v) }
+                unsafe { (kern.axpy_i8)(acc, hg, weights, &v[..w]) }
             }
             Kv::Dense(x) => {
                 let v = t.map(|t| T::elems(&x[t * kvh * d..(t + 1) * kvh * d]));
@@ -195,17 +190,17 @@ impl<T: Element> Kv<'_, T> {
                     [Elems::F32(a), Elems::F32(b), Elems::F32(c), Elems::F32(e)] => {
                         let v = [a, b, c, e].map(KvRow::dense);
                         // SAFETY: as above.
-                        unsafe { (kern.axpy_f32)(acc, d, group, p, ldp, w, v) }
+                        unsafe { (kern.axpy_f32)(acc, hg, weights, &v[..w]) }
                     }
                     [Elems::Bf16(a), Elems::Bf16(b), Elems::Bf16(c), Elems::Bf16(e)] => {
                         let v = [a, b, c, e].map(KvRow::dense);
                         // SAFETY: as above.
-                        unsafe { (kern.axpy_bf16)(acc, d, group, p, ldp, w, v) }
+                        unsafe { (kern.axpy_bf16)(acc, hg, weights, &v[..w]) }
                     }
                     [Elems::F16(a), Elems::F16(b), Elems::F16(c), Elems::F16(e)] => {
                         let v = [a, b, c, e].map(KvRow::dense);
                         // SAFETY: the portable kernel is safe to call.
-                        unsafe { crate::kernels::row::axpy_row(acc, d, group, p, ldp, w, v) }
+                        unsafe { crate::kernels::row::axpy_row(acc, hg, weights, &v[..w]) }
                     }
                     _ => unreachable!("one element type per call"),
                 }

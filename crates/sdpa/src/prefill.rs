@@ -5,7 +5,8 @@ use rayon::prelude::*;
 
 use crate::elem::Element;
 use crate::inputs::{as_f32, Kv};
-use crate::kernels::scalar::{KTile, Strided};
+use crate::kernels::layout::Strided;
+use crate::kernels::scalar::KTile;
 use crate::plan::{regions, round_up, Path, Plan, TiledLayout, MR, NR};
 use crate::sync::{Scratch, SharedOut};
 use crate::Args;

@@ -45,6 +45,25 @@ impl Caches {
             zero_points: &self.kv[i].2,
         }
     }
+
+    /// `attention_quantized` of `q` against these caches, with the default parameters.
+    fn attend(
+        &self,
+        q: &[f32],
+        out: &mut [f32],
+        sh: &Shape,
+        temp: &PoisonAlloc,
+    ) -> Result<(), SdpaError> {
+        attention_quantized(
+            q,
+            self.view(0),
+            self.view(1),
+            out,
+            sh,
+            &Params::default(),
+            temp,
+        )
+    }
 }
 
 fn assert_untouched<T: PartialEq + std::fmt::Debug>(
@@ -86,16 +105,7 @@ fn quantized_cache_lengths_name_the_slice() {
             };
             let mut out = vec![7.5f32; q.len()];
             let temp = PoisonAlloc::default();
-            let e = attention_quantized(
-                &q,
-                c.view(0),
-                c.view(1),
-                &mut out,
-                &sh,
-                &Params::default(),
-                &temp,
-            )
-            .unwrap_err();
+            let e = c.attend(&q, &mut out, &sh, &temp).unwrap_err();
             assert_eq!(
                 e,
                 SdpaError::LenMismatch {
@@ -160,27 +170,9 @@ fn bad_shapes_and_lengths_on_typed_paths() {
     let c = Caches::new(&sh);
     let mut out32 = vec![7.5f32; q.len()];
     let qf = data(q.len(), 3, 1.0);
-    let e = attention_quantized(
-        &qf,
-        c.view(0),
-        c.view(1),
-        &mut out32,
-        &over,
-        &Params::default(),
-        &temp,
-    )
-    .unwrap_err();
+    let e = c.attend(&qf, &mut out32, &over, &temp).unwrap_err();
     assert!(matches!(e, SdpaError::KvOverflow { .. }), "{e:?}");
-    let e = attention_quantized(
-        &qf,
-        c.view(0),
-        c.view(1),
-        &mut out32[1..],
-        &sh,
-        &Params::default(),
-        &temp,
-    )
-    .unwrap_err();
+    let e = c.attend(&qf, &mut out32[1..], &sh, &temp).unwrap_err();
     assert!(
         matches!(
             e,
@@ -194,16 +186,6 @@ fn bad_shapes_and_lengths_on_typed_paths() {
     assert_untouched(&out32, 7.5, &temp, &e);
 }
 
-/// (k, v, out is f16, tensor named, expected dtype, actual dtype).
-type Case<'a> = (
-    KvRef<'a>,
-    KvRef<'a>,
-    bool,
-    sdpa::Tensor,
-    Option<Dtype>,
-    Option<Dtype>,
-);
-
 #[test]
 fn mismatched_dtypes_are_refused() {
     use sdpa::Tensor;
@@ -216,56 +198,28 @@ fn mismatched_dtypes_are_refused() {
     let mut out16 = vec![F16::from_f32(7.5); q.len()];
     let mut outb = vec![Bf16::from_f32(7.5); q.len()];
     let dense = |t| KvRef::Dense(t);
-    // (k, v, out is f16, tensor named, expected, actual)
-    let cases: Vec<Case<'_>> = vec![
-        // (k, v, out is f16, tensor named, expected, actual)
-        (
-            dense(TensorRef::Bf16(&kb)),
-            dense(TensorRef::Bf16(&vb)),
-            true,
-            Tensor::Out,
-            Some(Dtype::Bf16),
-            Some(Dtype::F16),
-        ),
-        (
-            dense(TensorRef::F32(&k)),
-            dense(TensorRef::Bf16(&vb)),
-            false,
-            Tensor::K,
-            Some(Dtype::Bf16),
-            Some(Dtype::F32),
-        ),
-        (
-            dense(TensorRef::Bf16(&kb)),
-            dense(TensorRef::F32(&v)),
-            false,
-            Tensor::V,
-            Some(Dtype::Bf16),
-            Some(Dtype::F32),
-        ),
-        (
-            dense(TensorRef::Bf16(&kb)),
-            KvRef::Int8(c.view(1)),
-            false,
-            Tensor::V,
-            Some(Dtype::Bf16),
-            None,
-        ),
-        (
-            KvRef::Int8(c.view(0)),
-            dense(TensorRef::Bf16(&vb)),
-            false,
-            Tensor::V,
-            None,
-            Some(Dtype::Bf16),
-        ),
+    // K (`i = 0`) or V as the dtype says: `None` is the int8 cache.
+    let kv = |dtype: Option<Dtype>, i: usize| match dtype {
+        Some(Dtype::Bf16) => dense(TensorRef::Bf16([&kb, &vb][i])),
+        Some(Dtype::F32) => dense(TensorRef::F32([&k, &v][i])),
+        _ => KvRef::Int8(c.view(i)),
+    };
+    let (bf, f32_, int8) = (Some(Dtype::Bf16), Some(Dtype::F32), None);
+    // (K, V, the output (Q is bf16), the tensor named, its expected and actual dtype)
+    let cases = [
+        (bf, bf, Dtype::F16, Tensor::Out, bf, Some(Dtype::F16)),
+        (f32_, bf, Dtype::Bf16, Tensor::K, bf, f32_),
+        (bf, f32_, Dtype::Bf16, Tensor::V, bf, f32_),
+        (bf, int8, Dtype::Bf16, Tensor::V, bf, int8),
+        (int8, bf, Dtype::Bf16, Tensor::V, int8, bf),
     ];
-    for (k, v, f16_out, tensor, expected, actual) in cases {
-        let out = if f16_out {
+    for (kd, vd, out_dtype, tensor, expected, actual) in cases {
+        let out = if out_dtype == Dtype::F16 {
             TensorMut::F16(&mut out16)
         } else {
             TensorMut::Bf16(&mut outb)
         };
+        let (k, v) = (kv(kd, 0), kv(vd, 1));
         let e = attention_dyn(TensorRef::Bf16(&qb), k, v, out, &sh, &p, &temp).unwrap_err();
         assert_eq!(
             e,
@@ -296,16 +250,8 @@ fn mismatched_dtypes_are_refused() {
     assert_eq!(outb, want);
     let mut want = vec![0f32; q.len()];
     let mut got = vec![1f32; q.len()];
-    attention_quantized(
-        &q,
-        c.view(0),
-        c.view(1),
-        &mut want,
-        &sh,
-        &p,
-        &PoisonAlloc::default(),
-    )
-    .unwrap();
+    c.attend(&q, &mut want, &sh, &PoisonAlloc::default())
+        .unwrap();
     attention_dyn(
         TensorRef::F32(&q),
         KvRef::Int8(c.view(0)),

@@ -69,22 +69,11 @@ unsafe impl Simd for Avx2 {
             mul_i32 = _mm256_mullo_epi32, and_i32 = _mm256_and_si256,
         }
     }
-    #[inline(always)]
-    unsafe fn load_bf16(self, p: *const u16) -> __m256 {
-        // SAFETY: the features (token) and 8 readable u16 (16 bytes) at `p` (caller).
-        let h = unsafe { _mm_loadu_si128(p.cast()) };
-        feat!(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(
-            _mm256_cvtepu16_epi32(h)
-        )))
-    }
-    #[inline(always)]
-    unsafe fn load_f16(self, p: *const u16) -> __m256 {
-        if cfg!(miri) {
-            // SAFETY: 8 readable u16 at `p` (caller).
-            return unsafe { crate::convert::load_f16_lanes(self, p) };
-        }
-        // SAFETY: the features (token) and 8 readable u16 at `p` (caller).
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    x86_widening_loads! {
+        __m256, __m256i; load_words = _mm_loadu_si128, load_bytes = _mm_loadl_epi64,
+        zext16 = _mm256_cvtepu16_epi32, sext16 = _mm256_cvtepi16_epi32,
+        zext8 = _mm256_cvtepu8_epi32, sext8 = _mm256_cvtepi8_epi32, shl = _mm256_slli_epi32,
+        cast = _mm256_castsi256_ps, from_f16 = _mm256_cvtph_ps,
     }
     #[inline(always)]
     fn reduce_sum(self, v: __m256) -> f32 {
@@ -113,16 +102,6 @@ unsafe impl Simd for Avx2 {
         })
     }
     #[inline(always)]
-    unsafe fn load_i8(self, p: *const i8) -> __m256i {
-        // SAFETY: the features (token) and 8 readable bytes at `p` (caller).
-        unsafe { _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast())) }
-    }
-    #[inline(always)]
-    unsafe fn load_u8(self, p: *const u8) -> __m256i {
-        // SAFETY: the features (token) and 8 readable bytes at `p` (caller).
-        unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast())) }
-    }
-    #[inline(always)]
     fn shl_i32<const N: i32>(self, a: __m256i) -> __m256i {
         feat!(_mm256_slli_epi32::<N>(a))
     }
@@ -145,11 +124,6 @@ unsafe impl Simd for Avx2 {
             Some(a) => feat!(hsum8(a)),
             None => crate::reduce_sums_lanes(self, a),
         }
-    }
-    #[inline(always)]
-    unsafe fn load_i16(self, p: *const i16) -> __m256i {
-        // SAFETY: the features (token) and 8 readable i16 (16 bytes) at `p` (caller).
-        unsafe { _mm256_cvtepi16_epi32(_mm_loadu_si128(p.cast())) }
     }
     #[inline(always)]
     unsafe fn store_i16(self, p: *mut i16, v: __m256i) {

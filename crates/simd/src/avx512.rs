@@ -75,22 +75,11 @@ unsafe impl Simd for Avx512 {
             i32_to_f32 = _mm512_cvtepi32_ps, bits_to_f32 = _mm512_castsi512_ps,
         }
     }
-    #[inline(always)]
-    unsafe fn load_bf16(self, p: *const u16) -> __m512 {
-        // SAFETY: the features (token) and 16 readable u16 (32 bytes) at `p` (caller).
-        let h = unsafe { _mm256_loadu_si256(p.cast()) };
-        feat!(_mm512_castsi512_ps(_mm512_slli_epi32::<16>(
-            _mm512_cvtepu16_epi32(h)
-        )))
-    }
-    #[inline(always)]
-    unsafe fn load_f16(self, p: *const u16) -> __m512 {
-        if cfg!(miri) {
-            // SAFETY: 16 readable u16 at `p` (caller).
-            return unsafe { crate::convert::load_f16_lanes(self, p) };
-        }
-        // SAFETY: the features (token) and 16 readable u16 at `p` (caller).
-        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    x86_widening_loads! {
+        __m512, __m512i; load_words = _mm256_loadu_si256, load_bytes = _mm_loadu_si128,
+        zext16 = _mm512_cvtepu16_epi32, sext16 = _mm512_cvtepi16_epi32,
+        zext8 = _mm512_cvtepu8_epi32, sext8 = _mm512_cvtepi8_epi32, shl = _mm512_slli_epi32,
+        cast = _mm512_castsi512_ps, from_f16 = _mm512_cvtph_ps,
     }
     #[inline(always)]
     fn max(self, a: __m512, b: __m512) -> __m512 {
@@ -125,16 +114,6 @@ unsafe impl Simd for Avx512 {
         })
     }
     #[inline(always)]
-    unsafe fn load_i8(self, p: *const i8) -> __m512i {
-        // SAFETY: the features (token) and 16 readable bytes at `p` (caller).
-        unsafe { _mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast())) }
-    }
-    #[inline(always)]
-    unsafe fn load_u8(self, p: *const u8) -> __m512i {
-        // SAFETY: the features (token) and 16 readable bytes at `p` (caller).
-        unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast())) }
-    }
-    #[inline(always)]
     fn shl_i32<const N: i32>(self, a: __m512i) -> __m512i {
         // The immediate form takes a `u32` count; a constant count in a register folds to it.
         feat!(_mm512_sll_epi32(a, _mm_cvtsi32_si128(N)))
@@ -162,11 +141,6 @@ unsafe impl Simd for Avx512 {
             let lo = _mm512_castsi256_si512(crate::avx2::hsum8(&h[0]));
             _mm512_inserti64x4::<1>(lo, crate::avx2::hsum8(&h[1]))
         })
-    }
-    #[inline(always)]
-    unsafe fn load_i16(self, p: *const i16) -> __m512i {
-        // SAFETY: the features (token) and 16 readable i16 (32 bytes) at `p` (caller).
-        unsafe { _mm512_cvtepi16_epi32(_mm256_loadu_si256(p.cast())) }
     }
     #[inline(always)]
     unsafe fn store_i16(self, p: *mut i16, v: __m512i) {

@@ -95,3 +95,50 @@ macro_rules! x86_madd {
         }
     };
 }
+
+/// The widening loads of an x86 level (`load_bf16`, `load_f16`, `load_i8`, `load_u8`,
+/// `load_i16`), the same instructions at 256 and 512 bits: `$f` / `$i` the level's float and
+/// i32 vectors, `load_words` the load of the half-width integer vector that `LANES` 16-bit
+/// values fill, `load_bytes` the load of the integer vector whose low bytes `LANES` bytes
+/// fill, and the level's extensions to i32 lanes, 32-bit left shift, bit cast to floats and
+/// f16 conversion.
+#[cfg(target_arch = "x86_64")]
+macro_rules! x86_widening_loads {
+    ($f:ty, $i:ty; load_words = $lw:ident, load_bytes = $lb:ident, zext16 = $zx16:ident,
+        sext16 = $sx16:ident, zext8 = $zx8:ident, sext8 = $sx8:ident, shl = $shl:ident,
+        cast = $cast:ident, from_f16 = $cvtph:ident $(,)?) => {
+        #[inline(always)]
+        unsafe fn load_bf16(self, p: *const u16) -> $f {
+            // SAFETY: the features (token) and `LANES` readable u16 at `p` (caller), the
+            // bytes `load_words` reads.
+            let h = unsafe { $lw(p.cast()) };
+            feat!($cast($shl::<16>($zx16(h))))
+        }
+        #[inline(always)]
+        unsafe fn load_f16(self, p: *const u16) -> $f {
+            if cfg!(miri) {
+                // SAFETY: `LANES` readable u16 at `p` (caller).
+                return unsafe { $crate::convert::load_f16_lanes(self, p) };
+            }
+            // SAFETY: the features (token) and `LANES` readable u16 at `p` (caller).
+            unsafe { $cvtph($lw(p.cast())) }
+        }
+        #[inline(always)]
+        unsafe fn load_i8(self, p: *const i8) -> $i {
+            // SAFETY: the features (token) and `LANES` readable bytes at `p` (caller), the
+            // bytes `load_bytes` reads.
+            unsafe { $sx8($lb(p.cast())) }
+        }
+        #[inline(always)]
+        unsafe fn load_u8(self, p: *const u8) -> $i {
+            // SAFETY: as in `load_i8`.
+            unsafe { $zx8($lb(p.cast())) }
+        }
+        #[inline(always)]
+        unsafe fn load_i16(self, p: *const i16) -> $i {
+            // SAFETY: the features (token) and `LANES` readable i16 at `p` (caller), the bytes
+            // `load_words` reads.
+            unsafe { $sx16($lw(p.cast())) }
+        }
+    };
+}

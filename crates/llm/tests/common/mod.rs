@@ -76,6 +76,16 @@ impl Default for Spec {
     }
 }
 
+impl Spec {
+    /// The default model with the weights drawn from `seed`.
+    pub fn seeded(seed: u64) -> Spec {
+        Spec {
+            seed,
+            ..Spec::default()
+        }
+    }
+}
+
 /// Uniform in `[-scale, scale)` from the library's seeded SplitMix64 (the weights need a
 /// reproducible source, not an independent one: the reference below is what is independent).
 fn uniform(rng: &mut Rng, scale: f64) -> f32 {

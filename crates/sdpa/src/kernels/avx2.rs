@@ -9,6 +9,7 @@ use kernel_simd::{Avx2, Simd};
 
 use crate::elem::Bf16;
 use crate::kernels::int8::{pv_table_check, pv_table_from, PV_MAX_TILE};
+use crate::kernels::layout::{GroupedHeads, Strided};
 use crate::kernels::row::{check, heads_by_group, KvRow};
 use crate::kernels::scalar::KTile;
 use crate::plan::NR;
@@ -131,14 +132,13 @@ pub(super) unsafe fn prefetch_rows(
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn scores_row_bf16_split(
     q: &[f32],
-    d: usize,
-    group: usize,
+    hg: GroupedHeads,
     k: KvRow<'_, Bf16>,
-    s: &mut [f32],
-    lds: usize,
+    Strided(s, lds): Strided<&mut [f32]>,
 ) {
     assert!(k.scales.is_empty(), "bf16 rows are dense");
-    let heads = check(q.len(), d, group, &[k], s.len(), lds, 1);
+    let GroupedHeads { d, group } = hg;
+    let heads = check(q.len(), hg, &[k], (s.len(), lds), 1);
     let d16 = d / 16 * 16;
     let zero = _mm256_setzero_si256();
     for (h, g) in heads_by_group(heads, group) {

@@ -16,6 +16,7 @@
 
 use kernel_simd::{abs, non_finite, round_small, Simd};
 
+use crate::kernels::layout::{GroupedHeads, Strided};
 use crate::kernels::row::{check, heads_by_group, KvRow};
 
 /// Query heads quantized to i16 for the integer int8 dot product: `q[h d + j] ~= q16[h d + j] *
@@ -182,16 +183,13 @@ const MAX_LANES: usize = 16;
 /// `256 * 128 * 32767 < 2^30`, so the difference is exact in i32 and converts to the f32
 /// that the i64 of [`score_finish`] does; the two multiplies are in its order.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn scores_lanes<S: Simd>(
     s: S,
     q: Q16<'_>,
-    d: usize,
+    GroupedHeads { d, group }: GroupedHeads,
     dv: usize,
-    group: usize,
     k: KvRow<'_, i8>,
-    out: &mut [f32],
-    lds: usize,
+    Strided(out, lds): Strided<&mut [f32]>,
     h0: usize,
 ) {
     let l = S::LANES;
@@ -269,19 +267,17 @@ fn scores_lanes<S: Simd>(
 fn scores_q16_body<S: Simd>(
     s: S,
     q: Q16<'_>,
-    d: usize,
-    group: usize,
+    hg: GroupedHeads,
     k: KvRow<'_, i8>,
-    out: &mut [f32],
-    lds: usize,
+    Strided(out, lds): Strided<&mut [f32]>,
 ) {
-    let step = 2 * S::LANES;
-    let heads = check(q.q.len(), d, group, &[k], out.len(), lds, 1);
+    let (step, GroupedHeads { d, group }) = (2 * S::LANES, hg);
+    let heads = check(q.q.len(), hg, &[k], (out.len(), lds), 1);
     let dv = d / step * step;
     let mut h0 = 0;
     if d <= MADD_BLOCK && !k.scales.is_empty() {
         while h0 + S::LANES <= heads {
-            scores_lanes(s, q, d, dv, group, k, out, lds, h0);
+            scores_lanes(s, q, hg, dv, k, Strided(&mut *out, lds), h0);
             h0 += S::LANES;
         }
     }
@@ -498,7 +494,7 @@ fn pv_madd_lanes(
     }
 }
 
-/// Checks [`pv_madd`]'s arguments; returns the number of heads.
+/// Checks [`pv_madd`]'s arguments (`w` weights at stride `ldw`); returns the number of heads.
 fn pv_check(n: usize, d: usize, group: usize, w: usize, ldw: usize, v: &[KvRow<'_, i8>]) -> usize {
     assert!(d > 0 && group > 0 && n.is_multiple_of(d), "accumulators");
     let heads = n / d;
@@ -517,14 +513,12 @@ fn pv_check(n: usize, d: usize, group: usize, w: usize, ldw: usize, v: &[KvRow<'
 fn pv_madd_body<S: Simd>(
     s: S,
     acc32: &mut [i32],
-    d: usize,
-    group: usize,
-    w16: &[i16],
-    ldw: usize,
+    hg: GroupedHeads,
+    Strided(w16, ldw): Strided<&[i16]>,
     v: [KvRow<'_, i8>; PV_ROWS],
 ) {
     const P: usize = PV_ROWS / 2;
-    let l = S::LANES;
+    let (l, GroupedHeads { d, group }) = (S::LANES, hg);
     let heads = pv_check(acc32.len(), d, group, w16.len(), ldw, &v);
     let dv = d / (2 * l) * (2 * l);
     for (h, g) in heads_by_group(heads, group) {
@@ -564,7 +558,7 @@ fn pv_madd_body<S: Simd>(
 
 /// Signature of [`pv_madd`] and its SIMD versions.
 pub(crate) type PvMadd =
-    unsafe fn(&mut [i32], usize, usize, &[i16], usize, [KvRow<'_, i8>; PV_ROWS]);
+    unsafe fn(&mut [i32], GroupedHeads, Strided<&[i16]>, [KvRow<'_, i8>; PV_ROWS]);
 
 /// Checks [`pv_flush`]'s arguments; returns the number of heads.
 fn flush_check(acc: &[f32], acc32: &[i32], d: usize, step: &[f32], zterm: &[i32]) -> usize {
@@ -617,7 +611,7 @@ pub(crate) type PvFlush = unsafe fn(&mut [f32], &mut [i32], usize, &[f32], &[i32
 /// Signature of [`quantize_q16`] and its SIMD versions.
 pub(crate) type QuantizeQ16 = unsafe fn(&[f32], usize, &mut [i16], &mut [f32], &mut [i32]);
 /// Signature of [`scores_q16`] and its SIMD versions.
-pub(crate) type ScoresQ16 = unsafe fn(Q16<'_>, usize, usize, KvRow<'_, i8>, &mut [f32], usize);
+pub(crate) type ScoresQ16 = unsafe fn(Q16<'_>, GroupedHeads, KvRow<'_, i8>, Strided<&mut [f32]>);
 
 kernel_simd::instantiate! {
     /// Quantizes the query heads `q` (`heads * d` floats) symmetrically to i16, per head:
@@ -629,15 +623,13 @@ kernel_simd::instantiate! {
         = quantize_q16_body;
     /// The integer scores of one query row against an int8 K position row:
     /// `s[h * lds] = kscale_g * qscale_h * (sum_j q16[h d + j] k[g d + j] - zp_g * qsum_h)`
-    /// for each query head `h`, with `g = h / group`, the sums exact in integers. Panics if
-    /// the lengths do not fit.
+    /// for each query head `h`, with `g = h / group` and `Strided(s, lds) = out`, the sums
+    /// exact in integers. Panics if the lengths do not fit.
     pub(crate) fn scores_q16(
         q: Q16<'_>,
-        d: usize,
-        group: usize,
+        hg: GroupedHeads,
         k: KvRow<'_, i8>,
-        out: &mut [f32],
-        lds: usize
+        out: Strided<&mut [f32]>
     ) = scores_q16_body;
     /// The i16 weights of the integer `P . V` for one query row and a tile of `n = a.tab.n`
     /// int8 V position rows: for each query head `h < step.len()`, with `g = h / group`, the
@@ -657,15 +649,13 @@ kernel_simd::instantiate! {
     ) = pv_weights_body;
     /// Integer `acc32 += W . V` over [`PV_ROWS`] int8 V position rows: for each head `h <
     /// acc32.len() / d`, with `g = h / group`, `acc32[h d + j] += sum_{u < PV_ROWS} w16[h *
-    /// ldw + u] * v_u[g d + j]` (wrapping; exact while the [`PV_MAX_TILE`] bound holds).
-    /// Heads whose weights are all 0 are skipped (they would add 0). Rows with weight 0 may
-    /// be any valid row. Panics if a length does not fit.
+    /// ldw + u] * v_u[g d + j]` (`Strided(w16, ldw) = w`; wrapping, exact while the
+    /// [`PV_MAX_TILE`] bound holds). Heads whose weights are all 0 are skipped (they would
+    /// add 0). Rows with weight 0 may be any valid row. Panics if a length does not fit.
     pub(crate) fn pv_madd(
         acc32: &mut [i32],
-        d: usize,
-        group: usize,
-        w16: &[i16],
-        ldw: usize,
+        hg: GroupedHeads,
+        w: Strided<&[i16]>,
         v: [KvRow<'_, i8>; PV_ROWS]
     ) = pv_madd_body;
     /// Ends a tile of the integer `P . V`: for each head `h < step.len()` with `step[h] !=

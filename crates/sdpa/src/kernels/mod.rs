@@ -24,6 +24,7 @@
 
 pub(crate) mod convert;
 pub(crate) mod int8;
+pub(crate) mod layout;
 pub(crate) mod row;
 pub(crate) mod scalar;
 pub(crate) mod tile;
@@ -36,8 +37,8 @@ pub(crate) mod tests;
 use crate::elem::{Bf16, F16};
 use crate::simd::{simd_level, SimdLevel};
 use int8::{PvFlush, PvMadd, PvTableFn, PvWeights, QuantizeQ16, ScoresQ16};
+use layout::Strided;
 use row::{AxpyRow, ScoresRow};
-use scalar::Strided;
 
 /// The kernel set of a call. Every function pointer is `unsafe` because the SIMD versions
 /// require the CPU features checked by [`Kernels::for_level`], on top of each kernel's own

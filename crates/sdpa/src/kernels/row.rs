@@ -15,6 +15,7 @@
 
 use kernel_simd::Simd;
 
+use super::layout::{GroupedHeads, Strided};
 use crate::elem::{Bf16, F16};
 
 /// The storage types a position row can have.
@@ -128,19 +129,18 @@ impl<E: Lane> KvRow<'_, E> {
     }
 }
 
-/// Checks the arguments shared by both kernels and returns the number of query heads: `n`
-/// floats of query rows (or accumulators) of `d` lanes, `group` query heads per KV head, rows
-/// `rows`, and a strided operand (`s` or `p`) of `len` floats read or written at
+/// Checks the arguments shared by the row kernels and returns the number of query heads: `n`
+/// elements of query rows (or accumulators) of `hg.d` lanes, position rows `rows`, and a
+/// strided operand (the scores or the weights) of `len` elements, read or written at
 /// `h * ld + j` for `j < width`.
 pub(crate) fn check<E: Lane>(
     n: usize,
-    d: usize,
-    group: usize,
+    hg: GroupedHeads,
     rows: &[KvRow<'_, E>],
-    len: usize,
-    ld: usize,
+    (len, ld): (usize, usize),
     width: usize,
 ) -> usize {
+    let GroupedHeads { d, group } = hg;
     assert!(d > 0 && group > 0 && n.is_multiple_of(d), "query rows");
     let heads = n / d;
     assert!(heads.is_multiple_of(group), "group");
@@ -162,20 +162,19 @@ pub(crate) fn heads_by_group(heads: usize, group: usize) -> impl Iterator<Item =
 }
 
 /// Scores of one query row against one position row: for each query head `h < q.len() / d`,
-/// with `g = h / group`, `s[h * lds] = scale_g * sum_j q[h d + j] * (k[g d + j] - zp_g)`.
-/// Panics if the lengths do not fit.
+/// with `g = h / group`, `s[h * lds] = scale_g * sum_j q[h d + j] * (k[g d + j] - zp_g)`
+/// (`Strided(s, lds) = out`). Panics if the lengths do not fit.
 ///
 /// # Safety
 /// None (safe to call).
 pub(crate) unsafe fn scores_row<E: Lane>(
     q: &[f32],
-    d: usize,
-    group: usize,
+    hg: GroupedHeads,
     k: KvRow<'_, E>,
-    s: &mut [f32],
-    lds: usize,
+    out: Strided<&mut [f32]>,
 ) {
-    let heads = check(q.len(), d, group, &[k], s.len(), lds, 1);
+    let (GroupedHeads { d, group }, Strided(s, lds)) = (hg, out);
+    let heads = check(q.len(), hg, &[k], (s.len(), lds), 1);
     for (h, g) in heads_by_group(heads, group) {
         let (sc, zp) = k.head(g);
         let kh = &k.x[g * d..(g + 1) * d];
@@ -188,24 +187,22 @@ pub(crate) unsafe fn scores_row<E: Lane>(
     }
 }
 
-/// `acc += P . V` over up to four position rows: for each head `h < acc.len() / d`, with
-/// `g = h / group`, `acc[h d + j] += sum_{u < w} p[h * ldp + u] * scale_{u,g} *
-/// (v_u[g d + j] - zp_{u,g})`. Rows `u >= w` (`1 <= w <= 4`) and heads whose `w` weights are
-/// all 0 are skipped. Panics if the lengths do not fit.
+/// `acc += P . V` over the `w = v.len()` position rows `v` (one to four): for each head
+/// `h < acc.len() / d`, with `g = h / group`, `acc[h d + j] += sum_{u < w} p[h * ldp + u] *
+/// scale_{u,g} * (v_u[g d + j] - zp_{u,g})` (`Strided(p, ldp) = weights`). Heads whose `w`
+/// weights are all 0 are skipped. Panics if the lengths do not fit.
 ///
 /// # Safety
 /// None (safe to call).
 pub(crate) unsafe fn axpy_row<E: Lane>(
     acc: &mut [f32],
-    d: usize,
-    group: usize,
-    p: &[f32],
-    ldp: usize,
-    w: usize,
-    v: [KvRow<'_, E>; 4],
+    hg: GroupedHeads,
+    weights: Strided<&[f32]>,
+    v: &[KvRow<'_, E>],
 ) {
+    let (GroupedHeads { d, group }, Strided(p, ldp), w) = (hg, weights, v.len());
     assert!((1..=4).contains(&w), "w");
-    let heads = check(acc.len(), d, group, &v[..w], p.len(), ldp, w);
+    let heads = check(acc.len(), hg, v, (p.len(), ldp), w);
     for (h, g) in heads_by_group(heads, group) {
         let pw = &p[h * ldp..h * ldp + w];
         if pw.iter().all(|&x| x == 0.0) {
@@ -223,20 +220,18 @@ pub(crate) unsafe fn axpy_row<E: Lane>(
 }
 
 /// The arguments of [`axpy_row`] checked (panics as it documents), as its SIMD versions take
-/// them: the number of heads, and the four rows with rows `u >= w` replaced by row 0 (finite
-/// values, weighted 0, so they add exact zeros).
+/// them: the number of heads, and four rows, rows `u >= v.len()` being row 0 (finite values,
+/// weighted 0, so they add exact zeros).
 pub(crate) fn axpy_args<'a, E: Lane>(
     acc: &[f32],
-    d: usize,
-    group: usize,
-    p: &[f32],
-    ldp: usize,
-    w: usize,
-    v: [KvRow<'a, E>; 4],
+    hg: GroupedHeads,
+    weights: &Strided<&[f32]>,
+    v: &[KvRow<'a, E>],
 ) -> (usize, [KvRow<'a, E>; 4]) {
+    let w = v.len();
     assert!((1..=4).contains(&w), "w");
     assert!(E::KIND != LaneKind::F16, "no SIMD f16 row kernel");
-    let heads = check(acc.len(), d, group, &v[..w], p.len(), ldp, w);
+    let heads = check(acc.len(), hg, v, (weights.0.len(), weights.1), w);
     (
         heads,
         core::array::from_fn(|u| if u < w { v[u] } else { v[0] }),
@@ -246,7 +241,8 @@ pub(crate) fn axpy_args<'a, E: Lane>(
 /// Head `h`'s weights in the SIMD [`axpy_row`]s: `p[h * ldp + u]` (0 for `u >= w`) times row
 /// `u`'s scale of head `g`, and the zero points' share `sum_u w_u zp_u`, which they subtract
 /// once per lane instead of a zero point per row and lane; `None` if all weights are 0.
-#[inline]
+/// Always inlined: once per head of the hot loop (the inliner left it a call there).
+#[inline(always)]
 pub(crate) fn head_weights<E: Lane>(
     p: &[f32],
     ldp: usize,
@@ -283,7 +279,7 @@ pub(crate) fn axpy_tail<E: Lane>(
 }
 
 /// Signature of [`scores_row`] and its SIMD versions.
-pub(crate) type ScoresRow<E> = unsafe fn(&[f32], usize, usize, KvRow<'_, E>, &mut [f32], usize);
+pub(crate) type ScoresRow<E> = unsafe fn(&[f32], GroupedHeads, KvRow<'_, E>, Strided<&mut [f32]>);
 /// Reorders each full 16-lane block of every head (`q.len() / d` heads of `d` lanes) from
 /// `x0..x15` to `x0..x3, x8..x11, x4..x7, x12..x15`, the order in which the AVX2 bf16 scores
 /// kernel ([`avx2::scores_row_bf16_split`]) widens a 32-byte load of bf16 (`vpunpcklwd` /
@@ -301,8 +297,7 @@ pub(crate) fn split16(q: &mut [f32], d: usize) {
 }
 
 /// Signature of [`axpy_row`] and its SIMD versions.
-pub(crate) type AxpyRow<E> =
-    unsafe fn(&mut [f32], usize, usize, &[f32], usize, usize, [KvRow<'_, E>; 4]);
+pub(crate) type AxpyRow<E> = unsafe fn(&mut [f32], GroupedHeads, Strided<&[f32]>, &[KvRow<'_, E>]);
 
 /// The body of the SIMD [`scores_row`]s (f32, bf16 and int8 K; int8 K is normally scored by
 /// [`super::int8::scores_q16`]): four accumulators of `S::LANES` lanes, then single vectors, then a
@@ -311,14 +306,12 @@ pub(crate) type AxpyRow<E> =
 fn scores_body<S: Simd, E: Lane>(
     s: S,
     q: &[f32],
-    d: usize,
-    group: usize,
+    hg: GroupedHeads,
     k: KvRow<'_, E>,
-    out: &mut [f32],
-    lds: usize,
+    Strided(out, lds): Strided<&mut [f32]>,
 ) {
-    let l = S::LANES;
-    let heads = check(q.len(), d, group, &[k], out.len(), lds, 1);
+    let (l, GroupedHeads { d, group }) = (S::LANES, hg);
+    let heads = check(q.len(), hg, &[k], (out.len(), lds), 1);
     let (d4, d1) = (d / (4 * l) * (4 * l), d / l * l);
     for (h, g) in heads_by_group(heads, group) {
         let (sc, zp) = k.head(g);
@@ -358,19 +351,16 @@ fn scores_body<S: Simd, E: Lane>(
 /// weighted values added to the accumulator `S::LANES` lanes at a time, the zero points'
 /// share subtracted once per lane group.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)] // the `AxpyRow` signature, plus the token
 fn axpy_body<S: Simd, E: Lane>(
     s: S,
     acc: &mut [f32],
-    d: usize,
-    group: usize,
-    p: &[f32],
-    ldp: usize,
-    w: usize,
-    v: [KvRow<'_, E>; 4],
+    hg: GroupedHeads,
+    weights: Strided<&[f32]>,
+    rows: &[KvRow<'_, E>],
 ) {
-    let l = S::LANES;
-    let (heads, v) = axpy_args(acc, d, group, p, ldp, w, v);
+    let (l, GroupedHeads { d, group }, w) = (S::LANES, hg, rows.len());
+    let (heads, v) = axpy_args(acc, hg, &weights, rows);
+    let Strided(p, ldp) = weights;
     let d1 = d / l * l;
     for (h, g) in heads_by_group(heads, group) {
         let Some((wu, zsum)) = head_weights(p, ldp, w, &v, h, g) else {
@@ -409,20 +399,15 @@ kernel_simd::instantiate! {
     /// [`scores_row`] per ISA (see [`scores_body`]).
     pub(crate) fn scores_simd<E: Lane>(
         q: &[f32],
-        d: usize,
-        group: usize,
+        hg: GroupedHeads,
         k: KvRow<'_, E>,
-        out: &mut [f32],
-        lds: usize
+        out: Strided<&mut [f32]>
     ) = scores_body;
     /// [`axpy_row`] per ISA (see [`axpy_body`]).
     pub(crate) fn axpy_simd<E: Lane>(
         acc: &mut [f32],
-        d: usize,
-        group: usize,
-        p: &[f32],
-        ldp: usize,
-        w: usize,
-        v: [KvRow<'_, E>; 4]
+        hg: GroupedHeads,
+        weights: Strided<&[f32]>,
+        rows: &[KvRow<'_, E>]
     ) = axpy_body;
 }

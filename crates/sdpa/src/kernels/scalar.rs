@@ -1,6 +1,7 @@
 //! The portable kernel set: scalar Rust with the contracts every SIMD version matches (and
 //! the reference the tests hold them to).
 
+use crate::kernels::layout::Strided;
 use crate::plan::{MR, NR};
 
 /// Writes `s[r * lds + j] = sum_x a[x * MR + r] * b[x * NR + j]` for `r < MR`, `j < NR`.
@@ -29,11 +30,6 @@ pub(crate) unsafe fn qk_tile(a: *const f32, d: usize, b: *const f32, s: *mut f32
         unsafe { s.add(r * lds).cast::<[f32; NR]>().write_unaligned(*row) };
     }
 }
-
-/// The rows of a matrix in memory, as the tile kernels take their operands: the pointer to
-/// row 0 and the row stride in elements (row `r` starts at `ptr + r * stride`).
-#[derive(Clone, Copy)]
-pub(crate) struct Strided<P>(pub P, pub usize);
 
 /// `o[r * ldo + j] += sum_{t < nk} p[r * ldp + t] * v[t * ldv + j]` for `r < MR`, `j < NR`,
 /// with `p = Strided(p, ldp)`, `v = Strided(v, ldv)` and `o = Strided(o, ldo)`.

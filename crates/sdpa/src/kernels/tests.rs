@@ -78,6 +78,7 @@ fn level_matches_scalar(level: SimdLevel) {
 /// `|w16 * step - w| <= step * (1/2 + 2^-8)`, and the largest is 32767 (a tight step).
 fn int_pv_matches_model(f: Kernels) {
     use crate::kernels::int8::{PvTable, PvWeightsIn, PV_MAX_TILE, PV_ROWS};
+    use crate::kernels::layout::GroupedHeads;
     use crate::kernels::row::KvRow;
     let s = Kernels::scalar();
     // Under Miri (where the AVX-512 `pv_madd` is tested; ~20 s a case) four cases: a
@@ -106,7 +107,7 @@ fn int_pv_matches_model(f: Kernels) {
             .collect()
     };
     for (d, kvh, group, n) in cases {
-        let heads = kvh * group;
+        let (heads, hg) = (kvh * group, GroupedHeads { d, group });
         let nr = n.div_ceil(PV_ROWS) * PV_ROWS;
         let vals: Vec<Vec<i8>> = (0..nr).map(|t| bytes(kvh * d, 37, t * 101 + d)).collect();
         let scales: Vec<Vec<f32>> = (0..nr)
@@ -187,7 +188,7 @@ fn int_pv_matches_model(f: Kernels) {
                     (k.pv_weights)(a, ldw, &mut w16, &mut step, &mut zt);
                     for u in (0..n).step_by(PV_ROWS) {
                         let v: [KvRow<'_, i8>; PV_ROWS] = core::array::from_fn(|j| rows[u + j]);
-                        (k.pv_madd)(&mut acc32, d, group, &w16[u..], ldw, v);
+                        (k.pv_madd)(&mut acc32, hg, Strided(&w16[u..], ldw), v);
                     }
                     (k.pv_flush)(&mut acc, &mut acc32, d, &step, &zt);
                 }
@@ -330,6 +331,7 @@ fn conversions_match_scalar(f: Kernels) {
 /// head dims 300 and 520 (several 256-lane integer blocks); every `w`, zero weights.
 fn row_kernels_match_scalar(f: Kernels) {
     use crate::kernels::int8::Q16;
+    use crate::kernels::layout::GroupedHeads;
     use crate::kernels::row::KvRow;
     let s = Kernels::scalar();
     // quantize_q16: bit-identical to the scalar version, on heads of zeros, with a NaN,
@@ -387,6 +389,7 @@ fn row_kernels_match_scalar(f: Kernels) {
         .chain(long.iter().copied())
     {
         let group = if heads % group == 0 { group } else { 1 };
+        let hg = GroupedHeads { d, group };
         let kvh = heads / group;
         let n = kvh * d;
         let q = uniform(heads * d, 31 + d as u32, 1.0);
@@ -437,12 +440,12 @@ fn row_kernels_match_scalar(f: Kernels) {
             unsafe {
                 match kind {
                     0 => {
-                        (f.scores_f32)(&q, d, group, rf(0), &mut s1, lds);
-                        (s.scores_f32)(&q, d, group, rf(0), &mut s2, lds);
+                        (f.scores_f32)(&q, hg, rf(0), Strided(&mut s1, lds));
+                        (s.scores_f32)(&q, hg, rf(0), Strided(&mut s2, lds));
                     }
                     1 => {
-                        (f.scores_bf16)(q_bf16(&f), d, group, rb(0), &mut s1, lds);
-                        (s.scores_bf16)(&q, d, group, rb(0), &mut s2, lds);
+                        (f.scores_bf16)(q_bf16(&f), hg, rb(0), Strided(&mut s1, lds));
+                        (s.scores_bf16)(&q, hg, rb(0), Strided(&mut s2, lds));
                     }
                     _ => {
                         let q16 = Q16 {
@@ -450,8 +453,8 @@ fn row_kernels_match_scalar(f: Kernels) {
                             scale: &q16_scale,
                             sum: &q16_sum,
                         };
-                        (f.scores_q16)(q16, d, group, ri(0), &mut s1, lds);
-                        (s.scores_q16)(q16, d, group, ri(0), &mut s2, lds);
+                        (f.scores_q16)(q16, hg, ri(0), Strided(&mut s1, lds));
+                        (s.scores_q16)(q16, hg, ri(0), Strided(&mut s2, lds));
                     }
                 }
             }
@@ -489,18 +492,18 @@ fn row_kernels_match_scalar(f: Kernels) {
                     match kind {
                         0 => {
                             let v = [0, 1, 2, 3].map(rf);
-                            (f.axpy_f32)(&mut a1, d, group, &p, ldp, w, v);
-                            (s.axpy_f32)(&mut a2, d, group, &p, ldp, w, v);
+                            (f.axpy_f32)(&mut a1, hg, Strided(&p, ldp), &v[..w]);
+                            (s.axpy_f32)(&mut a2, hg, Strided(&p, ldp), &v[..w]);
                         }
                         1 => {
                             let v = [0, 1, 2, 3].map(rb);
-                            (f.axpy_bf16)(&mut a1, d, group, &p, ldp, w, v);
-                            (s.axpy_bf16)(&mut a2, d, group, &p, ldp, w, v);
+                            (f.axpy_bf16)(&mut a1, hg, Strided(&p, ldp), &v[..w]);
+                            (s.axpy_bf16)(&mut a2, hg, Strided(&p, ldp), &v[..w]);
                         }
                         _ => {
                             let v = [0, 1, 2, 3].map(ri);
-                            (f.axpy_i8)(&mut a1, d, group, &p, ldp, w, v);
-                            (s.axpy_i8)(&mut a2, d, group, &p, ldp, w, v);
+                            (f.axpy_i8)(&mut a1, hg, Strided(&p, ldp), &v[..w]);
+                            (s.axpy_i8)(&mut a2, hg, Strided(&p, ldp), &v[..w]);
                         }
                     }
                 }

@@ -7,7 +7,7 @@
 
 use kernel_simd::Simd;
 
-use super::scalar::Strided;
+use super::layout::Strided;
 use crate::plan::{MR, NR};
 
 /// Most vectors per panel row (NEON's 4 lanes).
