@@ -76,10 +76,11 @@ unsafe fn group_dots<S: Simd>(
                     for j in (0..QK / 2).step_by(2) {
                         for (v, cv) in c.iter_mut().enumerate().take(vecs) {
                             for (u, [lo_c, hi_c]) in [(0, [0, 1]), (1, [2, 3])] {
-                                let (lo, hi) = load_nibbles(s, q.add((j + u) * GROUP + v * l));
+                                let p = q.add((j + u) * GROUP + v * l);
+                                let (lo, hi) = s.load_nibbles_f32(p);
                                 let (xl, xh) = (*xb.add(j + u), *xb.add(j + u + 16));
-                                cv[lo_c] = s.fma(s.i32_to_f32(lo), s.splat(xl), cv[lo_c]);
-                                cv[hi_c] = s.fma(s.i32_to_f32(hi), s.splat(xh), cv[hi_c]);
+                                cv[lo_c] = s.fma(lo, s.splat(xl), cv[lo_c]);
+                                cv[hi_c] = s.fma(hi, s.splat(xh), cv[hi_c]);
                             }
                         }
                     }
