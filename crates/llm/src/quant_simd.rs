@@ -22,6 +22,7 @@ const MAX_VECS: usize = 4;
 /// Q4_1 group-blocks. Measured on the real model (SmolLM2-135M Q4_1, 2 rayon threads, one
 /// run, distances interleaved, 6 rounds, medians): decode 51.6 tok/s without the hint, 60.2
 /// at 640 bytes, 63.1 at 1024, 56.3 at 2048, 44.1 at 4096.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // read by the x86-64 prefetch only
 const PREFETCH_DISTANCE: usize = 1024;
 
 /// A hint to bring the `len` bytes [`PREFETCH_DISTANCE`] past `p` into cache, so the next
