@@ -114,6 +114,29 @@ unsafe impl Simd for Avx512 {
         })
     }
     #[inline(always)]
+    unsafe fn load_nibbles_f32(self, p: *const u8) -> (__m512, __m512) {
+        if cfg!(miri) {
+            // Miri lacks `vpermps`: the mask-and-convert form, which gives the same floats.
+            // SAFETY: 16 readable bytes at `p` (caller).
+            let (lo, hi) = unsafe { crate::load_nibbles(self, p) };
+            return (self.i32_to_f32(lo), self.i32_to_f32(hi));
+        }
+        // SAFETY: the features (token) and 16 readable bytes at `p` (caller).
+        unsafe {
+            let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast()));
+            let table = _mm512_setr_ps(
+                0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0,
+                15.0,
+            );
+            // `vpermps` indexes by bits 0..4 of each lane: the low nibble as it is, the high
+            // one after the shift (a byte's bits 4..8).
+            (
+                _mm512_permutexvar_ps(b, table),
+                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(b), table),
+            )
+        }
+    }
+    #[inline(always)]
     fn shl_i32<const N: i32>(self, a: __m512i) -> __m512i {
         // The immediate form takes a `u32` count; a constant count in a register folds to it.
         feat!(_mm512_sll_epi32(a, _mm_cvtsi32_si128(N)))

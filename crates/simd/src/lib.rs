@@ -229,6 +229,20 @@ pub unsafe trait Simd: Copy + Send + Sync + 'static {
     fn reduce_sums_i32(self, a: &[Self::I32]) -> Self::I32 {
         reduce_sums_lanes(self, a)
     }
+    /// The low and high nibbles of `LANES` bytes at `p` as f32 (exact, `0.0 ..= 15.0`): lane
+    /// `i` of the first vector is `p[i] & 15`, of the second `p[i] >> 4`, as
+    /// [`load_nibbles`] gives them converted. A level may look the floats up in a table of
+    /// 0..16 instead of masking and converting (AVX-512: a permute reads only an index's
+    /// low 4 bits, so the low nibble needs no mask and neither needs a conversion).
+    ///
+    /// # Safety
+    /// `p` is readable for `LANES` bytes.
+    #[inline(always)]
+    unsafe fn load_nibbles_f32(self, p: *const u8) -> (Self::F32, Self::F32) {
+        // SAFETY: forwarded from the caller.
+        let (lo, hi) = unsafe { load_nibbles(self, p) };
+        (self.i32_to_f32(lo), self.i32_to_f32(hi))
+    }
     /// Lane-wise conversion to f32 (round to nearest even where not exact).
     fn i32_to_f32(self, a: Self::I32) -> Self::F32;
     /// Lane-wise conversion to i32, rounding to nearest even; lanes outside the i32 range

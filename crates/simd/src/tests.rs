@@ -146,6 +146,11 @@ fn check_convert_body<S: Simd>(s: S) {
         let want_hi: Vec<i32> = chunk.iter().map(|&b| i32::from(b >> 4)).collect();
         assert_eq!(lanes_i32(s, lo), want_lo, "low nibbles");
         assert_eq!(lanes_i32(s, hi), want_hi, "high nibbles");
+        // SAFETY: as above.
+        let (lo, hi) = unsafe { s.load_nibbles_f32(chunk.as_ptr()) };
+        let as_f32 = |v: Vec<i32>| v.into_iter().map(|q| q as f32).collect::<Vec<f32>>();
+        assert_eq!(lanes(s, lo), as_f32(want_lo), "low nibbles as f32");
+        assert_eq!(lanes(s, hi), as_f32(want_hi), "high nibbles as f32");
     }
 }
 
