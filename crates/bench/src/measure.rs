@@ -90,6 +90,24 @@ pub struct Ratios {
 }
 
 impl Ratios {
+    /// A kernel against its baseline over rounds timed in turns ([`interleaved`]): `rates`
+    /// gives one round's (baseline, kernel) rates, higher meaning faster. Returns each one's
+    /// best rate over the rounds and the kernel's ratios to the baseline.
+    pub fn of_rounds(
+        rounds: &[Vec<f64>],
+        rates: impl Fn(&[f64]) -> (f64, f64),
+    ) -> (f64, f64, Ratios) {
+        let rates: Vec<(f64, f64)> = rounds.iter().map(|r| rates(r)).collect();
+        let base = rates.iter().map(|r| r.0).fold(0.0, f64::max);
+        let kernel = rates.iter().map(|r| r.1).fold(0.0, f64::max);
+        let same_round: Vec<f64> = rates.iter().map(|r| r.1 / r.0).collect();
+        let ratios = Ratios {
+            ratio_best: kernel / base,
+            ratio_median: median(&same_round),
+        };
+        (base, kernel, ratios)
+    }
+
     /// Both as percentages, no decimals: best, median.
     pub fn percent(self) -> [String; 2] {
         [self.ratio_best, self.ratio_median].map(crate::report::pct)
