@@ -53,9 +53,9 @@ pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode 
             part
         })
         .collect();
-    let info = RunInfo::now(s.quick, s.opts.threads, started);
+    let info = RunInfo::now(s.quick, s.threads, started);
     // The scratch jobs' parts make the command's own section (its goals compare them).
-    let jobs = suite::scratch_jobs(s.what, &s.opts);
+    let jobs = suite::scratch_jobs(s);
     let is_job = |label: &str| jobs.iter().any(|j| j.label == label);
     let mut sections = Vec::new();
     let mut scratch = ScratchRun {

@@ -13,7 +13,8 @@ use allocbench::output::{self, Output};
 use allocbench::parts;
 use allocbench::sdpa::SdpaConfig;
 use allocbench::source::{self, SourceConfig, SourceKind, SOURCES};
-use allocbench::suite::{self, Options, Settings, What};
+use allocbench::suite::{self, Settings, What};
+use allocbench::workload::Decode;
 
 /// Side-by-side scratch-memory benchmarks: this project's caching allocator against system
 /// malloc, mimalloc, jemalloc, fresh pages (iOS-like), ExecuTorch's exact-size cache,
@@ -201,24 +202,18 @@ fn settings(what: What, cmd: Option<&Command>, c: &Common) -> Result<Settings, S
         What::All => source::select(names, &allocbench::llm::llm_sources(), true)?,
         _ => Vec::new(),
     };
-    let mut opts = Options::new(quick, Machine::detect().cores);
-    if let Some(n) = c.threads {
-        opts.threads = n.max(1);
-    }
-    if let Some(n) = c.decode_tokens {
-        opts.decode_tokens = n.max(1);
-    }
-    if let Some(n) = c.decode_layers {
-        opts.decode_layers = n.max(1);
-    }
-    opts.decode_kernel_threads = c.decode_kernel_threads.max(1);
-    if c.tiny {
-        (opts.decode_tokens, opts.decode_layers) = (12, 2);
-    }
-    let run = if c.tiny {
-        RunConfig::smoke()
-    } else {
-        opts.run_config()
+    // Tests run a tiny decode whatever the flags say.
+    let (tokens, layers) = match c.tiny {
+        true => (12, 2),
+        false => (
+            c.decode_tokens.unwrap_or(if quick { 600 } else { 1024 }),
+            c.decode_layers.unwrap_or(if quick { 2 } else { 8 }),
+        ),
+    };
+    let run = match (c.tiny, quick) {
+        (true, _) => RunConfig::smoke(),
+        (false, true) => RunConfig::quick(),
+        (false, false) => RunConfig::full(),
     };
     let sdpa = match (c.tiny, cmd) {
         (true, _) => SdpaConfig::smoke(),
@@ -262,7 +257,8 @@ fn settings(what: What, cmd: Option<&Command>, c: &Common) -> Result<Settings, S
             exact_cap: c.exact_cap,
             caching_cap: c.caching_cap_mib << 20,
         },
-        opts,
+        threads: c.threads.unwrap_or(Machine::detect().cores).max(1),
+        decode: Decode::new(tokens.max(1), layers.max(1), c.decode_kernel_threads.max(1)),
         run,
         sdpa,
         llm,

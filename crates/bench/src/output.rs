@@ -115,15 +115,19 @@ pub fn open(
     ))
 }
 
-/// A progress bar on stderr for `n` measurements (hidden when stderr is not a terminal).
-pub fn progress_bar(n: usize) -> ProgressBar {
-    let pb = ProgressBar::new(n as u64);
+/// Runs `f` with a progress bar of `units` steps named `label` on stderr (hidden when stderr is
+/// not a terminal): `f` gets the tick that advances it; the bar is cleared at the end.
+pub fn with_progress<R>(units: usize, label: &str, f: impl FnOnce(&(dyn Fn() + Sync)) -> R) -> R {
+    let pb = ProgressBar::new(units as u64);
     if let Ok(style) =
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
     {
         pb.set_style(style.progress_chars("=> "));
     }
-    pb
+    pb.set_message(label.to_string());
+    let r = f(&|| pb.inc(1));
+    pb.finish_and_clear();
+    r
 }
 
 #[cfg(test)]

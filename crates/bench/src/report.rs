@@ -203,11 +203,7 @@ pub fn comparison_table(ms: &[Measurement], lead: &[Column<'_>], trail: &[Column
         let [faults, sys_allocs, rss] = memory_cells(m);
         row.extend(lead.iter().map(|c| (c.cell)(m)));
         row.extend([
-            if m.unit == "call" {
-                fmt_ns(m.ns_per_call.median)
-            } else {
-                format!("{}/{}", fmt_ns(m.ns_per_call.median), m.unit)
-            },
+            fmt_median(m),
             fmt_ns(m.ns_per_call.min),
             fmt_ns(m.ns_per_call.max),
             x(m.x_static),
@@ -393,6 +389,14 @@ pub fn fmt_ns(ns: f64) -> String {
         format!("{:.2} ms", ns / 1e6)
     } else {
         format!("{:.2} s", ns / 1e9)
+    }
+}
+
+/// A measurement's median time, with its unit when that is not a call: `1.20 ms/token`.
+pub fn fmt_median(m: &Measurement) -> String {
+    match m.unit.as_str() {
+        "call" => fmt_ns(m.ns_per_call.median),
+        unit => format!("{}/{unit}", fmt_ns(m.ns_per_call.median)),
     }
 }
 

@@ -3,7 +3,7 @@
 //! workload, at most 100 columns; every figure and goal is behind `--details`.
 
 use crate::harness::Measurement;
-use crate::report::{fmt_ns, labels};
+use crate::report::{fmt_median, labels};
 use crate::source::{CACHING, CACHING_SCOPE, FLOOR};
 
 /// Sources that are not rivals: this project's own and the floor. `exact-cache` has its
@@ -62,13 +62,7 @@ pub fn table(rows: &[Measurement]) -> String {
                 .find(|m| m.workload == w && m.source == s && m.error.is_none())
         };
         let caching = get(CACHING);
-        let time = caching.map_or("-".to_string(), |m| {
-            if m.unit == "call" {
-                fmt_ns(m.ns_per_call.median)
-            } else {
-                format!("{}/{}", fmt_ns(m.ns_per_call.median), m.unit)
-            }
-        });
+        let time = caching.map_or("-".to_string(), fmt_median);
         let over = caching.map_or("-".to_string(), |m| {
             let few = if m.rounds < FEW_SAMPLES { "*" } else { "" };
             m.x_static.map_or("-".to_string(), |x| {

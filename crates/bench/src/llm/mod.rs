@@ -363,15 +363,13 @@ pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> Section 
         Err(e) => return Section::failed(format!("llm: {e}")),
     };
     let ready_s = started.elapsed().as_secs_f64();
-    let pb = crate::output::progress_bar(progress_units(cfg));
-    pb.set_message("llm");
     // On a rayon worker, as `llm generate` runs: the kernels' parallel sections then start
     // inside the pool instead of waking the main thread through a latch after each of the
     // ~240 sections per token. Inline when the main thread is a member
     // ([`crate::parts::init_threads`]); this covers a single-thread pool, which keeps its own worker.
-    let (r, profile) =
-        rayon::scope(|_| run(cfg, &weights, kinds, &llm_source_config(), &|| pb.inc(1)));
-    pb.finish_and_clear();
+    let (r, profile) = crate::output::with_progress(progress_units(cfg), "llm", |tick| {
+        rayon::scope(|_| run(cfg, &weights, kinds, &llm_source_config(), tick))
+    });
     let info = RunInfo::now(quick, rayon::current_num_threads(), started);
     let about = Setup {
         cfg,

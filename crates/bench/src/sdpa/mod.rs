@@ -419,10 +419,9 @@ pub fn run_part(
     source_config: &SourceConfig,
 ) -> Section {
     let started = std::time::Instant::now();
-    let pb = crate::output::progress_bar(cfg.progress_units());
-    pb.set_message("sdpa");
-    let r = run(cfg, kinds, source_config, &|| pb.inc(1));
-    pb.finish_and_clear();
+    let r = crate::output::with_progress(cfg.progress_units(), "sdpa", |tick| {
+        run(cfg, kinds, source_config, tick)
+    });
     section(
         cfg,
         r,
@@ -453,47 +452,33 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
     for (label, what) in &workloads {
         head += &format!("\nworkload {label}: {what}");
     }
-    // Cells of an efficiency row: the dtype, the call's size (KV length, tokens) and count
-    // (layer caches, calls per round), time per call, the baseline's and the kernel's rates.
-    let cells = |dtype: SdpaDtype, counts: [usize; 2], ms: String, rates: [f64; 2]| {
-        let mut row = vec![dtype.name().to_string()];
-        row.extend(counts.map(|n| n.to_string()));
-        row.push(ms);
-        row.extend(rates.map(|x| format!("{x:.1}")));
-        row
-    };
-    let mut decode = r.decode_eff.iter().map(|e| {
-        let ms = format!("{:.3}", e.ms_per_call);
-        let row = cells(
-            e.dtype,
-            [e.kv_len, e.layers],
-            ms,
-            [e.stream_gbs, e.kernel_gbs],
-        );
-        (row, e.ratios)
-    });
-    let mut prefill = r.prefill_eff.iter().map(|e| {
-        let ms = format!("{:.2}", e.ms_per_call);
-        (
-            cells(
-                e.dtype,
-                [e.len, e.calls],
-                ms,
-                [e.sgemm_gflops, e.kernel_gflops],
-            ),
-            e.ratios,
-        )
-    });
-    let eff = |first: [&str; 5], rows: &mut dyn Iterator<Item = (Vec<String>, Ratios)>| {
-        let mut header = vec!["dtype"];
-        header.extend(first);
-        header.extend(["ratio (best)", "ratio (median)"]);
-        let rows = rows.map(|(mut row, ratios)| {
+    // An efficiency table: the dtype, the call's size (KV length, tokens) and count (layer
+    // caches, calls per round), time per call, the baseline's and the kernel's rates, ratios.
+    let eff = |header: [&str; 5], rows: Vec<(SdpaDtype, [String; 5], Ratios)>| {
+        let mut h = vec!["dtype"];
+        h.extend(header);
+        h.extend(["ratio (best)", "ratio (median)"]);
+        let rows = rows.into_iter().map(|(dtype, cells, ratios)| {
+            let mut row = vec![dtype.name().to_string()];
+            row.extend(cells);
             row.extend(ratios.percent());
             row
         });
-        table(&header, rows, 1)
+        table(&h, rows, 1)
     };
+    let rate = |x: f64| format!("{x:.1}");
+    let decode = r.decode_eff.iter().map(|e| {
+        let ms = format!("{:.3}", e.ms_per_call);
+        let (kv, layers) = (e.kv_len.to_string(), e.layers.to_string());
+        let cells = [kv, layers, ms, rate(e.stream_gbs), rate(e.kernel_gbs)];
+        (e.dtype, cells, e.ratios)
+    });
+    let prefill = r.prefill_eff.iter().map(|e| {
+        let ms = format!("{:.2}", e.ms_per_call);
+        let (len, calls) = (e.len.to_string(), e.calls.to_string());
+        let cells = [len, calls, ms, rate(e.sgemm_gflops), rate(e.kernel_gflops)];
+        (e.dtype, cells, e.ratios)
+    });
     let mut blocks = vec![
         head,
         format!(
@@ -516,7 +501,7 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
                     "stream GB/s",
                     "K/V GB/s"
                 ],
-                &mut decode
+                decode.collect()
             )
         ),
     ];
@@ -532,7 +517,7 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
                 "sgemm GFLOP/s",
                 "kernel GFLOP/s"
             ],
-            &mut prefill
+            prefill.collect()
         )
     ));
     blocks.extend(
@@ -545,11 +530,7 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
         "simd": simd,
         "config": cfg,
         "workloads": workloads.iter().map(|(n, d)| json!({"name": n, "step": d})).collect::<Vec<_>>(),
-        "efficiency": {
-            "decode": r.decode_eff,
-            "prefill": r.prefill_eff,
-            "errors": r.errors,
-        },
+        "efficiency": r.efficiency_json(),
     });
     Section {
         title: "sdpa: the attention kernel over a model".into(),
