@@ -26,7 +26,6 @@ pub enum CachingMode {
 
 /// This project's allocator as a scratch source.
 pub struct CachingSource {
-    mode: CachingMode,
     max_cached_bytes: usize,
     /// The allocator shared by all workers in [`CachingMode::Scope`].
     shared: Option<CachingAllocator>,
@@ -39,7 +38,6 @@ impl CachingSource {
     pub fn new(mode: CachingMode, max_cached_bytes: usize) -> Self {
         let shared = (mode == CachingMode::Scope).then(|| llm::caching_temp(max_cached_bytes));
         CachingSource {
-            mode,
             max_cached_bytes,
             shared,
         }
@@ -49,14 +47,6 @@ impl CachingSource {
     /// is one; it is `Sync`, for callers that drive a kernel from a pool worker.
     pub fn allocator(&self) -> CachingAllocator {
         llm::caching_temp(self.max_cached_bytes)
-    }
-}
-
-impl std::fmt::Debug for CachingSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CachingSource")
-            .field("mode", &self.mode)
-            .finish_non_exhaustive()
     }
 }
 
