@@ -129,25 +129,3 @@ pub fn with_progress<R>(units: usize, label: &str, f: impl FnOnce(&(dyn Fn() + S
     pb.finish_and_clear();
     r
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_plot_goes_next_to_the_json_and_bad_paths_fail_at_once() {
-        let dir = std::env::temp_dir().join(format!("allocbench-out-{}", std::process::id()));
-        let (j, p) = open(None, None, Some(&dir), "all").unwrap();
-        assert_eq!(
-            (j.path.clone(), p.path.clone()),
-            (dir.join("all.json"), dir.join("all.svg"))
-        );
-        assert!(j.write(b"{}") && dir.join("all.json").is_file());
-        let missing = dir.join("no-such-dir/x.json");
-        let e = open(Some(&missing), None, None, "all").unwrap_err();
-        assert!(e.contains("--json") && e.contains("no-such-dir"), "{e}");
-        let e = open(Some(&dir.join("y.json")), Some(&missing), None, "all").unwrap_err();
-        assert!(e.contains("--plot"), "{e}");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-}
