@@ -243,6 +243,19 @@ fn describe_tokens(t: &[usize]) -> String {
     }
 }
 
+/// One workload of the comparison: warmed up with a call of every shape of its sweep, then
+/// `sweeps` sweeps of steps, a step `calls` layer calls of one shape, on inputs made for
+/// `cache` (seeded by `seed`); the budget is checked between sweeps.
+struct Comparison {
+    label: String,
+    unit: &'static str,
+    cache: Shape,
+    seed: u32,
+    sweep: Vec<Shape>,
+    sweeps: usize,
+    calls: usize,
+}
+
 /// What one `allocbench sdpa` run measured: every (workload, source) in run order (time per
 /// token for decode, per prefill; faults and system allocations per attention call), and the
 /// efficiency per dtype and KV length (decode) or length (prefill).
@@ -302,68 +315,62 @@ pub fn run(
         s
     };
     for &dt in &cfg.dtypes {
-        // ---- decode: one layer's cache, shared by every layer ----
-        let Some(mut inputs) =
-            inputs_or_note(dt, &cfg.decode_shape(cfg.kv_capacity), 11, &mut eff_errors)
-        else {
-            continue;
+        // Decode: a step is a token of `decode_calls` layer calls, a sweep every token, on one
+        // layer's cache shared by every layer. Prefill: a step, and a sweep, is one layer call.
+        let decode = Comparison {
+            label: dt.label("sdpa-decode"),
+            unit: "token",
+            cache: cfg.decode_shape(cfg.kv_capacity),
+            seed: 11,
+            sweep: cfg
+                .decode_tokens
+                .iter()
+                .map(|&t| cfg.decode_shape(t))
+                .collect(),
+            sweeps: cfg.decode_rounds,
+            calls: cfg.decode_calls(),
         };
-        let mut steps = Steps::new(kinds, &counters).with_budget(share());
-        for i in 0..kinds.len() {
-            steps.warm_up(i, || {
-                for &t in &cfg.decode_tokens {
-                    calls(i, &mut inputs, &cfg.decode_shape(t), 1)?;
-                }
-                Ok(())
-            });
-        }
-        for _ in 0..cfg.decode_rounds {
-            if steps.out_of_time() {
-                break;
-            }
-            for &t in &cfg.decode_tokens {
-                let sh = cfg.decode_shape(t);
-                steps.step(|i| calls(i, &mut inputs, &sh, cfg.decode_calls()));
-                tick();
-            }
-        }
-        // Per token: mean step time within each sweep (scaled from the timed layer calls to
-        // all layers), spread over sweeps.
-        let scale = cfg.layers as f64 / cfg.decode_calls() as f64;
-        let per_token = |steps: &[f64]| -> Vec<f64> {
-            steps
-                .chunks(cfg.decode_tokens.len().max(1))
-                .map(|c| c.iter().sum::<f64>() / c.len() as f64 * scale * 1e9)
-                .collect()
-        };
-        rows.extend(steps.measurements(&dt.label("sdpa-decode"), "token", per_token));
-        drop(inputs);
-
-        // ---- prefill: one layer call per step ----
-        for &(len, n_calls) in &cfg.prefill {
-            let sh = cfg.prefill_shape(len);
-            let Some(mut inputs) = inputs_or_note(dt, &sh, 21, &mut eff_errors) else {
+        let prefills = cfg.prefill.iter().map(|&(len, n_calls)| Comparison {
+            label: dt.label(&format!("sdpa-prefill-{len}")),
+            unit: "prefill",
+            cache: cfg.prefill_shape(len),
+            seed: 21,
+            sweep: vec![cfg.prefill_shape(len)],
+            sweeps: n_calls,
+            calls: 1,
+        });
+        for c in std::iter::once(decode).chain(prefills) {
+            let Some(mut inputs) = inputs_or_note(dt, &c.cache, c.seed, &mut eff_errors) else {
                 continue;
             };
             let mut steps = Steps::new(kinds, &counters).with_budget(share());
             for i in 0..kinds.len() {
-                steps.warm_up(i, || calls(i, &mut inputs, &sh, 1).map(drop));
+                steps.warm_up(i, || {
+                    for sh in &c.sweep {
+                        calls(i, &mut inputs, sh, 1)?;
+                    }
+                    Ok(())
+                });
             }
-            for _ in 0..n_calls {
+            for _ in 0..c.sweeps {
                 if steps.out_of_time() {
                     break;
                 }
-                steps.step(|i| calls(i, &mut inputs, &sh, 1));
-                tick();
+                for sh in &c.sweep {
+                    steps.step(|i| calls(i, &mut inputs, sh, c.calls));
+                    tick();
+                }
             }
-            let layers = cfg.layers as f64;
-            let per_prefill =
-                |t: &[f64]| -> Vec<f64> { t.iter().map(|s| s * layers * 1e9).collect() };
-            rows.extend(steps.measurements(
-                &dt.label(&format!("sdpa-prefill-{len}")),
-                "prefill",
-                per_prefill,
-            ));
+            // Per token or prefill: the mean step time within each sweep, scaled from the
+            // timed layer calls to all layers; spread over the sweeps.
+            let scale = cfg.layers as f64 / c.calls as f64;
+            let per_unit = |steps: &[f64]| -> Vec<f64> {
+                steps
+                    .chunks(c.sweep.len().max(1))
+                    .map(|s| s.iter().sum::<f64>() / s.len() as f64 * scale * 1e9)
+                    .collect()
+            };
+            rows.extend(steps.measurements(&c.label, c.unit, per_unit));
         }
     }
     drop(workers);
