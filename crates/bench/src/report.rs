@@ -138,6 +138,7 @@ pub fn measurement_json(m: &Measurement) -> Value {
     let per = &m.unit;
     let opt = |x: Option<f64>, unit: &str| x.map(|x| fig(x, unit));
     let bytes = |x: Option<u64>| x.map(|x| fig(x as f64, "bytes"));
+    let c = &m.whole_run;
     json!({
         "workload": m.workload,
         "source": m.source,
@@ -154,12 +155,12 @@ pub fn measurement_json(m: &Measurement) -> Value {
         "calls_per_second": fig(m.calls_per_sec, &format!("{per}s/s (all threads)")),
         "minor_page_faults_per_call": fig(m.faults_per_call, "faults/call"),
         "system_allocations_per_call": opt(m.sys_allocs_per_call, "allocations/call"),
-        "system_allocations_whole_run": opt(m.sys_allocs_total.map(|x| x as f64), "allocations"),
-        "misses_whole_run": opt(m.misses_total.map(|x| x as f64), "misses"),
+        "system_allocations_whole_run": opt(c.system_allocs.map(|x| x as f64), "allocations"),
+        "misses_whole_run": opt(c.misses.map(|x| x as f64), "misses"),
         "calls_whole_run": fig(m.calls_total as f64, "calls"),
         "peak_rss_growth_warmup": fig(m.peak_rss_growth as f64, "bytes"),
-        "peak_reserved": bytes(m.peak_reserved),
-        "peak_live": bytes(m.peak_live),
+        "peak_reserved": bytes(c.peak_reserved),
+        "peak_live": bytes(c.peak_live),
         "ratio_to_static": opt(m.x_static, "x (time)"),
         "ratio_to_caching": opt(m.x_caching, "x (time)"),
         "temp_bytes_per_call": opt(m.temp_bytes_per_call, "bytes/call"),
@@ -463,7 +464,7 @@ pub(crate) fn held_cell(m: &Measurement) -> String {
             format!("{:.1}", b as f64 / (1 << 20) as f64)
         })
     };
-    match (m.peak_reserved, m.peak_live) {
+    match (m.whole_run.peak_reserved, m.whole_run.peak_live) {
         (None, None) => "n/a".into(),
         (r, l) => format!("{}/{}", mib(r), mib(l)),
     }
@@ -502,9 +503,9 @@ pub(crate) mod tests {
     fn held_cells_say_what_a_source_counts() {
         let mut x = Measurement::default();
         assert_eq!(held_cell(&x), "n/a");
-        x.peak_reserved = Some(3 << 20);
+        x.whole_run.peak_reserved = Some(3 << 20);
         assert_eq!(held_cell(&x), "3.0/-");
-        x.peak_live = Some(1 << 19);
+        x.whole_run.peak_live = Some(1 << 19);
         assert_eq!(held_cell(&x), "3.0/0.5");
     }
 

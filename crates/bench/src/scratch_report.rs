@@ -118,7 +118,7 @@ impl ScratchRun {
                 .iter()
                 .find_map(|x| x.observation.as_ref())
                 .map(|o| o.distinct_size_classes);
-            let allocs = m.sys_allocs_total;
+            let allocs = m.whole_run.system_allocs;
             out.push(TargetCheck {
                 target: format!(
                     "{v} on {w}: system allocations over the run <= distinct size classes asked"
@@ -141,7 +141,7 @@ impl ScratchRun {
                     "missed on {} of {} tokens below 512 in the first round; {} misses over {} calls",
                     o.tokens_below_512_with_miss,
                     o.tokens_below_512,
-                    m.misses_total.unwrap_or(0),
+                    m.whole_run.misses.unwrap_or(0),
                     m.calls_total
                 ),
                 met: Some(

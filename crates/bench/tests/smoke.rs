@@ -79,7 +79,7 @@ fn decode_observation_counts_exact_cache_misses_and_caching_classes() {
     assert_eq!(o.distinct_size_classes, d.distinct_size_classes());
     for m in &ms[1..3] {
         // A size-class cache allocates at most once per class over the whole run.
-        let allocs = m.sys_allocs_total.unwrap();
+        let allocs = m.whole_run.system_allocs.unwrap();
         assert!(
             allocs > 0 && allocs <= d.distinct_size_classes() as u64,
             "{}: {allocs}",

@@ -185,44 +185,63 @@ impl SdpaConfig {
 
     /// Workload labels and what one step is, in run order.
     pub fn workloads(&self) -> Vec<(String, String)> {
+        let each = self.dtypes.iter().flat_map(|&dt| self.comparisons(dt));
+        each.map(|c| (c.label, c.about)).collect()
+    }
+
+    /// The comparison's workloads in `dt`, in run order. Decode: a step is a token of
+    /// `decode_calls` layer calls, a sweep every token, on one layer's cache shared by every
+    /// layer. Prefill: a step, and a sweep, is one layer call.
+    fn comparisons(&self, dt: SdpaDtype) -> Vec<Comparison> {
         let threads = rayon::current_num_threads();
-        let mut out = Vec::new();
-        for &dt in &self.dtypes {
-            let (dtype, kv) = dt.kind();
-            let bytes = |sh: &Shape| sdpa::scratch_bytes_for(sh, threads, dtype, kv).unwrap_or(0);
-            out.push((
-                dt.label("sdpa-decode"),
-                format!(
-                    "per token: {} layer calls ({} timed, times {}), q_len 1, kv = t for t in {} \
+        let (dtype, kv) = dt.kind();
+        let bytes = |sh: &Shape| sdpa::scratch_bytes_for(sh, threads, dtype, kv).unwrap_or(0);
+        let decode = Comparison {
+            label: dt.label("sdpa-decode"),
+            about: format!(
+                "per token: {} layer calls ({} timed, times {}), q_len 1, kv = t for t in {} \
                  ({} positions in 1..={}, {} sweep(s)); one {}-position KV cache shared by all \
                  layers; scratch {} B at kv 1, {} B at kv {}",
-                    self.layers,
-                    self.decode_calls(),
-                    self.layers as f64 / self.decode_calls() as f64,
-                    describe_tokens(&self.decode_tokens),
-                    self.decode_tokens.len(),
-                    self.kv_capacity,
-                    self.decode_rounds,
-                    self.kv_capacity,
-                    bytes(&self.decode_shape(1)),
-                    bytes(&self.decode_shape(self.kv_capacity)),
-                    self.kv_capacity
-                ),
-            ));
-            for &(len, calls) in &self.prefill {
-                out.push((
-                    dt.label(&format!("sdpa-prefill-{len}")),
-                    format!(
-                    "per prefill: {} layer calls of a causal {len}-token prompt (time = median \
-                     call x {}; {calls} calls measured per source); scratch {} B per call",
-                    self.layers,
-                    self.layers,
-                    bytes(&self.prefill_shape(len))
-                ),
-                ));
-            }
-        }
-        out
+                self.layers,
+                self.decode_calls(),
+                self.layers as f64 / self.decode_calls() as f64,
+                describe_tokens(&self.decode_tokens),
+                self.decode_tokens.len(),
+                self.kv_capacity,
+                self.decode_rounds,
+                self.kv_capacity,
+                bytes(&self.decode_shape(1)),
+                bytes(&self.decode_shape(self.kv_capacity)),
+                self.kv_capacity
+            ),
+            unit: "token",
+            cache: self.decode_shape(self.kv_capacity),
+            seed: 11,
+            sweep: self
+                .decode_tokens
+                .iter()
+                .map(|&t| self.decode_shape(t))
+                .collect(),
+            sweeps: self.decode_rounds,
+            calls: self.decode_calls(),
+        };
+        let prefills = self.prefill.iter().map(|&(len, n_calls)| Comparison {
+            label: dt.label(&format!("sdpa-prefill-{len}")),
+            about: format!(
+                "per prefill: {} layer calls of a causal {len}-token prompt (time = median call \
+                 x {}; {n_calls} calls measured per source); scratch {} B per call",
+                self.layers,
+                self.layers,
+                bytes(&self.prefill_shape(len))
+            ),
+            unit: "prefill",
+            cache: self.prefill_shape(len),
+            seed: 21,
+            sweep: vec![self.prefill_shape(len)],
+            sweeps: n_calls,
+            calls: 1,
+        });
+        std::iter::once(decode).chain(prefills).collect()
     }
 }
 
@@ -248,6 +267,8 @@ fn describe_tokens(t: &[usize]) -> String {
 /// `cache` (seeded by `seed`); the budget is checked between sweeps.
 struct Comparison {
     label: String,
+    /// What one step is, for the report.
+    about: String,
     unit: &'static str,
     cache: Shape,
     seed: u32,
@@ -315,31 +336,7 @@ pub fn run(
         s
     };
     for &dt in &cfg.dtypes {
-        // Decode: a step is a token of `decode_calls` layer calls, a sweep every token, on one
-        // layer's cache shared by every layer. Prefill: a step, and a sweep, is one layer call.
-        let decode = Comparison {
-            label: dt.label("sdpa-decode"),
-            unit: "token",
-            cache: cfg.decode_shape(cfg.kv_capacity),
-            seed: 11,
-            sweep: cfg
-                .decode_tokens
-                .iter()
-                .map(|&t| cfg.decode_shape(t))
-                .collect(),
-            sweeps: cfg.decode_rounds,
-            calls: cfg.decode_calls(),
-        };
-        let prefills = cfg.prefill.iter().map(|&(len, n_calls)| Comparison {
-            label: dt.label(&format!("sdpa-prefill-{len}")),
-            unit: "prefill",
-            cache: cfg.prefill_shape(len),
-            seed: 21,
-            sweep: vec![cfg.prefill_shape(len)],
-            sweeps: n_calls,
-            calls: 1,
-        });
-        for c in std::iter::once(decode).chain(prefills) {
+        for c in cfg.comparisons(dt) {
             let Some(mut inputs) = inputs_or_note(dt, &c.cache, c.seed, &mut eff_errors) else {
                 continue;
             };

@@ -103,7 +103,7 @@ impl Call<'_> {
 }
 
 /// What a source can count about itself. `None` means "this source cannot count it".
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Counters {
     /// Calls into the layer below: `malloc`-family calls for the malloc baselines, `mmap` for
     /// `fresh-pages`, chunk allocations for `bumpalo`, backing allocations for the caches.
