@@ -479,25 +479,8 @@ pub fn targets_table(checks: &[TargetCheck]) -> Table {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    /// A test run's info: 2 cores, quick.
-    pub(crate) fn info() -> RunInfo {
-        RunInfo {
-            machine: Machine {
-                cores: 2,
-                cpu: "test".into(),
-                kernel: String::new(),
-                load_avg_1m_at_start: 0.0,
-            },
-            command: "test".into(),
-            mode: "quick",
-            threads: 2,
-            elapsed_s: 0.0,
-            load_avg_end: 0.0,
-        }
-    }
 
     #[test]
     fn held_cells_say_what_a_source_counts() {

@@ -433,7 +433,7 @@ mod tests {
             &about,
             r,
             profile.as_ref(),
-            &crate::report::tests::info(),
+            &RunInfo::now(true, 2, std::time::Instant::now()),
             0.0,
         );
         let (key, j) = s.json.clone().unwrap();
