@@ -1,7 +1,15 @@
 //! The sources' registry and what they count: counters add up and subtract, names are unique,
-//! arenas, buffers, caches and block allocators count their system allocations.
+//! arenas, buffers, caches and block allocators count their system allocations; a block
+//! allocator's worker gives every block back.
 
-use allocbench::source::{find, Block, Call, Counters, SourceConfig, SOURCES};
+use std::cell::Cell;
+use std::ptr::NonNull;
+use std::rc::Rc;
+
+use allocbench::source::{
+    find, AllocError, Block, BlockWorker, Call, Counters, PerBlock, ScratchWorker, SourceConfig,
+    TempAllocator, TempReset, SOURCES,
+};
 
 #[test]
 fn counters_add_and_since() {
@@ -65,4 +73,89 @@ fn registry_names_are_unique_and_findable() {
         assert_eq!(find(k.name).map(|f| f.name), Some(k.name));
     }
     assert!(find("nonesuch").is_none());
+}
+
+/// A [`PerBlock`] over the system allocator that fails the take after `fail_after`
+/// successful ones and counts what is out; the test keeps both cells to watch and steer it.
+struct Flaky {
+    out: Rc<Cell<isize>>,
+    fail_after: Rc<Cell<usize>>,
+}
+
+impl PerBlock for Flaky {
+    type Held = (NonNull<u8>, std::alloc::Layout);
+
+    fn take(&self, size: usize, align: usize) -> Result<(NonNull<u8>, Self::Held), AllocError> {
+        let left = self.fail_after.get();
+        if left == 0 {
+            return Err(AllocError::OutOfMemory { size, align });
+        }
+        self.fail_after.set(left - 1);
+        let layout = std::alloc::Layout::from_size_align(size, align).unwrap();
+        // SAFETY: size > 0 (PerBlock's contract).
+        let p = NonNull::new(unsafe { std::alloc::alloc(layout) }).unwrap();
+        self.out.set(self.out.get() + 1);
+        Ok((p, (p, layout)))
+    }
+
+    unsafe fn give_back(&self, (p, layout): Self::Held) {
+        self.out.set(self.out.get() - 1);
+        // SAFETY: allocated above with this layout, given back once.
+        unsafe { std::alloc::dealloc(p.as_ptr(), layout) };
+    }
+}
+
+#[test]
+fn a_block_worker_gives_every_block_back() {
+    let (out, fail_after) = (Rc::new(Cell::new(0)), Rc::new(Cell::new(usize::MAX)));
+    let flaky = || Flaky {
+        out: out.clone(),
+        fail_after: fail_after.clone(),
+    };
+    let mut w = BlockWorker::new(flaky());
+    let mut blocks = [Block::EMPTY; 3];
+    let mut seen = 0;
+    w.call(Call {
+        sizes: &[64, 0, 4096],
+        align: 64,
+        blocks: &mut blocks,
+        kernel: &mut |b| {
+            seen = b.len();
+            assert_eq!(b[1].len, 0);
+        },
+    })
+    .unwrap();
+    assert_eq!((seen, out.get()), (3, 0));
+    // Through TempAllocator: live until reset, and a call in between keeps them.
+    let p = w.allocate(100, 128).unwrap();
+    assert_eq!(p.as_ptr() as usize % 128, 0);
+    w.call(Call {
+        sizes: &[64],
+        align: 64,
+        blocks: &mut blocks,
+        kernel: &mut |_| {},
+    })
+    .unwrap();
+    assert_eq!(out.get(), 1);
+    // SAFETY: `p` is not used again.
+    unsafe { w.reset_unchecked() };
+    assert_eq!(out.get(), 0);
+    // A failed take gives back what the call took, and the kernel does not run.
+    fail_after.set(1);
+    let r = w.call(Call {
+        sizes: &[64, 64],
+        align: 64,
+        blocks: &mut blocks,
+        kernel: &mut |_| panic!("kernel ran"),
+    });
+    assert!(matches!(r, Err(AllocError::OutOfMemory { .. })));
+    assert_eq!(out.get(), 0);
+    // Dropping the worker gives back what is still live.
+    fail_after.set(usize::MAX);
+    let w = BlockWorker::new(flaky());
+    w.allocate(64, 64).unwrap();
+    assert!(w.allocate(64, 48).is_err(), "alignment 48 accepted");
+    assert_eq!(out.get(), 1);
+    drop(w);
+    assert_eq!(out.get(), 0);
 }
