@@ -13,19 +13,18 @@ use crate::output::Output;
 use crate::parts;
 use crate::report::{targets_table, RunInfo, Section};
 use crate::scratch_report::ScratchRun;
-use crate::suite::{self, Settings};
+use crate::suite::{self, Settings, Suite};
 
-/// Runs the command of `s` and writes `json` and `plot`; `details` prints every section's
-/// details and the developers' goals too. Failure when a suite failed or a file could not be
-/// written.
-pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode {
-    let suites = match suite::plan(s) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("allocbench: {e}");
-            return ExitCode::from(2);
-        }
-    };
+/// Runs `suites`, the command of `s`, and writes `json` and `plot`; `details` prints every
+/// section's details and the developers' goals too. Failure when a suite failed or a file
+/// could not be written.
+pub fn run(
+    s: &Settings,
+    suites: &[Box<dyn Suite>],
+    details: bool,
+    json: Output,
+    plot: Output,
+) -> ExitCode {
     let started = Instant::now();
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.is_empty() {
