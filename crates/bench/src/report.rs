@@ -201,7 +201,6 @@ pub fn comparison_table(ms: &[Measurement], lead: &[Column<'_>], trail: &[Column
             return row;
         }
         let x = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_else(|| "-".into());
-        let [faults, sys_allocs, rss] = memory_cells(m);
         row.extend(lead.iter().map(|c| (c.cell)(m)));
         row.extend([
             fmt_median(m),
@@ -209,9 +208,10 @@ pub fn comparison_table(ms: &[Measurement], lead: &[Column<'_>], trail: &[Column
             fmt_ns(m.ns_per_call.max),
             x(m.x_static),
             x(m.x_caching),
-            faults,
-            sys_allocs,
-            rss,
+            fmt_count(m.faults_per_call),
+            m.sys_allocs_per_call
+                .map_or_else(|| "n/a".into(), fmt_count),
+            format!("{:.1}", m.peak_rss_growth as f64 / (1 << 20) as f64),
             held_cell(m),
         ]);
         row.extend(trail.iter().map(|c| (c.cell)(m)));
@@ -443,17 +443,6 @@ pub(crate) fn table(
         }
     }
     t
-}
-
-/// The cells "faults/call", "sys allocs/call" and "peak RSS +MiB" of a measurement.
-pub(crate) fn memory_cells(m: &Measurement) -> [String; 3] {
-    [
-        fmt_count(m.faults_per_call),
-        m.sys_allocs_per_call
-            .map(fmt_count)
-            .unwrap_or_else(|| "n/a".into()),
-        format!("{:.1}", m.peak_rss_growth as f64 / (1 << 20) as f64),
-    ]
 }
 
 /// The cell "peak held/live MiB": the most bytes the source held (live + cached) and the most

@@ -1,5 +1,5 @@
-//! Every workload, with tiny sizes, through every source, and the model comparison on a tiny
-//! model; and the contract every source's worker promises (aligned, disjoint, writable
+//! Every workload, with tiny sizes, through every source, the model comparison on a tiny
+//! model and a short soak; and the contract every source's worker promises (aligned, disjoint, writable
 //! blocks; a working temp allocator).
 
 use std::collections::HashMap;
@@ -357,4 +357,18 @@ fn llm_runs_on_a_tiny_model() {
         .count();
     let decode_kernels = kernels.iter().filter(|k| k["phase"] == "decode").count();
     assert_eq!(rows, decode_kernels + 1, "{details}"); // + the efficiency table's row
+}
+
+#[test]
+fn short_soak_has_no_violations() {
+    let report = allocbench::soak::run(0.2, 2);
+    assert!(report.passed(), "{report}");
+    assert!(report.ops > 0, "{report}");
+    assert!(report.peak_live_bytes > 0, "{report}");
+    assert_eq!(report.threads, 2);
+    assert!(report.peak_held_bytes > 0, "{report}");
+    let x = report.reserved_over_held();
+    let want = report.peak_reserved_bytes as f64 / report.peak_held_bytes as f64;
+    assert!((x - want).abs() < 1e-9, "{x} vs {want}");
+    assert!(report.target().measured.starts_with(&format!("{x:.2}x")));
 }
