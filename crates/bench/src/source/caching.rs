@@ -78,10 +78,10 @@ impl ScratchSource for CachingSource {
     }
 }
 
-// SAFETY: `CachingAllocator::allocate` hands out distinct live blocks of at least `size`
-// bytes at `align`, valid until the reset the default `call` runs after the kernel returns;
-// a `caching` worker owns its allocator and opens no Scope on it, so that reset takes back
-// exactly the call's blocks.
+// SAFETY: the default `call` allocates each block with `CachingAllocator::allocate` (distinct
+// live blocks of at least `size` bytes at `align`) and resets only after the kernel returned;
+// the reset takes back only blocks `allocate` handed out (a scope's stay with the scope), and
+// `&mut self` in `call` means no other call on this allocator runs meanwhile.
 unsafe impl ScratchWorker for CachingAllocator {
     fn counters(&self) -> Counters {
         counters_of(&self.stats())
