@@ -267,7 +267,7 @@ fn main() -> ExitCode {
     allocbench::measure::pin_malloc_thresholds();
     let help = Cli::command().after_help(after_help());
     let cli = Cli::from_arg_matches(&help.get_matches()).unwrap_or_else(|e| e.exit());
-    parts::init_threads(Machine::detect().cores);
+    allocbench::measure::init_threads(Machine::detect().cores);
     // Bad arguments and unwritable files exit 2, before anything is measured.
     dispatch(&cli).unwrap_or_else(|e| {
         eprintln!("allocbench: {e}");

@@ -366,7 +366,7 @@ pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> Section 
     // On a rayon worker, as `llm generate` runs: the kernels' parallel sections then start
     // inside the pool instead of waking the main thread through a latch after each of the
     // ~240 sections per token. Inline when the main thread is a member
-    // ([`crate::parts::init_threads`]); this covers a single-thread pool, which keeps its own worker.
+    // ([`crate::measure::init_threads`]); this covers a single-thread pool, which keeps its own worker.
     let (r, profile) = crate::output::with_progress(progress_units(cfg), "llm", |tick| {
         rayon::scope(|_| run(cfg, &weights, kinds, &llm_source_config(), tick))
     });
