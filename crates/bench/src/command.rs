@@ -13,7 +13,7 @@ use crate::output::Output;
 use crate::parts;
 use crate::report::{targets_table, RunInfo, Section};
 use crate::scratch_report::ScratchRun;
-use crate::suite::{self, Settings, Suite};
+use crate::suite::{self, Settings, Suite, What};
 
 /// Runs `suites`, the command of `s`, and writes `json` and `plot`; `details` prints every
 /// section's details and the developers' goals too. Failure when a suite failed or a file
@@ -74,13 +74,18 @@ pub fn run(
             sections.push(part);
         }
     }
-    if s.what.has_scratch() {
+    if !matches!(s.what, What::Sdpa | What::Llm) {
         let mut own = scratch.section(&info, &s.sources);
         own.errors = scratch_errors;
         sections.insert(0, own);
     }
     let mut ok = print(&sections, details);
-    println!("\n{}", info.finished(s.what.name()));
+    println!(
+        "\n{} finished in {:.1} s; load average {:.2} at the end",
+        s.what.name(),
+        info.elapsed_s,
+        info.load_avg_end
+    );
     // Wrapped at 100 columns, as the summary.
     let mut line = "wall time per part:".to_string();
     for t in took {

@@ -2,7 +2,7 @@
 //!
 //! Every subcommand ends in [`Measurement`]s (the harness workloads through
 //! [`crate::harness`], the kernel benchmarks through [`crate::steps`]) and a [`RunInfo`];
-//! [`comparison_table`], [`measurement_json`], [`RunInfo::json`], [`within_static`] and
+//! [`comparison_table`], [`measurement_json`], [`Section::with_json`], [`within_static`] and
 //! [`efficiency_check`] turn them into what is printed and written, and [`goal`] holds every
 //! target the benchmarks check. A report is made of [`Section`]s, one per suite of a command
 //! (the scratch workloads' together: [`crate::scratch_report`]).
@@ -94,37 +94,6 @@ impl RunInfo {
             threads,
             started,
         )
-    }
-
-    /// The line a finished run prints: "{what} finished in 12.3 s; load average 1.50 at the end".
-    pub fn finished(&self, what: &str) -> String {
-        format!(
-            "{what} finished in {:.1} s; load average {:.2} at the end",
-            self.elapsed_s, self.load_avg_end
-        )
-    }
-
-    /// The run's JSON header: tool, subcommand, command, machine, cores, threads, elapsed,
-    /// every measurement and the target checks. Callers add their own fields.
-    pub fn json(
-        &self,
-        subcommand: &str,
-        measurements: &[Measurement],
-        targets: &[TargetCheck],
-    ) -> Value {
-        json!({
-            "tool": "allocbench",
-            "subcommand": subcommand,
-            "command": self.command,
-            "mode": self.mode,
-            "machine": self.machine,
-            "cores": self.machine.cores,
-            "threads": self.threads,
-            "elapsed": fig(self.elapsed_s, "s"),
-            "load_average_end": self.load_avg_end,
-            "measurements": measurements.iter().map(measurement_json).collect::<Vec<_>>(),
-            "targets": targets,
-        })
     }
 }
 
@@ -344,10 +313,23 @@ impl Section {
         })
     }
 
-    /// The section with its JSON: the header of `info` for `subcommand` with its rows and
-    /// targets, then the keys of `fields` (an object).
+    /// The section with its JSON: the run's header (tool, `subcommand`, command, machine,
+    /// cores, threads, elapsed time and load, from `info`), its rows and targets, then the keys
+    /// of `fields` (an object).
     pub fn with_json(mut self, subcommand: &str, info: &RunInfo, fields: Value) -> Self {
-        let mut j = info.json(subcommand, &self.rows, &self.targets);
+        let mut j = json!({
+            "tool": "allocbench",
+            "subcommand": subcommand,
+            "command": info.command,
+            "mode": info.mode,
+            "machine": info.machine,
+            "cores": info.machine.cores,
+            "threads": info.threads,
+            "elapsed": fig(info.elapsed_s, "s"),
+            "load_average_end": info.load_avg_end,
+            "measurements": self.rows.iter().map(measurement_json).collect::<Vec<_>>(),
+            "targets": self.targets,
+        });
         if let (Some(j), Value::Object(fields)) = (j.as_object_mut(), fields) {
             j.extend(fields);
         }

@@ -43,11 +43,6 @@ impl What {
             What::All => "all",
         }
     }
-
-    /// Whether the command runs scratch workloads (and so reports their table and goals).
-    pub fn has_scratch(self) -> bool {
-        !matches!(self, What::Sdpa | What::Llm)
-    }
 }
 
 /// Everything a command's suites need, the same in the parent and in every child (both build
