@@ -49,16 +49,12 @@ impl ScratchRun {
         for w in ["scratch-medium", "scratch-large", "decode"] {
             for v in variants {
                 let Some(m) = self.get(w, v) else { continue };
-                let rivals: Vec<(&str, f64)> = RIVALS
+                let (found, missing): (Vec<&str>, Vec<&str>) =
+                    RIVALS.iter().partition(|r| self.get(w, r).is_some());
+                let best = found
                     .iter()
                     .filter_map(|r| self.get(w, r).map(|x| (*r, x.ns_per_call.median)))
-                    .collect();
-                let best = rivals.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1));
-                let missing: Vec<&str> = RIVALS
-                    .iter()
-                    .copied()
-                    .filter(|r| !rivals.iter().any(|x| x.0 == *r))
-                    .collect();
+                    .min_by(|a, b| a.1.total_cmp(&b.1));
                 let measured = match best {
                     Some((name, ns)) => format!(
                         "fastest rival {name} {}; {v} {} ({:.2}x faster){}",

@@ -282,18 +282,6 @@ struct Comparison {
 /// efficiency per dtype and KV length (decode) or length (prefill).
 pub type SdpaRun = KernelRun<Vec<DecodeEfficiency>, Vec<PrefillEfficiency>>;
 
-/// The inputs of `dtype` for `sh` (seeded by `seed`), or `None` with why noted in `errors`.
-fn inputs_or_note(
-    dtype: SdpaDtype,
-    sh: &Shape,
-    seed: u32,
-    errors: &mut Vec<String>,
-) -> Option<Inputs> {
-    Inputs::new(dtype, sh, seed)
-        .map_err(|e| errors.push(format!("{} inputs: {e}", dtype.name())))
-        .ok()
-}
-
 /// Runs the comparison (every source) and the efficiency measurements. `tick` is called after
 /// every step and every efficiency figure.
 pub fn run(
@@ -308,7 +296,8 @@ pub fn run(
     let workers: Vec<Box<dyn ScratchWorker + '_>> = sources.iter().map(|s| s.worker()).collect();
     let counters = |i: usize| sources[i].counters().plus(workers[i].counters());
     let p = Params::default();
-    let mut eff_errors = Vec::new();
+    // What could not be measured: inputs that could not be made, efficiency figures.
+    let mut errors = Vec::new();
 
     // `times` attention calls on source `i`, each followed by a reset, as ExecuTorch's
     // runtime drives its temp allocator.
@@ -337,8 +326,12 @@ pub fn run(
     };
     for &dt in &cfg.dtypes {
         for c in cfg.comparisons(dt) {
-            let Some(mut inputs) = inputs_or_note(dt, &c.cache, c.seed, &mut eff_errors) else {
-                continue;
+            let mut inputs = match Inputs::new(dt, &c.cache, c.seed) {
+                Ok(inputs) => inputs,
+                Err(e) => {
+                    errors.push(format!("{} inputs: {e}", dt.name()));
+                    continue;
+                }
             };
             let mut steps = Steps::new(kinds, &counters).with_budget(share());
             for i in 0..kinds.len() {
@@ -380,7 +373,6 @@ pub fn run(
         source_config.caching_cap,
     )
     .allocator();
-    let mut errors = eff_errors;
     let mut dec = Vec::new();
     let mut pre = Vec::new();
     for &dt in &cfg.dtypes {
