@@ -13,19 +13,18 @@ use crate::output::Output;
 use crate::parts;
 use crate::report::{targets_table, RunInfo, Section};
 use crate::scratch_report::ScratchRun;
-use crate::suite::{self, Settings};
+use crate::suite::{self, Settings, Suite, What};
 
-/// Runs the command of `s` and writes `json` and `plot`; `details` prints every section's
-/// details and the developers' goals too. Failure when a suite failed or a file could not be
-/// written.
-pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode {
-    let suites = match suite::plan(s) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("allocbench: {e}");
-            return ExitCode::from(2);
-        }
-    };
+/// Runs `suites`, the command of `s`, and writes `json` and `plot`; `details` prints every
+/// section's details and the developers' goals too. Failure when a suite failed or a file
+/// could not be written.
+pub fn run(
+    s: &Settings,
+    suites: &[Box<dyn Suite>],
+    details: bool,
+    json: Output,
+    plot: Output,
+) -> ExitCode {
     let started = Instant::now();
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.is_empty() {
@@ -53,9 +52,9 @@ pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode 
             part
         })
         .collect();
-    let info = RunInfo::now(s.quick, s.opts.threads, started);
+    let info = RunInfo::now(s.quick, s.threads, started);
     // The scratch jobs' parts make the command's own section (its goals compare them).
-    let jobs = suite::scratch_jobs(s.what, &s.opts);
+    let jobs = suite::scratch_jobs(s);
     let is_job = |label: &str| jobs.iter().any(|j| j.label == label);
     let mut sections = Vec::new();
     let mut scratch = ScratchRun {
@@ -75,13 +74,18 @@ pub fn run(s: &Settings, details: bool, json: Output, plot: Output) -> ExitCode 
             sections.push(part);
         }
     }
-    if s.what.has_scratch() {
+    if !matches!(s.what, What::Sdpa | What::Llm) {
         let mut own = scratch.section(&info, &s.sources);
         own.errors = scratch_errors;
         sections.insert(0, own);
     }
     let mut ok = print(&sections, details);
-    println!("\n{}", info.finished(s.what.name()));
+    println!(
+        "\n{} finished in {:.1} s; load average {:.2} at the end",
+        s.what.name(),
+        info.elapsed_s,
+        info.load_avg_end
+    );
     // Wrapped at 100 columns, as the summary.
     let mut line = "wall time per part:".to_string();
     for t in took {

@@ -104,19 +104,14 @@ pub struct Measurement {
     pub faults_per_call: f64,
     /// System allocations per call over the measured rounds, where countable.
     pub sys_allocs_per_call: Option<f64>,
-    /// System allocations over the whole measurement (warm-up included), where countable.
-    pub sys_allocs_total: Option<u64>,
-    /// Cache misses over the whole measurement, where countable.
-    pub misses_total: Option<u64>,
+    /// The source's counters at the end of the whole measurement (warm-up included), where
+    /// it can tell: system allocations, cache misses, its peaks of bytes held from the layer
+    /// below (live + cached) and of bytes live.
+    pub whole_run: Counters,
     /// Calls over the whole measurement (warm-up included), all threads.
     pub calls_total: u64,
     /// Peak RSS during the measurement minus RSS before it, bytes.
     pub peak_rss_growth: u64,
-    /// The source's own peaks over the whole measurement, where it can tell: bytes held
-    /// from the layer below (live + cached) and bytes live.
-    pub peak_reserved: Option<u64>,
-    /// See `peak_reserved`.
-    pub peak_live: Option<u64>,
     /// Time over `static`'s on the same workload (harness: median over median; kernel
     /// benchmarks: median of the step-by-step ratios over the same interleaved steps).
     pub x_static: Option<f64>,
@@ -359,10 +354,7 @@ pub fn measure_all(
                 .since(before[si])
                 .system_allocs
                 .map(|x| x as f64 / measured_calls);
-            m.sys_allocs_total = after.system_allocs;
-            m.misses_total = after.misses;
-            m.peak_reserved = after.peak_reserved;
-            m.peak_live = after.peak_live;
+            m.whole_run = after;
             m.calls_total = calls_total[si];
         }
         sh.next_calls.store(STOP, Ordering::Release);

@@ -13,7 +13,7 @@
 //! - [`harness`]: the scratch workloads' rounds on threads;
 //! - [`steps`]: the interleaved-steps run loop of the kernel benchmarks (`sdpa`, `llm`);
 //! - [`measure`]: statistics, timing in turns, the machine's limits (streaming read, sgemm),
-//!   page faults, RSS, malloc settings and the machine;
+//!   page faults, RSS, malloc settings, the thread pools and the machine;
 //! - [`report`]: a report is made of [`report::Section`]s, one per benchmark (tables, targets,
 //!   JSON), and [`plot`] draws their rows; [`scratch_report`]: the scratch workloads' section;
 //! - [`sdpa`]: the attention kernel over a model with every source, and its efficiency;

@@ -13,7 +13,8 @@ use allocbench::output::{self, Output};
 use allocbench::parts;
 use allocbench::sdpa::SdpaConfig;
 use allocbench::source::{self, SourceConfig, SourceKind, SOURCES};
-use allocbench::suite::{self, Options, Settings, What};
+use allocbench::suite::{self, Settings, What};
+use allocbench::workload::Decode;
 
 /// Side-by-side scratch-memory benchmarks: this project's caching allocator against system
 /// malloc, mimalloc, jemalloc, fresh pages (iOS-like), ExecuTorch's exact-size cache,
@@ -163,27 +164,21 @@ struct Common {
 }
 
 /// `allocbench soak`: the arguments checked, then [`allocbench::soak::command`].
-fn soak(seconds: f64, c: &Common) -> ExitCode {
+fn soak(seconds: f64, c: &Common) -> Result<ExitCode, String> {
     if !(seconds.is_finite() && seconds >= 0.0) {
-        eprintln!("allocbench: --seconds must be a non-negative number, got {seconds}");
-        return ExitCode::from(2);
+        return Err(format!(
+            "--seconds must be a non-negative number, got {seconds}"
+        ));
     }
     if c.plot.is_some() || c.allocators.is_some() || c.workloads.is_some() {
-        eprintln!("allocbench: soak runs the caching allocator only and draws no plot");
-        return ExitCode::from(2);
+        return Err("soak runs the caching allocator only and draws no plot".into());
     }
-    match c
-        .json
-        .as_deref()
-        .map(|p| Output::create(p, "--json"))
-        .transpose()
-    {
-        Ok(json) => allocbench::soak::command(seconds, c.threads, json),
-        Err(e) => {
-            eprintln!("allocbench: {e}");
-            ExitCode::from(2)
-        }
-    }
+    let json = c.json.as_deref().map(|p| Output::create(p, "--json"));
+    Ok(allocbench::soak::command(
+        seconds,
+        c.threads,
+        json.transpose()?,
+    ))
 }
 
 /// What every part of a benchmark command runs, from the command line.
@@ -201,24 +196,18 @@ fn settings(what: What, cmd: Option<&Command>, c: &Common) -> Result<Settings, S
         What::All => source::select(names, &allocbench::llm::llm_sources(), true)?,
         _ => Vec::new(),
     };
-    let mut opts = Options::new(quick, Machine::detect().cores);
-    if let Some(n) = c.threads {
-        opts.threads = n.max(1);
-    }
-    if let Some(n) = c.decode_tokens {
-        opts.decode_tokens = n.max(1);
-    }
-    if let Some(n) = c.decode_layers {
-        opts.decode_layers = n.max(1);
-    }
-    opts.decode_kernel_threads = c.decode_kernel_threads.max(1);
-    if c.tiny {
-        (opts.decode_tokens, opts.decode_layers) = (12, 2);
-    }
-    let run = if c.tiny {
-        RunConfig::smoke()
-    } else {
-        opts.run_config()
+    // Tests run a tiny decode whatever the flags say.
+    let (tokens, layers) = match c.tiny {
+        true => (12, 2),
+        false => (
+            c.decode_tokens.unwrap_or(if quick { 600 } else { 1024 }),
+            c.decode_layers.unwrap_or(if quick { 2 } else { 8 }),
+        ),
+    };
+    let run = match (c.tiny, quick) {
+        (true, _) => RunConfig::smoke(),
+        (false, true) => RunConfig::quick(),
+        (false, false) => RunConfig::full(),
     };
     let sdpa = match (c.tiny, cmd) {
         (true, _) => SdpaConfig::smoke(),
@@ -262,7 +251,8 @@ fn settings(what: What, cmd: Option<&Command>, c: &Common) -> Result<Settings, S
             exact_cap: c.exact_cap,
             caching_cap: c.caching_cap_mib << 20,
         },
-        opts,
+        threads: c.threads.unwrap_or(Machine::detect().cores).max(1),
+        decode: Decode::new(tokens.max(1), layers.max(1), c.decode_kernel_threads.max(1)),
         run,
         sdpa,
         llm,
@@ -277,13 +267,23 @@ fn main() -> ExitCode {
     allocbench::measure::pin_malloc_thresholds();
     let help = Cli::command().after_help(after_help());
     let cli = Cli::from_arg_matches(&help.get_matches()).unwrap_or_else(|e| e.exit());
+    allocbench::measure::init_threads(Machine::detect().cores);
+    // Bad arguments and unwritable files exit 2, before anything is measured.
+    dispatch(&cli).unwrap_or_else(|e| {
+        eprintln!("allocbench: {e}");
+        ExitCode::from(2)
+    })
+}
+
+/// Runs the command of `cli`: the source list, `soak`, one part of a benchmark (in a child) or
+/// a whole benchmark.
+fn dispatch(cli: &Cli) -> Result<ExitCode, String> {
     let c = &cli.common;
-    parts::init_threads(Machine::detect().cores);
     if c.allocators.as_deref() == Some(&["list".to_string()]) {
         for k in SOURCES {
             println!("{:<14} {}", k.name, k.about);
         }
-        return ExitCode::SUCCESS;
+        return Ok(ExitCode::SUCCESS);
     }
     if let Some(Command::Soak { seconds }) = &cli.command {
         return soak(*seconds, c);
@@ -293,30 +293,16 @@ fn main() -> ExitCode {
         .as_ref()
         .and_then(Command::what)
         .unwrap_or(What::All);
-    let s = match settings(what, cli.command.as_ref(), c) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("allocbench: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let s = settings(what, cli.command.as_ref(), c)?;
     if let Some(code) = parts::serve_child(&s) {
-        return code;
+        return Ok(code);
     }
-    if let Err(e) = suite::plan(&s) {
-        eprintln!("allocbench: {e}");
-        return ExitCode::from(2);
-    }
-    match output::open(
+    let suites = suite::plan(&s)?;
+    let (json, plot) = output::open(
         c.json.as_deref(),
         c.plot.as_deref(),
         c.out.as_deref(),
         what.name(),
-    ) {
-        Ok((json, plot)) => allocbench::command::run(&s, c.details, json, plot),
-        Err(e) => {
-            eprintln!("allocbench: {e}");
-            ExitCode::from(2)
-        }
-    }
+    )?;
+    Ok(allocbench::command::run(&s, &suites, c.details, json, plot))
 }

@@ -1,8 +1,8 @@
 //! Measuring, and what the operating system can tell: statistics ([`Spread`], [`median`]),
 //! timing in turns ([`interleaved`], [`best`]), this machine's own limits (a streaming read,
 //! decode's bound; `matrixmultiply`'s sgemm, prefill's), the attention shapes the kernel
-//! benchmarks measure, and the process's page faults, resident memory, malloc settings and
-//! machine.
+//! benchmarks measure, and the process's page faults, resident memory, malloc settings,
+//! thread pools ([`init_threads`]) and machine.
 //!
 //! The method of every efficiency figure: baseline and kernel are timed in turns for a few
 //! rounds, so both see the same machine load; "best" compares best times, "median" is the
@@ -90,6 +90,24 @@ pub struct Ratios {
 }
 
 impl Ratios {
+    /// A kernel against its baseline over rounds timed in turns ([`interleaved`]): `rates`
+    /// gives one round's (baseline, kernel) rates, higher meaning faster. Returns each one's
+    /// best rate over the rounds and the kernel's ratios to the baseline.
+    pub fn of_rounds(
+        rounds: &[Vec<f64>],
+        rates: impl Fn(&[f64]) -> (f64, f64),
+    ) -> (f64, f64, Ratios) {
+        let rates: Vec<(f64, f64)> = rounds.iter().map(|r| rates(r)).collect();
+        let base = rates.iter().map(|r| r.0).fold(0.0, f64::max);
+        let kernel = rates.iter().map(|r| r.1).fold(0.0, f64::max);
+        let same_round: Vec<f64> = rates.iter().map(|r| r.1 / r.0).collect();
+        let ratios = Ratios {
+            ratio_best: kernel / base,
+            ratio_median: median(&same_round),
+        };
+        (base, kernel, ratios)
+    }
+
     /// Both as percentages, no decimals: best, median.
     pub fn percent(self) -> [String; 2] {
         [self.ratio_best, self.ratio_median].map(crate::report::pct)
@@ -180,6 +198,34 @@ pub fn gbs(bytes: usize, seconds: f64) -> f64 {
 pub fn set_sgemm_threads(threads: usize) {
     if std::env::var_os("MATMUL_NUM_THREADS").is_none() {
         std::env::set_var("MATMUL_NUM_THREADS", threads.max(1).to_string());
+    }
+}
+
+/// Gives matrixmultiply as many threads as rayon's global pool will have (RAYON_NUM_THREADS or
+/// one per core), and makes this (the main) thread one of the pool's. Call before any thread
+/// exists: matrixmultiply reads the environment.
+///
+/// The kernels and model steps run from the main thread. Outside the pool, each parallel
+/// section would hand its work to the pool and wait to be woken at the end (24 us for an empty
+/// one on the project's VM; the `llm` runner's decode measured 51-54 tok/s that way against
+/// 66-70 inside); as a member, the main thread runs its share and starts the section at once,
+/// as when a runtime drives its model from inside the pool (`llm generate` uses
+/// `rayon::scope`). With one thread the pool keeps its own worker: a pool made of the main
+/// thread alone would leave work sent from other threads waiting for it.
+pub fn init_threads(cores: usize) {
+    let rayon_threads = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(cores);
+    set_sgemm_threads(rayon_threads);
+    if rayon_threads >= 2 {
+        // An error means a global pool exists already: then the calls stay outside it, which
+        // costs time, not correctness.
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(rayon_threads)
+            .use_current_thread()
+            .build_global();
     }
 }
 
@@ -385,21 +431,6 @@ pub fn load_avg() -> f64 {
 mod tests {
     use super::*;
 
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    #[test]
-    fn glibc_takes_the_pinned_thresholds() {
-        // glibc refuses values out of its range (an mmap threshold above 32 MiB on 64-bit).
-        assert!(pin_malloc_thresholds());
-    }
-
-    #[test]
-    fn spread_of_samples() {
-        let s = Spread::of(&[3.0, 1.0, 2.0]);
-        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
-        assert_eq!(Spread::of(&[4.0, 1.0, 2.0, 3.0]).median, 2.5);
-        assert_eq!(Spread::of(&[]), Spread::default());
-    }
-
     #[test]
     fn touching_fresh_pages_counts_faults() {
         use crate::source::{fresh::FreshPages, PerBlock};
@@ -417,35 +448,5 @@ mod tests {
         assert!(faults >= 100, "only {faults} faults for 1000 fresh pages");
         assert!(rss_bytes() > 0);
         assert!(peak_rss_bytes() > 0);
-    }
-
-    #[test]
-    fn flops_count_visible_pairs() {
-        let sh = Shape {
-            batch: 1,
-            q_len: 4,
-            heads: 2,
-            kv_heads: 2,
-            head_dim: 8,
-            kv_capacity: 4,
-            start_pos: 0,
-        };
-        // 1 + 2 + 3 + 4 = 10 visible pairs per head, 2 heads, 32 FLOPs each.
-        assert_eq!(prefill_flops(&sh, true), 10.0 * 2.0 * 32.0);
-        assert_eq!(prefill_flops(&sh, false), 16.0 * 2.0 * 32.0);
-    }
-
-    #[test]
-    fn sgemm_multiplies() {
-        let (a, b) = ([1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]);
-        let mut c = [0.0f32; 4];
-        sgemm(2, 2, 2, &a, &b, &mut c);
-        assert_eq!(c, [19.0, 22.0, 43.0, 50.0]);
-    }
-
-    #[test]
-    fn median_picks_the_middle() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert!(median(&[]).is_nan());
     }
 }

@@ -115,35 +115,17 @@ pub fn open(
     ))
 }
 
-/// A progress bar on stderr for `n` measurements (hidden when stderr is not a terminal).
-pub fn progress_bar(n: usize) -> ProgressBar {
-    let pb = ProgressBar::new(n as u64);
+/// Runs `f` with a progress bar of `units` steps named `label` on stderr (hidden when stderr is
+/// not a terminal): `f` gets the tick that advances it; the bar is cleared at the end.
+pub fn with_progress<R>(units: usize, label: &str, f: impl FnOnce(&(dyn Fn() + Sync)) -> R) -> R {
+    let pb = ProgressBar::new(units as u64);
     if let Ok(style) =
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
     {
         pb.set_style(style.progress_chars("=> "));
     }
-    pb
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_plot_goes_next_to_the_json_and_bad_paths_fail_at_once() {
-        let dir = std::env::temp_dir().join(format!("allocbench-out-{}", std::process::id()));
-        let (j, p) = open(None, None, Some(&dir), "all").unwrap();
-        assert_eq!(
-            (j.path.clone(), p.path.clone()),
-            (dir.join("all.json"), dir.join("all.svg"))
-        );
-        assert!(j.write(b"{}") && dir.join("all.json").is_file());
-        let missing = dir.join("no-such-dir/x.json");
-        let e = open(Some(&missing), None, None, "all").unwrap_err();
-        assert!(e.contains("--json") && e.contains("no-such-dir"), "{e}");
-        let e = open(Some(&dir.join("y.json")), Some(&missing), None, "all").unwrap_err();
-        assert!(e.contains("--plot"), "{e}");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
+    pb.set_message(label.to_string());
+    let r = f(&|| pb.inc(1));
+    pb.finish_and_clear();
+    r
 }

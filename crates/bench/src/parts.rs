@@ -73,31 +73,3 @@ pub fn serve_child(s: &Settings) -> Option<ExitCode> {
         }
     })
 }
-
-/// Gives matrixmultiply as many threads as rayon's global pool will have (RAYON_NUM_THREADS or
-/// one per core), and makes this (the main) thread one of the pool's. Call before any thread
-/// exists: matrixmultiply reads the environment.
-///
-/// The kernels and model steps run from the main thread. Outside the pool, each parallel
-/// section would hand its work to the pool and wait to be woken at the end (24 us for an empty
-/// one on the project's VM; the `llm` runner's decode measured 51-54 tok/s that way against
-/// 66-70 inside); as a member, the main thread runs its share and starts the section at once,
-/// as when a runtime drives its model from inside the pool (`llm generate` uses
-/// `rayon::scope`). With one thread the pool keeps its own worker: a pool made of the main
-/// thread alone would leave work sent from other threads waiting for it.
-pub fn init_threads(cores: usize) {
-    let rayon_threads = std::env::var("RAYON_NUM_THREADS")
-        .ok()
-        .and_then(|s| s.parse::<usize>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(cores);
-    crate::measure::set_sgemm_threads(rayon_threads);
-    if rayon_threads >= 2 {
-        // An error means a global pool exists already: then the calls stay outside it, which
-        // costs time, not correctness.
-        let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(rayon_threads)
-            .use_current_thread()
-            .build_global();
-    }
-}

@@ -2,7 +2,7 @@
 //!
 //! Every subcommand ends in [`Measurement`]s (the harness workloads through
 //! [`crate::harness`], the kernel benchmarks through [`crate::steps`]) and a [`RunInfo`];
-//! [`comparison_table`], [`measurement_json`], [`RunInfo::json`], [`within_static`] and
+//! [`comparison_table`], [`measurement_json`], [`Section::with_json`], [`within_static`] and
 //! [`efficiency_check`] turn them into what is printed and written, and [`goal`] holds every
 //! target the benchmarks check. A report is made of [`Section`]s, one per suite of a command
 //! (the scratch workloads' together: [`crate::scratch_report`]).
@@ -95,37 +95,6 @@ impl RunInfo {
             started,
         )
     }
-
-    /// The line a finished run prints: "{what} finished in 12.3 s; load average 1.50 at the end".
-    pub fn finished(&self, what: &str) -> String {
-        format!(
-            "{what} finished in {:.1} s; load average {:.2} at the end",
-            self.elapsed_s, self.load_avg_end
-        )
-    }
-
-    /// The run's JSON header: tool, subcommand, command, machine, cores, threads, elapsed,
-    /// every measurement and the target checks. Callers add their own fields.
-    pub fn json(
-        &self,
-        subcommand: &str,
-        measurements: &[Measurement],
-        targets: &[TargetCheck],
-    ) -> Value {
-        json!({
-            "tool": "allocbench",
-            "subcommand": subcommand,
-            "command": self.command,
-            "mode": self.mode,
-            "machine": self.machine,
-            "cores": self.machine.cores,
-            "threads": self.threads,
-            "elapsed": fig(self.elapsed_s, "s"),
-            "load_average_end": self.load_avg_end,
-            "measurements": measurements.iter().map(measurement_json).collect::<Vec<_>>(),
-            "targets": targets,
-        })
-    }
 }
 
 /// A figure with its unit, as every JSON figure is written.
@@ -138,6 +107,7 @@ pub fn measurement_json(m: &Measurement) -> Value {
     let per = &m.unit;
     let opt = |x: Option<f64>, unit: &str| x.map(|x| fig(x, unit));
     let bytes = |x: Option<u64>| x.map(|x| fig(x as f64, "bytes"));
+    let c = &m.whole_run;
     json!({
         "workload": m.workload,
         "source": m.source,
@@ -154,12 +124,12 @@ pub fn measurement_json(m: &Measurement) -> Value {
         "calls_per_second": fig(m.calls_per_sec, &format!("{per}s/s (all threads)")),
         "minor_page_faults_per_call": fig(m.faults_per_call, "faults/call"),
         "system_allocations_per_call": opt(m.sys_allocs_per_call, "allocations/call"),
-        "system_allocations_whole_run": opt(m.sys_allocs_total.map(|x| x as f64), "allocations"),
-        "misses_whole_run": opt(m.misses_total.map(|x| x as f64), "misses"),
+        "system_allocations_whole_run": opt(c.system_allocs.map(|x| x as f64), "allocations"),
+        "misses_whole_run": opt(c.misses.map(|x| x as f64), "misses"),
         "calls_whole_run": fig(m.calls_total as f64, "calls"),
         "peak_rss_growth_warmup": fig(m.peak_rss_growth as f64, "bytes"),
-        "peak_reserved": bytes(m.peak_reserved),
-        "peak_live": bytes(m.peak_live),
+        "peak_reserved": bytes(c.peak_reserved),
+        "peak_live": bytes(c.peak_live),
         "ratio_to_static": opt(m.x_static, "x (time)"),
         "ratio_to_caching": opt(m.x_caching, "x (time)"),
         "temp_bytes_per_call": opt(m.temp_bytes_per_call, "bytes/call"),
@@ -200,21 +170,17 @@ pub fn comparison_table(ms: &[Measurement], lead: &[Column<'_>], trail: &[Column
             return row;
         }
         let x = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_else(|| "-".into());
-        let [faults, sys_allocs, rss] = memory_cells(m);
         row.extend(lead.iter().map(|c| (c.cell)(m)));
         row.extend([
-            if m.unit == "call" {
-                fmt_ns(m.ns_per_call.median)
-            } else {
-                format!("{}/{}", fmt_ns(m.ns_per_call.median), m.unit)
-            },
+            fmt_median(m),
             fmt_ns(m.ns_per_call.min),
             fmt_ns(m.ns_per_call.max),
             x(m.x_static),
             x(m.x_caching),
-            faults,
-            sys_allocs,
-            rss,
+            fmt_count(m.faults_per_call),
+            m.sys_allocs_per_call
+                .map_or_else(|| "n/a".into(), fmt_count),
+            format!("{:.1}", m.peak_rss_growth as f64 / (1 << 20) as f64),
             held_cell(m),
         ]);
         row.extend(trail.iter().map(|c| (c.cell)(m)));
@@ -347,10 +313,23 @@ impl Section {
         })
     }
 
-    /// The section with its JSON: the header of `info` for `subcommand` with its rows and
-    /// targets, then the keys of `fields` (an object).
+    /// The section with its JSON: the run's header (tool, `subcommand`, command, machine,
+    /// cores, threads, elapsed time and load, from `info`), its rows and targets, then the keys
+    /// of `fields` (an object).
     pub fn with_json(mut self, subcommand: &str, info: &RunInfo, fields: Value) -> Self {
-        let mut j = info.json(subcommand, &self.rows, &self.targets);
+        let mut j = json!({
+            "tool": "allocbench",
+            "subcommand": subcommand,
+            "command": info.command,
+            "mode": info.mode,
+            "machine": info.machine,
+            "cores": info.machine.cores,
+            "threads": info.threads,
+            "elapsed": fig(info.elapsed_s, "s"),
+            "load_average_end": info.load_avg_end,
+            "measurements": self.rows.iter().map(measurement_json).collect::<Vec<_>>(),
+            "targets": self.targets,
+        });
         if let (Some(j), Value::Object(fields)) = (j.as_object_mut(), fields) {
             j.extend(fields);
         }
@@ -393,6 +372,14 @@ pub fn fmt_ns(ns: f64) -> String {
         format!("{:.2} ms", ns / 1e6)
     } else {
         format!("{:.2} s", ns / 1e9)
+    }
+}
+
+/// A measurement's median time, with its unit when that is not a call: `1.20 ms/token`.
+pub fn fmt_median(m: &Measurement) -> String {
+    match m.unit.as_str() {
+        "call" => fmt_ns(m.ns_per_call.median),
+        unit => format!("{}/{unit}", fmt_ns(m.ns_per_call.median)),
     }
 }
 
@@ -440,17 +427,6 @@ pub(crate) fn table(
     t
 }
 
-/// The cells "faults/call", "sys allocs/call" and "peak RSS +MiB" of a measurement.
-pub(crate) fn memory_cells(m: &Measurement) -> [String; 3] {
-    [
-        fmt_count(m.faults_per_call),
-        m.sys_allocs_per_call
-            .map(fmt_count)
-            .unwrap_or_else(|| "n/a".into()),
-        format!("{:.1}", m.peak_rss_growth as f64 / (1 << 20) as f64),
-    ]
-}
-
 /// The cell "peak held/live MiB": the most bytes the source held (live + cached) and the most
 /// live at once, where it can tell ("-" for a figure it does not count, "n/a" for neither).
 pub(crate) fn held_cell(m: &Measurement) -> String {
@@ -459,7 +435,7 @@ pub(crate) fn held_cell(m: &Measurement) -> String {
             format!("{:.1}", b as f64 / (1 << 20) as f64)
         })
     };
-    match (m.peak_reserved, m.peak_live) {
+    match (m.whole_run.peak_reserved, m.whole_run.peak_live) {
         (None, None) => "n/a".into(),
         (r, l) => format!("{}/{}", mib(r), mib(l)),
     }
@@ -474,33 +450,16 @@ pub fn targets_table(checks: &[TargetCheck]) -> Table {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    /// A test run's info: 2 cores, quick.
-    pub(crate) fn info() -> RunInfo {
-        RunInfo {
-            machine: Machine {
-                cores: 2,
-                cpu: "test".into(),
-                kernel: String::new(),
-                load_avg_1m_at_start: 0.0,
-            },
-            command: "test".into(),
-            mode: "quick",
-            threads: 2,
-            elapsed_s: 0.0,
-            load_avg_end: 0.0,
-        }
-    }
 
     #[test]
     fn held_cells_say_what_a_source_counts() {
         let mut x = Measurement::default();
         assert_eq!(held_cell(&x), "n/a");
-        x.peak_reserved = Some(3 << 20);
+        x.whole_run.peak_reserved = Some(3 << 20);
         assert_eq!(held_cell(&x), "3.0/-");
-        x.peak_live = Some(1 << 19);
+        x.whole_run.peak_live = Some(1 << 19);
         assert_eq!(held_cell(&x), "3.0/0.5");
     }
 

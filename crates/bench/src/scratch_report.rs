@@ -49,16 +49,12 @@ impl ScratchRun {
         for w in ["scratch-medium", "scratch-large", "decode"] {
             for v in variants {
                 let Some(m) = self.get(w, v) else { continue };
-                let rivals: Vec<(&str, f64)> = RIVALS
+                let (found, missing): (Vec<&str>, Vec<&str>) =
+                    RIVALS.iter().partition(|r| self.get(w, r).is_some());
+                let best = found
                     .iter()
                     .filter_map(|r| self.get(w, r).map(|x| (*r, x.ns_per_call.median)))
-                    .collect();
-                let best = rivals.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1));
-                let missing: Vec<&str> = RIVALS
-                    .iter()
-                    .copied()
-                    .filter(|r| !rivals.iter().any(|x| x.0 == *r))
-                    .collect();
+                    .min_by(|a, b| a.1.total_cmp(&b.1));
                 let measured = match best {
                     Some((name, ns)) => format!(
                         "fastest rival {name} {}; {v} {} ({:.2}x faster){}",
@@ -118,7 +114,7 @@ impl ScratchRun {
                 .iter()
                 .find_map(|x| x.observation.as_ref())
                 .map(|o| o.distinct_size_classes);
-            let allocs = m.sys_allocs_total;
+            let allocs = m.whole_run.system_allocs;
             out.push(TargetCheck {
                 target: format!(
                     "{v} on {w}: system allocations over the run <= distinct size classes asked"
@@ -141,7 +137,7 @@ impl ScratchRun {
                     "missed on {} of {} tokens below 512 in the first round; {} misses over {} calls",
                     o.tokens_below_512_with_miss,
                     o.tokens_below_512,
-                    m.misses_total.unwrap_or(0),
+                    m.whole_run.misses.unwrap_or(0),
                     m.calls_total
                 ),
                 met: Some(
@@ -270,106 +266,5 @@ impl ScratchRun {
             "scaling",
         ];
         Some(table(&header, rows, header.len()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::measure::Spread;
-    use crate::report::tests::info;
-
-    fn m(workload: &str, source: &str, ns: f64, faults: f64) -> Measurement {
-        Measurement {
-            workload: workload.into(),
-            source: source.into(),
-            unit: "call".into(),
-            threads: 1,
-            ns_per_call: Spread {
-                median: ns,
-                min: ns,
-                max: ns,
-            },
-            calls_per_sec: 1e9 / ns,
-            faults_per_call: faults,
-            ..Measurement::default()
-        }
-    }
-
-    /// A report of `ms` (each workload's measurements given together), ratios as the harness
-    /// computes them, workload by workload.
-    fn report(mut ms: Vec<Measurement>) -> ScratchRun {
-        for one in ms.chunk_by_mut(|a, b| a.workload == b.workload) {
-            crate::harness::median_ratios(one);
-        }
-        ScratchRun {
-            run: RunConfig::smoke(),
-            sources: SourceConfig::default(),
-            workloads: vec![],
-            measurements: ms,
-        }
-    }
-
-    #[test]
-    fn targets_are_met_and_missed_as_measured() {
-        let r = report(vec![
-            m("scratch-medium", "static", 100.0, 0.0),
-            m("scratch-medium", "caching", 104.0, 0.0),
-            m("scratch-medium", "system", 150.0, 0.0),
-            m("scratch-large", "static", 100.0, 0.0),
-            m("scratch-large", "caching", 120.0, 0.0),
-            m("scratch-large", "mimalloc", 110.0, 5.0),
-        ]);
-        let t = r.targets(2);
-        let find = |s: &str| t.iter().find(|c| c.target.contains(s)).unwrap().met;
-        assert_eq!(
-            find("caching within 1.05x of static on scratch-medium"),
-            Some(true)
-        );
-        assert_eq!(
-            find("caching within 1.05x of static on scratch-large"),
-            Some(false)
-        );
-        assert_eq!(find("zeropool, orthotope on scratch-medium"), Some(true));
-        assert_eq!(find("zeropool, orthotope on scratch-large"), Some(false));
-        assert_eq!(r.measurements[1].x_static, Some(1.04));
-        // A failed caching misses; without static the check is not measured.
-        let mut failed = m("scratch-small", "caching", 100.0, 0.0);
-        failed.error = Some("out of memory".into());
-        let t = report(vec![failed, m("decode", "caching", 1.0, 0.0)]).targets(2);
-        assert_eq!((t[0].met, t[1].met), (Some(false), None), "{t:?}");
-    }
-
-    #[test]
-    fn faults_miss_the_floor_target() {
-        let r = report(vec![
-            m("scratch-small", "static", 100.0, 0.0),
-            m("scratch-small", "caching", 100.0, 0.5),
-        ]);
-        assert_eq!(r.targets(2)[0].met, Some(false));
-    }
-
-    #[test]
-    fn scaling_is_rate_over_rate() {
-        let mut two = m("threads x2", "caching", 100.0, 0.0);
-        two.threads = 2;
-        two.calls_per_sec = 1.9e7;
-        let r = report(vec![m("threads x1", "caching", 100.0, 0.0), two]);
-        let s = r.scaling("caching").unwrap();
-        assert!((s - 1.9).abs() < 1e-9);
-        let t = r.targets(2);
-        assert_eq!(t.last().unwrap().met, Some(true));
-    }
-
-    #[test]
-    fn json_has_units_and_cores() {
-        let r = report(vec![m("scratch-small", "static", 100.0, 0.0)]);
-        let j = r.section(&info(), &[]).json.unwrap().1;
-        assert_eq!(j["cores"], 2);
-        assert_eq!(
-            j["measurements"][0]["time_per_call"]["median"]["unit"],
-            "ns/call"
-        );
-        assert_eq!(j["measurements"][0]["ratio_to_static"]["value"], 1.0);
     }
 }

@@ -29,6 +29,14 @@ pub struct KernelRun<D, P> {
     pub errors: Vec<String>,
 }
 
+impl<D: serde::Serialize, P: serde::Serialize> KernelRun<D, P> {
+    /// The efficiency figures and what could not be measured, as the JSON has them.
+    pub fn efficiency_json(&self) -> serde_json::Value {
+        let (decode, prefill) = (&self.decode_eff, &self.prefill_eff);
+        serde_json::json!({ "decode": decode, "prefill": prefill, "errors": self.errors })
+    }
+}
+
 /// The order in which `n` sources run in step `step`: steps come in pairs, the second of a
 /// pair the reverse of the first (forward, backward: a linear drift in machine speed over a
 /// pair costs every source the same), and each pair starts one source later than the last.
@@ -223,10 +231,7 @@ impl<'a> Steps<'a> {
                     },
                     faults_per_call: a.faults as f64 / units,
                     sys_allocs_per_call: a.sys_allocs.map(|x| x as f64 / units),
-                    sys_allocs_total: end.system_allocs,
-                    misses_total: end.misses,
-                    peak_reserved: end.peak_reserved,
-                    peak_live: end.peak_live,
+                    whole_run: end,
                     calls_total: a.units,
                     peak_rss_growth: a.peak_rss_growth,
                     x_static: ratio(i, floor),

@@ -43,48 +43,6 @@ impl What {
             What::All => "all",
         }
     }
-
-    /// Whether the command runs scratch workloads (and so reports their table and goals).
-    pub fn has_scratch(self) -> bool {
-        !matches!(self, What::Sdpa | What::Llm)
-    }
-}
-
-/// Options of the scratch workloads.
-#[derive(Clone, Debug)]
-pub struct Options {
-    /// Short rounds (`--quick`).
-    pub quick: bool,
-    /// Threads of the multi-thread run of `threads`.
-    pub threads: usize,
-    /// Decode: tokens per round.
-    pub decode_tokens: usize,
-    /// Decode: layers (attention calls) per token.
-    pub decode_layers: usize,
-    /// Decode: `T`, the kernel's thread count in the scratch formula.
-    pub decode_kernel_threads: usize,
-}
-
-impl Options {
-    /// Defaults for quick or full runs on a machine with `cores` cores.
-    pub fn new(quick: bool, cores: usize) -> Self {
-        Options {
-            quick,
-            threads: cores.max(1),
-            decode_tokens: if quick { 600 } else { 1024 },
-            decode_layers: if quick { 2 } else { 8 },
-            decode_kernel_threads: 8,
-        }
-    }
-
-    /// Rounds and durations for this run.
-    pub fn run_config(&self) -> RunConfig {
-        if self.quick {
-            RunConfig::quick()
-        } else {
-            RunConfig::full()
-        }
-    }
 }
 
 /// Everything a command's suites need, the same in the parent and in every child (both build
@@ -101,8 +59,10 @@ pub struct Settings {
     pub llm_sources: Vec<&'static SourceKind>,
     /// Source settings of the scratch workloads and of `sdpa`.
     pub source_config: SourceConfig,
-    /// The scratch workloads' options.
-    pub opts: Options,
+    /// Threads of the multi-thread run of `threads`.
+    pub threads: usize,
+    /// The `decode` workload (tokens, layers, the kernel's thread count in its formula).
+    pub decode: Decode,
     /// Rounds and durations of the scratch workloads.
     pub run: RunConfig,
     /// What `sdpa` runs.
@@ -164,22 +124,16 @@ impl Suite for ScratchJob {
         if mine.is_empty() {
             return Section::default();
         }
-        // A progress unit per source warm-up and per measured round.
-        let pb = crate::output::progress_bar(mine.len() + s.run.rounds);
-        pb.set_message(self.label.clone());
         let config = SourceConfig {
             caching_cap: self.caching_cap.unwrap_or(s.source_config.caching_cap),
             ..s.source_config.clone()
         };
-        let ms = measure_all(
-            self.workload.as_ref(),
-            &mine,
-            &config,
-            self.threads,
-            &s.run,
-            &|| pb.inc(1),
-        );
-        pb.finish_and_clear();
+        // A progress unit per source warm-up and per measured round.
+        let units = mine.len() + s.run.rounds;
+        let ms = crate::output::with_progress(units, &self.label, |tick| {
+            let w = self.workload.as_ref();
+            measure_all(w, &mine, &config, self.threads, &s.run, tick)
+        });
         Section {
             rows: ms
                 .into_iter()
@@ -237,8 +191,9 @@ const CAPPED_DECODE_SOURCES: &[&str] = &[
     "system",
 ];
 
-/// The scratch jobs of `what` (none for `sdpa` and `llm`).
-pub fn scratch_jobs(what: What, opts: &Options) -> Vec<ScratchJob> {
+/// The scratch jobs of the command of `s` (none for `sdpa` and `llm`).
+pub fn scratch_jobs(s: &Settings) -> Vec<ScratchJob> {
+    let what = s.what;
     let job = |label: String, workload: Box<dyn Workload>, threads| ScratchJob {
         label,
         workload,
@@ -246,13 +201,7 @@ pub fn scratch_jobs(what: What, opts: &Options) -> Vec<ScratchJob> {
         caching_cap: None,
         only: None,
     };
-    let decode = || {
-        Box::new(Decode::new(
-            opts.decode_tokens,
-            opts.decode_layers,
-            opts.decode_kernel_threads,
-        ))
-    };
+    let decode = || Box::new(s.decode.clone());
     let mut jobs = Vec::new();
     if matches!(what, What::Scratch | What::All) {
         for mix in Mix::ALL {
@@ -273,8 +222,8 @@ pub fn scratch_jobs(what: What, opts: &Options) -> Vec<ScratchJob> {
     }
     if matches!(what, What::Threads | What::All) {
         let mut counts = vec![1];
-        if opts.threads > 1 {
-            counts.push(opts.threads);
+        if s.threads > 1 {
+            counts.push(s.threads);
         }
         for n in counts {
             let medium = Box::new(Scratch::new(Mix::Medium));
@@ -287,7 +236,7 @@ pub fn scratch_jobs(what: What, opts: &Options) -> Vec<ScratchJob> {
 /// The suites of the command, in run order; an error names an unknown `--workloads` label
 /// and lists the known ones.
 pub fn plan(s: &Settings) -> Result<Vec<Box<dyn Suite>>, String> {
-    let mut suites: Vec<Box<dyn Suite>> = scratch_jobs(s.what, &s.opts)
+    let mut suites: Vec<Box<dyn Suite>> = scratch_jobs(s)
         .into_iter()
         .map(|j| Box::new(j) as Box<dyn Suite>)
         .collect();
@@ -323,7 +272,8 @@ mod tests {
             sources: crate::source::SOURCES.iter().collect(),
             llm_sources: crate::llm::llm_sources(),
             source_config: SourceConfig::default(),
-            opts: Options::new(quick, 2),
+            threads: 2,
+            decode: Decode::new(600, 2, 8),
             run: RunConfig::smoke(),
             sdpa: SdpaConfig::smoke(),
             llm: LlmConfig::tiny(),
@@ -358,9 +308,9 @@ mod tests {
         let picked = settings(What::All, Some(&["llm", "scratch-large"]));
         assert_eq!(labels(&picked), ["scratch-large", "llm"]);
         assert_eq!(labels(&settings(What::Sdpa, None)), ["sdpa"]);
-        let bad = plan(&settings(What::Decode, Some(&["sdpa"])))
-            .err()
-            .unwrap();
+        let Err(bad) = plan(&settings(What::Decode, Some(&["sdpa"]))) else {
+            panic!("decode ran a workload `sdpa`");
+        };
         assert!(
             bad.contains("`sdpa`") && bad.contains("known: decode"),
             "{bad}"
@@ -369,7 +319,7 @@ mod tests {
 
     #[test]
     fn the_capped_decode_runs_on_its_sources_only() {
-        let jobs = scratch_jobs(What::All, &Options::new(true, 2));
+        let jobs = scratch_jobs(&settings(What::All, None));
         let capped = jobs.iter().find(|j| j.label == "decode cap 10MiB").unwrap();
         let mut names: Vec<&str> = capped
             .sources(&crate::source::SOURCES.iter().collect::<Vec<_>>())

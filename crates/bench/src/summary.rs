@@ -3,7 +3,7 @@
 //! workload, at most 100 columns; every figure and goal is behind `--details`.
 
 use crate::harness::Measurement;
-use crate::report::{fmt_ns, labels};
+use crate::report::{fmt_median, labels};
 use crate::source::{CACHING, CACHING_SCOPE, FLOOR};
 
 /// Sources that are not rivals: this project's own and the floor. `exact-cache` has its
@@ -62,13 +62,7 @@ pub fn table(rows: &[Measurement]) -> String {
                 .find(|m| m.workload == w && m.source == s && m.error.is_none())
         };
         let caching = get(CACHING);
-        let time = caching.map_or("-".to_string(), |m| {
-            if m.unit == "call" {
-                fmt_ns(m.ns_per_call.median)
-            } else {
-                format!("{}/{}", fmt_ns(m.ns_per_call.median), m.unit)
-            }
-        });
+        let time = caching.map_or("-".to_string(), fmt_median);
         let over = caching.map_or("-".to_string(), |m| {
             let few = if m.rounds < FEW_SAMPLES { "*" } else { "" };
             m.x_static.map_or("-".to_string(), |x| {
@@ -91,58 +85,4 @@ pub fn table(rows: &[Measurement]) -> String {
         ]));
     }
     out.join("\n")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::measure::Spread;
-
-    fn m(w: &str, s: &str, ns: f64, x_static: f64, x_caching: f64) -> Measurement {
-        Measurement {
-            workload: w.into(),
-            source: s.into(),
-            unit: "call".into(),
-            ns_per_call: Spread {
-                median: ns,
-                min: ns,
-                max: ns,
-            },
-            x_static: Some(x_static),
-            x_caching: Some(x_caching),
-            rounds: FEW_SAMPLES,
-            ..Measurement::default()
-        }
-    }
-
-    #[test]
-    fn each_workload_shows_the_fastest_rival_and_exact_cache() {
-        let rows = vec![
-            m("decode", "system", 30.0, 3.0, 1.5),
-            m("decode", "mimalloc", 25.0, 2.5, 1.25),
-            m("decode", "exact-cache", 400.0, 40.0, 20.0),
-            m("decode", "caching", 20.0, 1.1, 1.0),
-            m("decode", "static", 18.0, 1.0, 0.9),
-            Measurement {
-                rounds: 2,
-                ..m("scratch-small", "caching", 20.0, 0.97, 1.0)
-            },
-        ];
-        let t = table(&rows);
-        let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(lines.len(), 4, "{t}");
-        let decode: Vec<&str> = lines[2].split_whitespace().collect();
-        assert_eq!(
-            decode,
-            ["decode", "20", "ns", "+10%", "mimalloc", "1.25x", "20.00x"]
-        );
-        // No rival measured: dashes, not a made-up figure; below the floor is shown as is,
-        // and a figure from few rounds is marked.
-        let small: Vec<&str> = lines[3].split_whitespace().collect();
-        assert_eq!(small, ["scratch-small", "20", "ns", "-3%*", "-", "-", "-"]);
-        assert!(t
-            .lines()
-            .chain(FOOTNOTES.lines())
-            .all(|l| l.chars().count() <= 100));
-    }
 }

@@ -1,5 +1,6 @@
-//! Every workload, with tiny sizes, through every source; and the contract every source's
-//! worker promises (aligned, disjoint, writable blocks; a working temp allocator).
+//! Every workload, with tiny sizes, through every source, the model comparison on a tiny
+//! model and a short soak; and the contract every source's worker promises (aligned, disjoint, writable
+//! blocks; a working temp allocator).
 
 use std::collections::HashMap;
 use std::ptr::NonNull;
@@ -7,6 +8,7 @@ use std::ptr::NonNull;
 use std::time::Instant;
 
 use allocbench::harness::{measure_all, RunConfig};
+use allocbench::llm::{llm_sources, LlmConfig};
 use allocbench::measure::Machine;
 use allocbench::report::RunInfo;
 use allocbench::source::{
@@ -79,7 +81,7 @@ fn decode_observation_counts_exact_cache_misses_and_caching_classes() {
     assert_eq!(o.distinct_size_classes, d.distinct_size_classes());
     for m in &ms[1..3] {
         // A size-class cache allocates at most once per class over the whole run.
-        let allocs = m.sys_allocs_total.unwrap();
+        let allocs = m.whole_run.system_allocs.unwrap();
         assert!(
             allocs > 0 && allocs <= d.distinct_size_classes() as u64,
             "{}: {allocs}",
@@ -273,4 +275,100 @@ fn sdpa_runs_on_every_source_with_tiny_shapes() {
         svg.starts_with("<svg") && svg.contains("sdpa-prefill-12-int8-kv"),
         "{svg}"
     );
+}
+
+/// A tiny model through the whole run: rows for every (phase, source), ratios against
+/// static, zero system allocations per token for the cache in steady state, the scratch
+/// profile, JSON units.
+#[test]
+fn llm_runs_on_a_tiny_model() {
+    let cfg = LlmConfig::tiny();
+    let kinds: Vec<&SourceKind> = llm_sources()
+        .into_iter()
+        .filter(|k| ["caching", "static", "system"].contains(&k.name))
+        .collect();
+    assert_eq!(kinds.len(), 3);
+    let s = allocbench::llm::run_part(&cfg, true, &kinds);
+    assert!(s.errors.is_empty(), "{:?}", s.errors);
+    assert_eq!(s.rows.len(), 6);
+    let get = |phase: &str, source: &str| {
+        s.rows
+            .iter()
+            .find(|m| m.workload == phase && m.source == source)
+            .unwrap()
+    };
+    let caching = get("llm-decode", "caching");
+    assert_eq!(caching.sys_allocs_per_call, Some(0.0));
+    assert!(caching.x_static.is_some() && caching.calls_per_sec > 0.0);
+    assert!(caching.temp_bytes_per_call.is_some_and(|b| b > 0.0));
+    let system = get("llm-decode", "system");
+    assert!(
+        system.sys_allocs_per_call.unwrap() > 0.0,
+        "system mallocs every kernel's scratch"
+    );
+    assert!(get("llm-prefill", "static").ns_per_call.median > 0.0);
+    let (key, j) = s.json.clone().unwrap();
+    assert_eq!(key, "llm");
+    assert_eq!(
+        j["measurements"][0]["time_per_call"]["median"]["unit"],
+        "ns/prefill"
+    );
+    let efficiency = &j["efficiency"];
+    assert!(efficiency["decode"].is_object() && efficiency["prefill"].is_object());
+    let tok_s = j["measurements"][0]["tokens_per_second"].as_f64().unwrap();
+    assert!(tok_s > 0.0, "{tok_s}");
+    assert!(s
+        .targets
+        .iter()
+        .any(|c| c.target.contains("within 1.01x of static on llm-decode")));
+    assert!(j["headline"][0].as_str().unwrap().contains("system takes"));
+    // The scratch profile: one prefill and `decode_tokens` decode steps, every kernel's
+    // largest call no more than its total, and a table row per (phase, kernel).
+    let kernels = j["scratch_profile"]["kernels"].as_array().unwrap();
+    assert!(!kernels.is_empty(), "{j}");
+    for phase in ["prefill", "decode"] {
+        assert!(kernels.iter().any(|k| k["phase"] == phase), "{phase}");
+    }
+    for k in kernels {
+        let (max, total) = (k["max_call_bytes"].as_u64(), k["total_bytes"].as_u64());
+        assert!(k["calls"].as_u64() > Some(0) && max <= total, "{k}");
+    }
+    let attention = |phase: &str| {
+        let k = kernels
+            .iter()
+            .find(|k| k["phase"] == phase && k["kernel"] == "attention");
+        k.and_then(|k| k["max_call_bytes"].as_u64())
+    };
+    // Prefill's attention scores cover the prompt; decode's one row.
+    assert!(attention("prefill") > attention("decode"), "{j}");
+    assert!(attention("decode") > Some(0), "{j}");
+    let decode_calls = kernels
+        .iter()
+        .filter(|k| k["phase"] == "decode")
+        .map(|k| k["calls"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(decode_calls % cfg.decode_tokens as u64, 0, "{j}");
+    let details = s.details().unwrap();
+    assert!(details.contains("Scratch profile"), "{details}");
+    let rows = details
+        .lines()
+        .filter(|l| l.starts_with("| decode"))
+        .count();
+    let decode_kernels = kernels.iter().filter(|k| k["phase"] == "decode").count();
+    assert_eq!(rows, decode_kernels + 1, "{details}"); // + the efficiency table's row
+}
+
+#[test]
+fn short_soak_has_no_violations() {
+    let report = allocbench::soak::run(0.2, 2);
+    assert!(report.passed(), "{report}");
+    assert!(report.ops > 0, "{report}");
+    assert!(report.peak_live_bytes > 0, "{report}");
+    assert_eq!(report.threads, 2);
+    assert!(report.peak_held_bytes > 0, "{report}");
+    let x = report.reserved_over_held();
+    let want = report.peak_reserved_bytes as f64 / report.peak_held_bytes as f64;
+    assert!((x - want).abs() < 1e-9, "{x} vs {want}");
+    assert!(report.target().measured.starts_with(&format!("{x:.2}x")));
 }

@@ -363,15 +363,13 @@ pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> Section 
         Err(e) => return Section::failed(format!("llm: {e}")),
     };
     let ready_s = started.elapsed().as_secs_f64();
-    let pb = crate::output::progress_bar(progress_units(cfg));
-    pb.set_message("llm");
     // On a rayon worker, as `llm generate` runs: the kernels' parallel sections then start
     // inside the pool instead of waking the main thread through a latch after each of the
     // ~240 sections per token. Inline when the main thread is a member
-    // ([`crate::parts::init_threads`]); this covers a single-thread pool, which keeps its own worker.
-    let (r, profile) =
-        rayon::scope(|_| run(cfg, &weights, kinds, &llm_source_config(), &|| pb.inc(1)));
-    pb.finish_and_clear();
+    // ([`crate::measure::init_threads`]); this covers a single-thread pool, which keeps its own worker.
+    let (r, profile) = crate::output::with_progress(progress_units(cfg), "llm", |tick| {
+        rayon::scope(|_| run(cfg, &weights, kinds, &llm_source_config(), tick))
+    });
     let info = RunInfo::now(quick, rayon::current_num_threads(), started);
     let about = Setup {
         cfg,
@@ -382,116 +380,9 @@ pub fn run_part(cfg: &LlmConfig, quick: bool, kinds: &[&SourceKind]) -> Section 
     section(&about, r, profile.as_ref(), &info, ready_s)
 }
 
-/// Looks an llm source up by name.
-pub fn find_source(name: &str) -> Option<&'static SourceKind> {
-    LLM_SOURCE_NAMES
-        .contains(&name)
-        .then(|| SOURCES.iter().chain(LLM_ONLY).find(|k| k.name == name))?
-}
-
 /// Every llm source, in table order.
 pub fn llm_sources() -> Vec<&'static SourceKind> {
-    LLM_SOURCE_NAMES
-        .iter()
-        .filter_map(|n| find_source(n))
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A tiny model through the whole run: rows for every (phase, source), ratios against
-    /// static, zero system allocations per token for the cache in steady state, the scratch
-    /// profile, JSON units.
-    #[test]
-    fn smoke_run_on_a_tiny_model() {
-        let cfg = LlmConfig::tiny();
-        let w = weights(&cfg).unwrap();
-        let kinds: Vec<&SourceKind> = ["caching", "static", "system"]
-            .iter()
-            .map(|n| find_source(n).unwrap())
-            .collect();
-        let (r, profile) = run(&cfg, &w, &kinds, &SourceConfig::default(), &|| {});
-        assert!(r.errors.is_empty(), "{:?}", r.errors);
-        assert_eq!(r.rows.len(), 6);
-        let get = |phase: &str, source: &str| {
-            r.rows
-                .iter()
-                .find(|m| m.workload == phase && m.source == source)
-                .unwrap()
-        };
-        let caching = get("llm-decode", "caching");
-        assert_eq!(caching.sys_allocs_per_call, Some(0.0));
-        assert!(caching.x_static.is_some() && caching.calls_per_sec > 0.0);
-        assert!(caching.temp_bytes_per_call.is_some_and(|b| b > 0.0));
-        let system = get("llm-decode", "system");
-        assert!(
-            system.sys_allocs_per_call.unwrap() > 0.0,
-            "system mallocs every kernel's scratch"
-        );
-        assert!(get("llm-prefill", "static").ns_per_call.median > 0.0);
-        assert!(r.decode_eff.is_some() && r.prefill_eff.is_some());
-        let about = Setup {
-            cfg: &cfg,
-            arch: "tiny".into(),
-            isa: "test".into(),
-            threads: 2,
-        };
-        let s = section(
-            &about,
-            r,
-            profile.as_ref(),
-            &crate::report::tests::info(),
-            0.0,
-        );
-        let (key, j) = s.json.clone().unwrap();
-        assert_eq!(key, "llm");
-        assert_eq!(
-            j["measurements"][0]["time_per_call"]["median"]["unit"],
-            "ns/prefill"
-        );
-        let tok_s = j["measurements"][0]["tokens_per_second"].as_f64().unwrap();
-        assert!(tok_s > 0.0, "{tok_s}");
-        assert!(s
-            .targets
-            .iter()
-            .any(|c| c.target.contains("within 1.01x of static on llm-decode")));
-        assert!(j["headline"][0].as_str().unwrap().contains("system takes"));
-        // The scratch profile: one prefill and `decode_tokens` decode steps, every kernel's
-        // largest call no more than its total, and a table row per (phase, kernel).
-        let kernels = j["scratch_profile"]["kernels"].as_array().unwrap();
-        assert!(!kernels.is_empty(), "{j}");
-        for phase in ["prefill", "decode"] {
-            assert!(kernels.iter().any(|k| k["phase"] == phase), "{phase}");
-        }
-        for k in kernels {
-            let (max, total) = (k["max_call_bytes"].as_u64(), k["total_bytes"].as_u64());
-            assert!(k["calls"].as_u64() > Some(0) && max <= total, "{k}");
-        }
-        let attention = |phase: &str| {
-            let k = kernels
-                .iter()
-                .find(|k| k["phase"] == phase && k["kernel"] == "attention");
-            k.and_then(|k| k["max_call_bytes"].as_u64())
-        };
-        // Prefill's attention scores cover the prompt; decode's one row.
-        assert!(attention("prefill") > attention("decode"), "{j}");
-        assert!(attention("decode") > Some(0), "{j}");
-        let decode_calls = kernels
-            .iter()
-            .filter(|k| k["phase"] == "decode")
-            .map(|k| k["calls"].as_u64().unwrap())
-            .max()
-            .unwrap();
-        assert_eq!(decode_calls % cfg.decode_tokens as u64, 0, "{j}");
-        let details = s.details().unwrap();
-        assert!(details.contains("Scratch profile"), "{details}");
-        let rows = details
-            .lines()
-            .filter(|l| l.starts_with("| decode"))
-            .count();
-        let decode_kernels = kernels.iter().filter(|k| k["phase"] == "decode").count();
-        assert_eq!(rows, decode_kernels + 1, "{details}"); // + the efficiency table's row
-    }
+    let all = || SOURCES.iter().chain(LLM_ONLY);
+    let named = |n: &&str| all().find(|k| k.name == *n);
+    LLM_SOURCE_NAMES.iter().filter_map(named).collect()
 }

@@ -6,7 +6,7 @@ use caching_allocator::CachingAllocator;
 use llm::Llama;
 
 use super::{decode, prefill};
-use crate::measure::{best, interleaved, median, sgemm, stream_read, Ratios};
+use crate::measure::{gbs, interleaved, sgemm, stream_read, Ratios};
 
 /// The model's decode against a streaming read of the weight bytes one step reads (the
 /// kernel-level decode figure, against K/V bytes, is [`crate::sdpa::baseline::DecodeEfficiency`]).
@@ -65,16 +65,13 @@ impl Probe<'_> {
         if let Some(e) = err {
             return Err(e);
         }
-        let gbs = |t: f64| wbytes as f64 / t / 1e9;
-        let ratios: Vec<f64> = rounds.iter().map(|r| r[0] / r[1]).collect();
+        let (stream_gbs, decode_gbs, ratios) =
+            Ratios::of_rounds(&rounds, |r| (gbs(wbytes, r[0]), gbs(wbytes, r[1])));
         Ok(WeightReadEfficiency {
             weight_bytes: wbytes,
-            stream_gbs: gbs(best(&rounds, 0)),
-            decode_gbs: gbs(best(&rounds, 1)),
-            ratios: Ratios {
-                ratio_best: best(&rounds, 0) / best(&rounds, 1),
-                ratio_median: median(&ratios),
-            },
+            stream_gbs,
+            decode_gbs,
+            ratios,
         })
     }
 
@@ -109,21 +106,14 @@ impl Probe<'_> {
             return Err(e);
         }
         let gemm_flops = 2.0 * (m * k * n) as f64;
-        let ratios: Vec<f64> = rounds
-            .iter()
-            .map(|r| (flops / r[1]) / (gemm_flops / r[0]))
-            .collect();
-        let sg = gemm_flops / best(&rounds, 0) / 1e9;
-        let pf = flops / best(&rounds, 1) / 1e9;
+        let (sgemm_gflops, prefill_gflops, ratios) =
+            Ratios::of_rounds(&rounds, |r| (gemm_flops / r[0] / 1e9, flops / r[1] / 1e9));
         Ok(ModelPrefillEfficiency {
             flops,
             sgemm_shape: (m, k, n),
-            sgemm_gflops: sg,
-            prefill_gflops: pf,
-            ratios: Ratios {
-                ratio_best: pf / sg,
-                ratio_median: median(&ratios),
-            },
+            sgemm_gflops,
+            prefill_gflops,
+            ratios,
         })
     }
 }

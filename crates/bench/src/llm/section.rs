@@ -104,11 +104,7 @@ pub(super) fn section(
         "architecture": s.arch,
         "workloads": workloads.iter().map(|(n, d)| json!({"name": n, "step": d})).collect::<Vec<_>>(),
         "headline": headline,
-        "efficiency": {
-            "decode": r.decode_eff,
-            "prefill": r.prefill_eff,
-            "errors": r.errors,
-        },
+        "efficiency": r.efficiency_json(),
         "scratch_profile": profile.map(|p| p.to_json(cfg.prompt_tokens, cfg.decode_tokens)),
     });
     let mut out = Section {

@@ -8,8 +8,8 @@
 use std::hint::black_box;
 
 use crate::measure::{
-    best, decode_shape, fill, gbs, interleaved, median, prefill_flops, prefill_shape, sgemm,
-    stream_read, Ratios,
+    best, decode_shape, fill, gbs, interleaved, prefill_flops, prefill_shape, sgemm, stream_read,
+    Ratios,
 };
 use ::sdpa::{Params, SdpaError, Shape};
 
@@ -144,14 +144,8 @@ pub fn decode_efficiency(probe: &Probe<'_>, kv_len: usize) -> Result<DecodeEffic
     }
     let (sb, kb) = (stream.len() * 4, per_layer * layers);
     // Closures 0 and 1 are the streaming reads (the faster is a round's baseline), 2 the decode.
-    let ratio_median = median(
-        &rounds
-            .iter()
-            .map(|r| gbs(kb, r[2]) / gbs(sb, r[0].min(r[1])))
-            .collect::<Vec<_>>(),
-    );
-    let stream_gbs = gbs(sb, best(&rounds, 0).min(best(&rounds, 1)));
-    let kernel_gbs = gbs(kb, best(&rounds, 2));
+    let (stream_gbs, kernel_gbs, ratios) =
+        Ratios::of_rounds(&rounds, |r| (gbs(sb, r[0].min(r[1])), gbs(kb, r[2])));
     Ok(DecodeEfficiency {
         dtype,
         kv_len,
@@ -159,10 +153,7 @@ pub fn decode_efficiency(probe: &Probe<'_>, kv_len: usize) -> Result<DecodeEffic
         span_bytes: sb,
         stream_gbs,
         kernel_gbs,
-        ratios: Ratios {
-            ratio_best: kernel_gbs / stream_gbs,
-            ratio_median,
-        },
+        ratios,
         ms_per_call: best(&rounds, 2) * 1e3 / layers as f64,
     })
 }
@@ -206,7 +197,7 @@ pub fn prefill_efficiency(probe: &Probe<'_>, len: usize) -> Result<PrefillEffici
     if let Some(e) = err {
         return Err(e);
     }
-    let sgemm_gflops = |r: &[f64]| {
+    let sgemm_at = |r: &[f64]| {
         sgemm_shapes
             .iter()
             .zip(r)
@@ -214,14 +205,8 @@ pub fn prefill_efficiency(probe: &Probe<'_>, len: usize) -> Result<PrefillEffici
             .fold(0.0, f64::max)
     };
     let kernel_at = |r: &[f64]| flops * calls as f64 / r[shape_count] / 1e9;
-    let ratio_median = median(
-        &times
-            .iter()
-            .map(|r| kernel_at(r) / sgemm_gflops(r))
-            .collect::<Vec<_>>(),
-    );
-    let sgemm_best = times.iter().map(|r| sgemm_gflops(r)).fold(0.0, f64::max);
-    let kernel_best = times.iter().map(|r| kernel_at(r)).fold(0.0, f64::max);
+    let (sgemm_gflops, kernel_gflops, ratios) =
+        Ratios::of_rounds(&times, |r| (sgemm_at(r), kernel_at(r)));
     let best_call = times
         .iter()
         .map(|r| r[shape_count] / calls as f64)
@@ -231,12 +216,9 @@ pub fn prefill_efficiency(probe: &Probe<'_>, len: usize) -> Result<PrefillEffici
         len,
         causal: true,
         calls,
-        sgemm_gflops: sgemm_best,
-        kernel_gflops: kernel_best,
-        ratios: Ratios {
-            ratio_best: kernel_best / sgemm_best,
-            ratio_median,
-        },
+        sgemm_gflops,
+        kernel_gflops,
+        ratios,
         ms_per_call: best_call * 1e3,
     })
 }

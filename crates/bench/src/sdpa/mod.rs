@@ -185,44 +185,63 @@ impl SdpaConfig {
 
     /// Workload labels and what one step is, in run order.
     pub fn workloads(&self) -> Vec<(String, String)> {
+        let each = self.dtypes.iter().flat_map(|&dt| self.comparisons(dt));
+        each.map(|c| (c.label, c.about)).collect()
+    }
+
+    /// The comparison's workloads in `dt`, in run order. Decode: a step is a token of
+    /// `decode_calls` layer calls, a sweep every token, on one layer's cache shared by every
+    /// layer. Prefill: a step, and a sweep, is one layer call.
+    fn comparisons(&self, dt: SdpaDtype) -> Vec<Comparison> {
         let threads = rayon::current_num_threads();
-        let mut out = Vec::new();
-        for &dt in &self.dtypes {
-            let (dtype, kv) = dt.kind();
-            let bytes = |sh: &Shape| sdpa::scratch_bytes_for(sh, threads, dtype, kv).unwrap_or(0);
-            out.push((
-                dt.label("sdpa-decode"),
-                format!(
-                    "per token: {} layer calls ({} timed, times {}), q_len 1, kv = t for t in {} \
+        let (dtype, kv) = dt.kind();
+        let bytes = |sh: &Shape| sdpa::scratch_bytes_for(sh, threads, dtype, kv).unwrap_or(0);
+        let decode = Comparison {
+            label: dt.label("sdpa-decode"),
+            about: format!(
+                "per token: {} layer calls ({} timed, times {}), q_len 1, kv = t for t in {} \
                  ({} positions in 1..={}, {} sweep(s)); one {}-position KV cache shared by all \
                  layers; scratch {} B at kv 1, {} B at kv {}",
-                    self.layers,
-                    self.decode_calls(),
-                    self.layers as f64 / self.decode_calls() as f64,
-                    describe_tokens(&self.decode_tokens),
-                    self.decode_tokens.len(),
-                    self.kv_capacity,
-                    self.decode_rounds,
-                    self.kv_capacity,
-                    bytes(&self.decode_shape(1)),
-                    bytes(&self.decode_shape(self.kv_capacity)),
-                    self.kv_capacity
-                ),
-            ));
-            for &(len, calls) in &self.prefill {
-                out.push((
-                    dt.label(&format!("sdpa-prefill-{len}")),
-                    format!(
-                    "per prefill: {} layer calls of a causal {len}-token prompt (time = median \
-                     call x {}; {calls} calls measured per source); scratch {} B per call",
-                    self.layers,
-                    self.layers,
-                    bytes(&self.prefill_shape(len))
-                ),
-                ));
-            }
-        }
-        out
+                self.layers,
+                self.decode_calls(),
+                self.layers as f64 / self.decode_calls() as f64,
+                describe_tokens(&self.decode_tokens),
+                self.decode_tokens.len(),
+                self.kv_capacity,
+                self.decode_rounds,
+                self.kv_capacity,
+                bytes(&self.decode_shape(1)),
+                bytes(&self.decode_shape(self.kv_capacity)),
+                self.kv_capacity
+            ),
+            unit: "token",
+            cache: self.decode_shape(self.kv_capacity),
+            seed: 11,
+            sweep: self
+                .decode_tokens
+                .iter()
+                .map(|&t| self.decode_shape(t))
+                .collect(),
+            sweeps: self.decode_rounds,
+            calls: self.decode_calls(),
+        };
+        let prefills = self.prefill.iter().map(|&(len, n_calls)| Comparison {
+            label: dt.label(&format!("sdpa-prefill-{len}")),
+            about: format!(
+                "per prefill: {} layer calls of a causal {len}-token prompt (time = median call \
+                 x {}; {n_calls} calls measured per source); scratch {} B per call",
+                self.layers,
+                self.layers,
+                bytes(&self.prefill_shape(len))
+            ),
+            unit: "prefill",
+            cache: self.prefill_shape(len),
+            seed: 21,
+            sweep: vec![self.prefill_shape(len)],
+            sweeps: n_calls,
+            calls: 1,
+        });
+        std::iter::once(decode).chain(prefills).collect()
     }
 }
 
@@ -243,22 +262,25 @@ fn describe_tokens(t: &[usize]) -> String {
     }
 }
 
+/// One workload of the comparison: warmed up with a call of every shape of its sweep, then
+/// `sweeps` sweeps of steps, a step `calls` layer calls of one shape, on inputs made for
+/// `cache` (seeded by `seed`); the budget is checked between sweeps.
+struct Comparison {
+    label: String,
+    /// What one step is, for the report.
+    about: String,
+    unit: &'static str,
+    cache: Shape,
+    seed: u32,
+    sweep: Vec<Shape>,
+    sweeps: usize,
+    calls: usize,
+}
+
 /// What one `allocbench sdpa` run measured: every (workload, source) in run order (time per
 /// token for decode, per prefill; faults and system allocations per attention call), and the
 /// efficiency per dtype and KV length (decode) or length (prefill).
 pub type SdpaRun = KernelRun<Vec<DecodeEfficiency>, Vec<PrefillEfficiency>>;
-
-/// The inputs of `dtype` for `sh` (seeded by `seed`), or `None` with why noted in `errors`.
-fn inputs_or_note(
-    dtype: SdpaDtype,
-    sh: &Shape,
-    seed: u32,
-    errors: &mut Vec<String>,
-) -> Option<Inputs> {
-    Inputs::new(dtype, sh, seed)
-        .map_err(|e| errors.push(format!("{} inputs: {e}", dtype.name())))
-        .ok()
-}
 
 /// Runs the comparison (every source) and the efficiency measurements. `tick` is called after
 /// every step and every efficiency figure.
@@ -274,7 +296,8 @@ pub fn run(
     let workers: Vec<Box<dyn ScratchWorker + '_>> = sources.iter().map(|s| s.worker()).collect();
     let counters = |i: usize| sources[i].counters().plus(workers[i].counters());
     let p = Params::default();
-    let mut eff_errors = Vec::new();
+    // What could not be measured: inputs that could not be made, efficiency figures.
+    let mut errors = Vec::new();
 
     // `times` attention calls on source `i`, each followed by a reset, as ExecuTorch's
     // runtime drives its temp allocator.
@@ -302,68 +325,42 @@ pub fn run(
         s
     };
     for &dt in &cfg.dtypes {
-        // ---- decode: one layer's cache, shared by every layer ----
-        let Some(mut inputs) =
-            inputs_or_note(dt, &cfg.decode_shape(cfg.kv_capacity), 11, &mut eff_errors)
-        else {
-            continue;
-        };
-        let mut steps = Steps::new(kinds, &counters).with_budget(share());
-        for i in 0..kinds.len() {
-            steps.warm_up(i, || {
-                for &t in &cfg.decode_tokens {
-                    calls(i, &mut inputs, &cfg.decode_shape(t), 1)?;
+        for c in cfg.comparisons(dt) {
+            let mut inputs = match Inputs::new(dt, &c.cache, c.seed) {
+                Ok(inputs) => inputs,
+                Err(e) => {
+                    errors.push(format!("{} inputs: {e}", dt.name()));
+                    continue;
                 }
-                Ok(())
-            });
-        }
-        for _ in 0..cfg.decode_rounds {
-            if steps.out_of_time() {
-                break;
-            }
-            for &t in &cfg.decode_tokens {
-                let sh = cfg.decode_shape(t);
-                steps.step(|i| calls(i, &mut inputs, &sh, cfg.decode_calls()));
-                tick();
-            }
-        }
-        // Per token: mean step time within each sweep (scaled from the timed layer calls to
-        // all layers), spread over sweeps.
-        let scale = cfg.layers as f64 / cfg.decode_calls() as f64;
-        let per_token = |steps: &[f64]| -> Vec<f64> {
-            steps
-                .chunks(cfg.decode_tokens.len().max(1))
-                .map(|c| c.iter().sum::<f64>() / c.len() as f64 * scale * 1e9)
-                .collect()
-        };
-        rows.extend(steps.measurements(&dt.label("sdpa-decode"), "token", per_token));
-        drop(inputs);
-
-        // ---- prefill: one layer call per step ----
-        for &(len, n_calls) in &cfg.prefill {
-            let sh = cfg.prefill_shape(len);
-            let Some(mut inputs) = inputs_or_note(dt, &sh, 21, &mut eff_errors) else {
-                continue;
             };
             let mut steps = Steps::new(kinds, &counters).with_budget(share());
             for i in 0..kinds.len() {
-                steps.warm_up(i, || calls(i, &mut inputs, &sh, 1).map(drop));
+                steps.warm_up(i, || {
+                    for sh in &c.sweep {
+                        calls(i, &mut inputs, sh, 1)?;
+                    }
+                    Ok(())
+                });
             }
-            for _ in 0..n_calls {
+            for _ in 0..c.sweeps {
                 if steps.out_of_time() {
                     break;
                 }
-                steps.step(|i| calls(i, &mut inputs, &sh, 1));
-                tick();
+                for sh in &c.sweep {
+                    steps.step(|i| calls(i, &mut inputs, sh, c.calls));
+                    tick();
+                }
             }
-            let layers = cfg.layers as f64;
-            let per_prefill =
-                |t: &[f64]| -> Vec<f64> { t.iter().map(|s| s * layers * 1e9).collect() };
-            rows.extend(steps.measurements(
-                &dt.label(&format!("sdpa-prefill-{len}")),
-                "prefill",
-                per_prefill,
-            ));
+            // Per token or prefill: the mean step time within each sweep, scaled from the
+            // timed layer calls to all layers; spread over the sweeps.
+            let scale = cfg.layers as f64 / c.calls as f64;
+            let per_unit = |steps: &[f64]| -> Vec<f64> {
+                steps
+                    .chunks(c.sweep.len().max(1))
+                    .map(|s| s.iter().sum::<f64>() / s.len() as f64 * scale * 1e9)
+                    .collect()
+            };
+            rows.extend(steps.measurements(&c.label, c.unit, per_unit));
         }
     }
     drop(workers);
@@ -376,7 +373,6 @@ pub fn run(
         source_config.caching_cap,
     )
     .allocator();
-    let mut errors = eff_errors;
     let mut dec = Vec::new();
     let mut pre = Vec::new();
     for &dt in &cfg.dtypes {
@@ -419,10 +415,9 @@ pub fn run_part(
     source_config: &SourceConfig,
 ) -> Section {
     let started = std::time::Instant::now();
-    let pb = crate::output::progress_bar(cfg.progress_units());
-    pb.set_message("sdpa");
-    let r = run(cfg, kinds, source_config, &|| pb.inc(1));
-    pb.finish_and_clear();
+    let r = crate::output::with_progress(cfg.progress_units(), "sdpa", |tick| {
+        run(cfg, kinds, source_config, tick)
+    });
     section(
         cfg,
         r,
@@ -453,47 +448,33 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
     for (label, what) in &workloads {
         head += &format!("\nworkload {label}: {what}");
     }
-    // Cells of an efficiency row: the dtype, the call's size (KV length, tokens) and count
-    // (layer caches, calls per round), time per call, the baseline's and the kernel's rates.
-    let cells = |dtype: SdpaDtype, counts: [usize; 2], ms: String, rates: [f64; 2]| {
-        let mut row = vec![dtype.name().to_string()];
-        row.extend(counts.map(|n| n.to_string()));
-        row.push(ms);
-        row.extend(rates.map(|x| format!("{x:.1}")));
-        row
-    };
-    let mut decode = r.decode_eff.iter().map(|e| {
-        let ms = format!("{:.3}", e.ms_per_call);
-        let row = cells(
-            e.dtype,
-            [e.kv_len, e.layers],
-            ms,
-            [e.stream_gbs, e.kernel_gbs],
-        );
-        (row, e.ratios)
-    });
-    let mut prefill = r.prefill_eff.iter().map(|e| {
-        let ms = format!("{:.2}", e.ms_per_call);
-        (
-            cells(
-                e.dtype,
-                [e.len, e.calls],
-                ms,
-                [e.sgemm_gflops, e.kernel_gflops],
-            ),
-            e.ratios,
-        )
-    });
-    let eff = |first: [&str; 5], rows: &mut dyn Iterator<Item = (Vec<String>, Ratios)>| {
-        let mut header = vec!["dtype"];
-        header.extend(first);
-        header.extend(["ratio (best)", "ratio (median)"]);
-        let rows = rows.map(|(mut row, ratios)| {
+    // An efficiency table: the dtype, the call's size (KV length, tokens) and count (layer
+    // caches, calls per round), time per call, the baseline's and the kernel's rates, ratios.
+    let eff = |header: [&str; 5], rows: Vec<(SdpaDtype, [String; 5], Ratios)>| {
+        let mut h = vec!["dtype"];
+        h.extend(header);
+        h.extend(["ratio (best)", "ratio (median)"]);
+        let rows = rows.into_iter().map(|(dtype, cells, ratios)| {
+            let mut row = vec![dtype.name().to_string()];
+            row.extend(cells);
             row.extend(ratios.percent());
             row
         });
-        table(&header, rows, 1)
+        table(&h, rows, 1)
     };
+    let rate = |x: f64| format!("{x:.1}");
+    let decode = r.decode_eff.iter().map(|e| {
+        let ms = format!("{:.3}", e.ms_per_call);
+        let (kv, layers) = (e.kv_len.to_string(), e.layers.to_string());
+        let cells = [kv, layers, ms, rate(e.stream_gbs), rate(e.kernel_gbs)];
+        (e.dtype, cells, e.ratios)
+    });
+    let prefill = r.prefill_eff.iter().map(|e| {
+        let ms = format!("{:.2}", e.ms_per_call);
+        let (len, calls) = (e.len.to_string(), e.calls.to_string());
+        let cells = [len, calls, ms, rate(e.sgemm_gflops), rate(e.kernel_gflops)];
+        (e.dtype, cells, e.ratios)
+    });
     let mut blocks = vec![
         head,
         format!(
@@ -516,7 +497,7 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
                     "stream GB/s",
                     "K/V GB/s"
                 ],
-                &mut decode
+                decode.collect()
             )
         ),
     ];
@@ -532,7 +513,7 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
                 "sgemm GFLOP/s",
                 "kernel GFLOP/s"
             ],
-            &mut prefill
+            prefill.collect()
         )
     ));
     blocks.extend(
@@ -545,11 +526,7 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
         "simd": simd,
         "config": cfg,
         "workloads": workloads.iter().map(|(n, d)| json!({"name": n, "step": d})).collect::<Vec<_>>(),
-        "efficiency": {
-            "decode": r.decode_eff,
-            "prefill": r.prefill_eff,
-            "errors": r.errors,
-        },
+        "efficiency": r.efficiency_json(),
     });
     Section {
         title: "sdpa: the attention kernel over a model".into(),
@@ -634,158 +611,4 @@ fn targets(r: &SdpaRun, sgemm_threads: &str) -> Vec<TargetCheck> {
         ));
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    use crate::harness::Measurement;
-    use crate::measure::Spread;
-
-    fn row(w: &str, s: &str, ns: f64, x: Option<f64>) -> Measurement {
-        Measurement {
-            workload: w.into(),
-            source: s.into(),
-            unit: if w.contains("decode") {
-                "token"
-            } else {
-                "prefill"
-            }
-            .into(),
-            ns_per_call: Spread {
-                median: ns,
-                min: ns,
-                max: ns,
-            },
-            x_static: x,
-            ..Measurement::default()
-        }
-    }
-
-    /// Decode efficiency of `dtype` at `kv_len`: `ratio` of a 10 GB/s read, `ms` per call.
-    fn decode_at(dtype: SdpaDtype, kv_len: usize, ratio: f64, ms: f64) -> DecodeEfficiency {
-        DecodeEfficiency {
-            dtype,
-            kv_len,
-            layers: 1,
-            span_bytes: 1,
-            stream_gbs: 10.0,
-            kernel_gbs: 10.0 * ratio,
-            ratios: Ratios {
-                ratio_best: ratio,
-                ratio_median: ratio,
-            },
-            ms_per_call: ms,
-        }
-    }
-
-    fn report(rows: Vec<Measurement>) -> SdpaRun {
-        SdpaRun {
-            rows,
-            decode_eff: vec![
-                decode_at(SdpaDtype::F32, 512, 0.1, 1.0),
-                decode_at(SdpaDtype::F32, 1024, 0.74, 1.0),
-            ],
-            prefill_eff: vec![PrefillEfficiency {
-                dtype: SdpaDtype::F32,
-                len: 128,
-                causal: true,
-                calls: 16,
-                sgemm_gflops: 100.0,
-                kernel_gflops: 61.0,
-                ratios: Ratios {
-                    ratio_best: 0.61,
-                    ratio_median: 0.6,
-                },
-                ms_per_call: 1.0,
-            }],
-            errors: vec![],
-        }
-    }
-
-    #[test]
-    fn targets_are_met_and_missed_as_measured() {
-        let r = report(vec![
-            row("sdpa-decode", "static", 100.0, Some(1.0)),
-            row("sdpa-decode", "caching", 101.0, Some(1.019)),
-            row("sdpa-decode", "caching-scope", 103.0, Some(1.03)),
-        ]);
-        let t = targets(&r, "2");
-        let find = |s: &str| {
-            t.iter()
-                .find(|c| c.target.contains(s))
-                .unwrap_or_else(|| panic!("{s}"))
-                .met
-        };
-        assert_eq!(
-            find("caching within 1.02x of static on sdpa-decode"),
-            Some(true)
-        );
-        assert_eq!(
-            find("caching-scope within 1.02x of static on sdpa-decode"),
-            Some(false)
-        );
-        // kv 512 is below the target's range; kv 1024 misses on the median ratio.
-        assert!(!t.iter().any(|c| c.target.contains("kv 512")));
-        assert_eq!(find("at kv 1024"), Some(false));
-        assert_eq!(find("prefill 128 >= 60%"), Some(true));
-        assert_eq!(t.len(), 4);
-    }
-
-    #[test]
-    fn int8_speedup_is_checked_against_f32_at_the_same_kv() {
-        let mut r = report(vec![]);
-        let at = |dtype, ms| decode_at(dtype, goal::SDPA_INT8_KV, 0.9, ms);
-        r.decode_eff = vec![at(SdpaDtype::F32, 3.0), at(SdpaDtype::Int8Kv, 1.1)];
-        r.prefill_eff[0].dtype = SdpaDtype::Int8Kv; // reported, not a target
-        let t = targets(&r, "2");
-        let speed = t.iter().find(|c| c.target.contains("3x faster")).unwrap();
-        assert_eq!(speed.met, Some(false), "{speed:?}");
-        assert!(speed.measured.starts_with("2.73x"), "{speed:?}");
-        assert!(t
-            .iter()
-            .any(|c| c.target.starts_with("int8-kv decode >= 85%")));
-        assert!(!t.iter().any(|c| c.target.contains("prefill")));
-        r.decode_eff[1].ms_per_call = 1.0;
-        let t = targets(&r, "2");
-        assert_eq!(
-            t.iter()
-                .find(|c| c.target.contains("3x faster"))
-                .unwrap()
-                .met,
-            Some(true)
-        );
-    }
-
-    #[test]
-    fn a_failed_source_misses_and_json_has_units() {
-        let mut failed = row("sdpa-prefill-7", "caching", 0.0, None);
-        failed.error = Some("out of memory".into());
-        let r = report(vec![
-            row("sdpa-prefill-7", "static", 100.0, Some(1.0)),
-            failed,
-        ]);
-        assert_eq!(targets(&r, "2")[0].met, Some(false));
-        let j = section(&SdpaConfig::smoke(), r, &crate::report::tests::info())
-            .json
-            .unwrap()
-            .1;
-        assert_eq!(
-            j["measurements"][0]["time_per_call"]["median"]["unit"],
-            "ns/prefill"
-        );
-        assert_eq!(j["efficiency"]["decode"][1]["stream_gbs"], 10.0);
-        assert_eq!(j["cores"], 2);
-    }
-
-    #[test]
-    fn token_samples() {
-        assert_eq!(sample_tokens(5, 0), vec![1, 2, 3, 4, 5]);
-        assert_eq!(sample_tokens(1024, 16).len(), 16);
-        assert_eq!(sample_tokens(1024, 16)[0], 1);
-        assert_eq!(*sample_tokens(1024, 16).last().unwrap(), 1024);
-        assert_eq!(sample_tokens(1024, 16)[1], 69);
-        assert_eq!(sample_tokens(3, 10), vec![1, 2, 3]);
-    }
 }

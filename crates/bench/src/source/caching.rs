@@ -9,9 +9,7 @@
 use core::cell::RefCell;
 use core::ptr::NonNull;
 
-use caching_allocator::{
-    CachingAllocator, Config, Stats, DEFAULT_WORKING_SET_SLACK, MAX_ARENA_BYTES,
-};
+use caching_allocator::{CachingAllocator, Stats};
 
 use super::{
     AllocError, Block, Call, Counters, ScratchSource, ScratchWorker, TempAllocator, TempReset,
@@ -28,46 +26,27 @@ pub enum CachingMode {
 
 /// This project's allocator as a scratch source.
 pub struct CachingSource {
-    mode: CachingMode,
-    config: Config,
+    max_cached_bytes: usize,
     /// The allocator shared by all workers in [`CachingMode::Scope`].
     shared: Option<CachingAllocator>,
 }
 
 impl CachingSource {
-    /// A source with `Config::default().max_cached_bytes(max_cached_bytes)` configured as a
-    /// temp allocator, as the `llm` runner configures it: it keeps its working set
-    /// (`working_set_slack(Some(1.25))`) and its arena serves every request up to
-    /// `MAX_ARENA_BYTES`. Both
-    /// ways of driving it give all scratch back after every kernel call.
+    /// A source whose allocators are the `llm` runner's ([`llm::caching_temp`]): at most
+    /// `max_cached_bytes` idle, keeping their working set (`working_set_slack(Some(1.25))`),
+    /// their arenas serving every request up to `MAX_ARENA_BYTES`; both ways of driving it give all scratch back after every kernel call.
     pub fn new(mode: CachingMode, max_cached_bytes: usize) -> Self {
-        let config = Config::default()
-            .max_cached_bytes(max_cached_bytes)
-            .working_set_slack(Some(DEFAULT_WORKING_SET_SLACK))
-            .arena_max_bytes(MAX_ARENA_BYTES);
-        let shared = match mode {
-            CachingMode::Reset => None,
-            CachingMode::Scope => Some(CachingAllocator::with_config(config.clone())),
-        };
+        let shared = (mode == CachingMode::Scope).then(|| llm::caching_temp(max_cached_bytes));
         CachingSource {
-            mode,
-            config,
+            max_cached_bytes,
             shared,
         }
     }
 
     /// A new allocator with this source's configuration, as a [`CachingMode::Reset`] worker
-    /// owns one; it is `Sync`, for callers that drive a kernel from a pool worker.
+    /// is one; it is `Sync`, for callers that drive a kernel from a pool worker.
     pub fn allocator(&self) -> CachingAllocator {
-        CachingAllocator::with_config(self.config.clone())
-    }
-}
-
-impl std::fmt::Debug for CachingSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CachingSource")
-            .field("mode", &self.mode)
-            .finish_non_exhaustive()
+        llm::caching_temp(self.max_cached_bytes)
     }
 }
 
@@ -83,9 +62,7 @@ fn counters_of(s: &Stats) -> Counters {
 impl ScratchSource for CachingSource {
     fn worker(&self) -> Box<dyn ScratchWorker + '_> {
         match &self.shared {
-            None => Box::new(ResetWorker {
-                alloc: self.allocator(),
-            }),
+            None => Box::new(self.allocator()),
             Some(alloc) => Box::new(ScopeWorker {
                 alloc,
                 live: RefCell::new(Vec::with_capacity(64)),
@@ -101,34 +78,13 @@ impl ScratchSource for CachingSource {
     }
 }
 
-/// Owns an allocator; `call` is the default `allocate` each block, then `reset`.
-struct ResetWorker {
-    alloc: CachingAllocator,
-}
-
-// SAFETY: forwards to `CachingAllocator`, whose blocks are distinct, aligned, `size` bytes
-// long and valid until `reset_unchecked` takes them back.
-unsafe impl TempAllocator for ResetWorker {
-    fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
-        self.alloc.allocate(size, align)
-    }
-}
-
-// SAFETY: the reset takes back exactly what this type's `allocate` handed out, as the
-// `TempAllocator` impl above describes.
-unsafe impl caching_allocator::TempReset for ResetWorker {
-    unsafe fn reset_unchecked(&self) {
-        // SAFETY: the caller's guarantees are `reset_unchecked`'s: no concurrent call, nothing
-        // handed out used after; this worker owns its allocator and opens no Scope on it.
-        unsafe { self.alloc.reset_unchecked() }
-    }
-}
-
-// SAFETY: `CachingAllocator::allocate` hands out distinct live blocks of at least `size`
-// bytes at `align`, valid until the reset the default `call` runs after the kernel returns.
-unsafe impl ScratchWorker for ResetWorker {
+// SAFETY: the default `call` allocates each block with `CachingAllocator::allocate` (distinct
+// live blocks of at least `size` bytes at `align`) and resets only after the kernel returned;
+// the reset takes back only blocks `allocate` handed out (a scope's stay with the scope), and
+// `&mut self` in `call` means no other call on this allocator runs meanwhile.
+unsafe impl ScratchWorker for CachingAllocator {
     fn counters(&self) -> Counters {
-        counters_of(&self.alloc.stats())
+        counters_of(&self.stats())
     }
 }
 
