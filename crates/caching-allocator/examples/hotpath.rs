@@ -4,9 +4,9 @@
 //! minus the same with 0 iterations, divided by the iterations. `scripts/hotpath-counts.sh`
 //! does all of it.
 //!
-//! The allocator is configured as a temp allocator (`arena_max_bytes(MAX_ARENA_BYTES)`, as
-//! allocbench's `caching` source and the llm runner configure it); `reset2-classes` is
-//! `reset2` with the default arena bound (32 KiB), where the 2 MiB block is a size class's.
+//! The arena serves every request up to `MAX_ARENA_BYTES` (`Config::arena_max_bytes`);
+//! `reset2-classes` is `reset2` with the default bound (32 KiB), where the 2 MiB block is a
+//! size class's.
 //!
 //! Modes: `release` (allocate 4 KiB + release), `scope` (open, 4 KiB, drop), `reset2`
 //! (allocbench's decode call: 20 KiB + 2 MiB, then a reset), `reset16` (allocbench's

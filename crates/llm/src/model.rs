@@ -3,9 +3,7 @@
 
 use std::sync::Arc;
 
-use caching_allocator::{
-    CachingAllocator, Config, TempReset, DEFAULT_WORKING_SET_SLACK, MAX_ARENA_BYTES,
-};
+use caching_allocator::{CachingAllocator, Config, TempReset, DEFAULT_WORKING_SET_SLACK};
 
 use crate::error::{LlmError, Result};
 use crate::matrix::{Linear, Output};
@@ -28,9 +26,7 @@ pub fn caching_temp(cap: usize) -> CachingAllocator {
             .max_cached_bytes(cap)
             // Reset after every kernel, a few blocks live together, shapes that grow with the
             // context: hold the working set, not one block per class.
-            .working_set_slack(Some(DEFAULT_WORKING_SET_SLACK))
-            // Every block of a kernel call through one bump chunk, taken back in one step.
-            .arena_max_bytes(MAX_ARENA_BYTES),
+            .working_set_slack(Some(DEFAULT_WORKING_SET_SLACK)),
     )
 }
 

@@ -33,8 +33,8 @@ pub struct CachingSource {
 
 impl CachingSource {
     /// A source whose allocators are the `llm` runner's ([`llm::caching_temp`]): at most
-    /// `max_cached_bytes` idle, keeping their working set (`working_set_slack(Some(1.25))`),
-    /// their arenas serving every request up to `MAX_ARENA_BYTES`; both ways of driving it give all scratch back after every kernel call.
+    /// `max_cached_bytes` idle, keeping their working set (`working_set_slack(Some(1.25))`);
+    /// both ways of driving it give all scratch back after every kernel call.
     pub fn new(mode: CachingMode, max_cached_bytes: usize) -> Self {
         let shared = (mode == CachingMode::Scope).then(|| llm::caching_temp(max_cached_bytes));
         CachingSource {
