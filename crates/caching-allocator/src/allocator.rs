@@ -268,13 +268,25 @@ impl CachingAllocator {
                 ..req
             };
             // Refused (the cap or the limit): the request's own class may still fit.
-            if let Ok(block) = self.take(local, chunk, &req, true, |state, live| {
-                state.live.insert(live);
-            }) {
-                return Ok(block.ptr);
+            if let Ok(ptr) = self.take_live(local, chunk, &req) {
+                return Ok(ptr);
             }
         }
         self.allocate_block(local, size, align)
+    }
+
+    /// A block of `class` for `req`, booked in the live table.
+    #[inline]
+    fn take_live(
+        &self,
+        local: Local<'_>,
+        class: SizeClass,
+        req: &Request,
+    ) -> Result<NonNull<u8>, AllocError> {
+        let block = self.take(local, class, req, true, |state, live| {
+            state.live.insert(live);
+        })?;
+        Ok(block.ptr)
     }
 
     /// `allocate` through the size classes.
@@ -289,10 +301,7 @@ impl CachingAllocator {
         let Some(class) = req.class else {
             return Ok(dangling(align));
         };
-        let block = self.take(local, class, &req, true, |state, live| {
-            state.live.insert(live);
-        })?;
-        Ok(block.ptr)
+        self.take_live(local, class, &req)
     }
 
     /// The arena could not serve a request on its fast path: rewind it after a reset (swapping
