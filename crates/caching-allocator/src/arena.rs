@@ -25,10 +25,12 @@
 //!   slow path (a chunk or the record table full) and when it rewinds. Each record carries a
 //!   serial number, and an inbox entry names the serial it saw, so an entry can never release a
 //!   later block that happens to sit at the same address.
-//! - **Growth.** A chunk full for this epoch sends the rest of the epoch's small requests to
-//!   the size classes, and remembers how much the epoch wanted; the next rewind swaps the chunk
-//!   for one of that size (up to [`MAX_CHUNK`]). After warm-up, one chunk holds a whole kernel
-//!   call and no system allocation happens in steady state.
+//! - **Growth.** A chunk full for this epoch sends the rest of the epoch's requests to the
+//!   size classes, and remembers how much the epoch wanted; the next rewind swaps the chunk for
+//!   one of that size plus 1/16 (up to [`MAX_CHUNK`]), and a chunk within 1/16 of full grows
+//!   the same way before it overflows (see [`next_chunk`]). A large request the chunk missed
+//!   gets the block the next chunk will be ([`Arena::successor_for`]). After warm-up, one chunk
+//!   holds a whole kernel call and no system allocation happens in steady state.
 //! - **The cap.** A chunk is charged to its cache's credit for as long as the arena holds it,
 //!   as if it were all idle (conservative: the cap holds whatever the arena's blocks do); a
 //!   chunk the cap cannot cover goes back, and the arena stays off for that epoch.
