@@ -110,8 +110,13 @@ impl Ratios {
 
     /// Both as percentages, no decimals: best, median.
     pub fn percent(self) -> [String; 2] {
-        [self.ratio_best, self.ratio_median].map(crate::report::pct)
+        [self.ratio_best, self.ratio_median].map(pct)
     }
+}
+
+/// A percentage, no decimals.
+pub(crate) fn pct(x: f64) -> String {
+    format!("{:.0}%", 100.0 * x)
 }
 
 /// The median of `xs` (the mean of the middle two for even lengths); NaN when empty.

@@ -11,6 +11,7 @@ use comfy_table::{presets, CellAlignment, Table};
 use serde_json::{json, Value};
 
 use crate::harness::Measurement;
+pub(crate) use crate::measure::pct;
 use crate::measure::{Machine, Ratios};
 
 pub use crate::source::{CACHING, CACHING_SCOPE, FLOOR, RIVALS};
@@ -249,11 +250,6 @@ pub fn within_static(
         }
     }
     out
-}
-
-/// A percentage, no decimals.
-pub(crate) fn pct(x: f64) -> String {
-    format!("{:.0}%", 100.0 * x)
 }
 
 /// "`target`: measured `kernel` vs `baseline` (`figures`), median of same-round ratios >=
