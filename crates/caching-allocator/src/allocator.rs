@@ -272,7 +272,7 @@ impl CachingAllocator {
                 return Ok(ptr);
             }
         }
-        self.allocate_block(local, size, align)
+        self.allocate_request(local, &req)
     }
 
     /// A block of `class` for `req`, booked in the live table.
@@ -298,10 +298,16 @@ impl CachingAllocator {
         align: usize,
     ) -> Result<NonNull<u8>, AllocError> {
         let req = self.request(size, align)?;
-        let Some(class) = req.class else {
-            return Ok(dangling(align));
-        };
-        self.take_live(local, class, &req)
+        self.allocate_request(local, &req)
+    }
+
+    /// A validated request through the size classes, in a block of its own class.
+    #[inline(always)]
+    fn allocate_request(&self, local: Local<'_>, req: &Request) -> Result<NonNull<u8>, AllocError> {
+        match req.class {
+            Some(class) => self.take_live(local, class, req),
+            None => Ok(dangling(req.align)),
+        }
     }
 
     /// The arena could not serve a request on its fast path: rewind it after a reset (swapping
