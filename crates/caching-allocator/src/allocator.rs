@@ -883,8 +883,8 @@ impl CachingAllocator {
 
     /// The largest class best fit may serve a request of `class` with, on the thread whose
     /// cache is `state` (`None`: exact only): `max_oversize` times the class, and once
-    /// working-set retention is engaged (wide fit), any class that keeps what this thread's
-    /// live blocks asked for within its working-set budget (see `working_set`).
+    /// working-set retention is engaged (wide fit), any class that keeps the bytes this
+    /// thread's live blocks hold within its working-set budget (see `working_set`).
     #[inline]
     fn fit_bound(&self, class: SizeClass, state: &CacheState) -> Option<SizeClass> {
         let bounded = self.larger_class(class);
@@ -1085,6 +1085,10 @@ impl CachingAllocator {
     /// the block back for [`keep_or_free`](Self::keep_or_free), to call once the lock is dropped.
     #[inline(always)]
     pub(crate) fn keep_idle(&self, state: &mut CacheState, block: Block) -> Option<Block> {
+        debug_assert!(
+            !state.forgotten,
+            "a block kept in a forgotten cache is lost"
+        );
         if state.held() + block.size() > state.credit {
             return Some(block);
         }
@@ -1104,6 +1108,16 @@ impl CachingAllocator {
                 break;
             };
             let mut state = cache.lock();
+            if state.forgotten {
+                // The cache's thread exited and a new thread's arrival forgot it while the
+                // lock was not held (a reset spills after its walk): its books are read by
+                // nobody, so the block goes back to the system.
+                drop(state);
+                let mut shared = lock(&self.shared);
+                shared.return_credit(grant);
+                self.evict(&mut shared, block);
+                return;
+            }
             state.credit += grant;
             let spilled = self.keep_idle(&mut state, block);
             cache.publish(&state);

@@ -70,6 +70,7 @@ impl Registry {
                 return true;
             }
             debug_assert!(state.held() == 0 && state.credit == 0);
+            state.forgotten = true;
             false
         });
     }

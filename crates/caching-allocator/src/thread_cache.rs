@@ -109,6 +109,10 @@ pub(crate) struct CacheState {
     /// stamped in that tick: together they order this cache's blocks (see `eviction`).
     pub(crate) stamp_tick: u64,
     pub(crate) stamp_seq: u64,
+    /// Set (under this lock) when the registry forgets the cache: nothing reads its books any
+    /// more, so no block may come into them (a caller holding an `Arc` of it, such as a reset
+    /// keeping a spilled block, checks this first).
+    pub(crate) forgotten: bool,
 }
 
 impl CacheState {
@@ -180,6 +184,7 @@ impl ThreadCache {
                 counters: Counters::default(),
                 stamp_tick: 0,
                 stamp_seq: 0,
+                forgotten: false,
             }),
             closed: AtomicBool::new(false),
             idle_hint: AtomicUsize::new(0),

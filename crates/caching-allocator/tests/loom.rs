@@ -411,3 +411,24 @@ fn arena_foreign_release_racing_the_owner() {
         }
     });
 }
+
+/// A reset that finds an exited thread's live block over its cache's credit keeps it once the
+/// walk is over, while a new thread's arrival forgets that exited thread's cache: the block
+/// must land in books that are still read (or go back to the system), never in a forgotten
+/// cache, where nothing would count or free it.
+#[test]
+fn reset_spilling_into_a_cache_that_a_new_thread_forgets() {
+    model(1 << 20, 0, |alloc, counting| {
+        // The exited thread's block, live, with no credit in its cache to keep it idle.
+        spawn(alloc, |alloc| block(&alloc, 4096)).join().unwrap();
+        // A new thread registers: it forgets exited threads whose caches hold nothing live.
+        // (Its block may be taken by the reset: nothing uses it.)
+        let newcomer = spawn(alloc, |alloc| block(&alloc, 64));
+        // SAFETY: nothing handed out before this reset, or during it, is used after it.
+        unsafe { alloc.reset_unchecked() };
+        newcomer.join().unwrap();
+        check_books(alloc, &alloc.stats(), counting);
+        // SAFETY: quiet now; nothing is used after.
+        unsafe { alloc.reset_unchecked() };
+    });
+}
