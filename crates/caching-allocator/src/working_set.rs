@@ -78,16 +78,21 @@ impl WorkingSetBudget {
     }
 
     /// How large a block wide fit may hand to a thread whose counters are `c`: what keeps the
-    /// bytes its live blocks asked for, plus the block, within the budget of its own working
-    /// set. `None` if nothing does. So a small request takes a large idle block only while the
-    /// thread is far from its peak (as at the start of a decode round), not while the blocks
-    /// it holds already ask for most of its working set and a later request may need it.
-    /// (Wide fit never grows reserved bytes: the blocks it hands out are held anyway.)
+    /// bytes its live blocks hold (their class sizes), plus the block, within the budget of its
+    /// own working set. `None` if nothing does. So a small request takes a large idle block
+    /// only while the thread is far from its peak (as at the start of a decode round), not
+    /// while the blocks it holds already fill most of its working set and a later request may
+    /// need it. Counting what the blocks hold, not what they were asked for, bounds the thread:
+    /// its wide-fit blocks together stay within its budget, where counting requests let every
+    /// small request take a block as large as the whole budget. (Wide fit never grows
+    /// reserved bytes by itself: the blocks it hands out are held anyway; but a block handed to
+    /// a small request is not there for the request it was kept for, which then goes to the
+    /// system.)
     #[inline]
     pub(crate) fn headroom(&self, c: &Counters) -> Option<usize> {
         let room = self
             .bytes_for(c.peak_requested_bytes)
-            .checked_sub(c.requested_bytes)?;
+            .checked_sub(c.live_bytes)?;
         (room > 0).then_some(room)
     }
 

@@ -800,6 +800,53 @@ fn once_the_cap_evicts_a_miss_takes_any_larger_idle_block() {
     assert_eq!(slack(None), None);
 }
 
+#[test]
+fn wide_fit_hands_a_thread_no_more_than_its_budget() {
+    // Wide fit lets a small request take a large idle block, within the thread's working-set
+    // budget (1.25 x the most its live blocks asked for). The budget counts the bytes the
+    // thread's live blocks hold: small requests held at once must not each take a block as
+    // large as the whole budget (under random traffic that held several times the live bytes).
+    let alloc = CachingAllocator::with_config(
+        Config::default()
+            .arena_max_bytes(0)
+            .max_cached_bytes(8 << 20)
+            .working_set_slack(Some(1.25))
+            .huge_pages(None),
+    );
+    // Another thread leaves eight idle 1 MiB blocks and exits: they go to the shared pool.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let blocks: Vec<_> = (0..8)
+                .map(|_| alloc.allocate(1 << 20, 64).unwrap())
+                .collect();
+            for p in blocks {
+                // SAFETY: released once, not used after.
+                unsafe { alloc.release(p).unwrap() };
+            }
+        });
+    });
+    // This thread's working set: one 1 MiB block. Then a block over the cap engages wide fit.
+    let big = alloc.allocate(1 << 20, 64).unwrap();
+    let over = alloc.allocate(64 << 10, 64).unwrap();
+    // SAFETY: released once, not used after.
+    unsafe {
+        alloc.release(big).unwrap();
+        alloc.release(over).unwrap();
+    }
+    assert!(alloc.stats().working_set_mode, "{:?}", alloc.stats());
+    let small: Vec<_> = (0..8).map(|_| alloc.allocate(4096, 64).unwrap()).collect();
+    for &p in &small {
+        write_read(p, 4096, 7);
+    }
+    let s = alloc.stats();
+    assert!(s.oversize_hits > 0, "wide fit still serves: {s:?}");
+    assert!(
+        s.live_bytes as f64 <= 1.25 * (1 << 20) as f64 + 8.0 * 4096.0,
+        "eight 4 KiB requests hold {} bytes: {s:?}",
+        s.live_bytes
+    );
+}
+
 // ---- Scope ---------------------------------------------------------------------------
 
 #[test]
