@@ -118,7 +118,7 @@ impl Config {
     /// (least recently used first) until reserved bytes (live + idle) are at most `slack`
     /// times the peak of the bytes live blocks asked for (the working set). Once anything has
     /// been evicted (by this or by the cap), a miss takes the smallest idle block of a larger
-    /// class before the system, of any size that keeps what the thread's live blocks asked for
+    /// class before the system, of any size that keeps the bytes the thread's live blocks hold
     /// within that budget (wide fit, counted in `Stats::oversize_hits`;
     /// `Stats::working_set_mode` says it is on). So a
     /// runtime whose shapes change (decode's attention scratch grows every token) holds its

@@ -18,7 +18,7 @@
 //!   eviction does;
 //! - **usefulness**: once anything has been evicted (by this budget or by the cap), a miss
 //!   takes the smallest idle block of a larger class before asking the system, of any size
-//!   that keeps what the thread's live blocks asked for within the budget of its own working
+//!   that keeps the bytes the thread's live blocks hold within the budget of its own working
 //!   set (wide fit): the blocks worth keeping are the large recent ones, which serve every
 //!   smaller request; an exact class that never comes back is worth nothing. Before that,
 //!   nothing the runtime asked for was dropped, and best fit stays within `max_oversize`. The
