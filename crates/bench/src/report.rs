@@ -99,7 +99,7 @@ impl RunInfo {
 }
 
 /// A figure with its unit, as every JSON figure is written.
-pub(crate) fn fig(v: f64, unit: &str) -> Value {
+pub(crate) fn fig(v: impl serde::Serialize, unit: &str) -> Value {
     json!({ "value": v, "unit": unit })
 }
 
