@@ -203,10 +203,7 @@ impl ScratchRun {
         for (label, what) in &self.workloads {
             head += &format!("\nworkload {label}: {what}");
         }
-        let rate = Column {
-            header: "calls/s",
-            cell: &|m| fmt_rate(m.calls_per_sec),
-        };
+        let rate = Column::new("calls/s", &|m| fmt_rate(m.calls_per_sec));
         let mut sources = "sources:".to_string();
         for k in legend {
             sources += &format!("\n  {:<14} {}", k.name, k.about);

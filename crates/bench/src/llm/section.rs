@@ -41,16 +41,12 @@ pub(super) fn section(
     ready_s: f64,
 ) -> Section {
     let cfg = s.cfg;
+    let rate = |m: &Measurement| format!("{:.1}", tok_s(cfg, m));
+    let temp = |m: &Measurement| format!("{:.0}", m.temp_bytes_per_call.unwrap_or(0.0));
     let comparison = comparison_table(
         &r.rows,
-        &[Column {
-            header: "tok/s",
-            cell: &|m| format!("{:.1}", tok_s(cfg, m)),
-        }],
-        &[Column {
-            header: "temp B/token",
-            cell: &|m| format!("{:.0}", m.temp_bytes_per_call.unwrap_or(0.0)),
-        }],
+        &[Column::new("tok/s", &rate)],
+        &[Column::new("temp B/token", &temp)],
     );
     let headline = headline(&r.rows);
     let mut blocks = vec![
