@@ -239,23 +239,6 @@ unsafe impl Allocator for Counted<'_> {
     }
 }
 
-/// Violations, shared by the threads.
-#[derive(Default)]
-struct Violations {
-    count: AtomicU64,
-    first: Mutex<Vec<String>>,
-}
-
-impl Violations {
-    fn report(&self, what: String) {
-        self.count.fetch_add(1, Ordering::Relaxed);
-        let mut first = self.first.lock().unwrap_or_else(|e| e.into_inner());
-        if first.len() < 10 {
-            first.push(what);
-        }
-    }
-}
-
 /// A small fast generator (xorshift64*), seeded per thread.
 struct Rng(u64);
 
@@ -325,7 +308,9 @@ fn kernel_size(rng: &mut Rng, call: usize) -> usize {
 struct Shared {
     alloc: CachingAllocator,
     mailbox: Mutex<Vec<Block>>,
-    violations: Violations,
+    /// Violations seen, and the first few described.
+    violations: AtomicU64,
+    first_violations: Mutex<Vec<String>>,
     /// Set when a thread panicked: the others stop too.
     stop: AtomicBool,
     held: Held,
@@ -337,24 +322,36 @@ impl Shared {
         Shared {
             alloc,
             mailbox: Mutex::new(Vec::new()),
-            violations: Violations::default(),
+            violations: AtomicU64::new(0),
+            first_violations: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             held: Held::default(),
+        }
+    }
+
+    /// A violation, described by `what`.
+    fn violation(&self, what: String) {
+        self.violations.fetch_add(1, Ordering::Relaxed);
+        let mut first = self
+            .first_violations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if first.len() < 10 {
+            first.push(what);
         }
     }
 
     /// Releases a held block after checking its tag.
     fn release_checked(&self, b: Block) {
         if !tag_intact(b.ptr, b.len, b.tag) {
-            self.violations.report(format!(
+            self.violation(format!(
                 "block {:p} ({} bytes, tag {:#x}) was overwritten while held: two holders?",
                 b.ptr, b.len, b.tag
             ));
         }
         // SAFETY: the block is live, held by this thread alone, and not used after.
         if let Err(e) = unsafe { self.alloc.release(b.ptr) } {
-            self.violations
-                .report(format!("release of {:p}: {e}", b.ptr));
+            self.violation(format!("release of {:p}: {e}", b.ptr));
         }
         self.held.give(b.len);
     }
@@ -384,8 +381,7 @@ impl Shared {
         ];
         for (ok, what) in checks {
             if !ok {
-                self.violations
-                    .report(format!("stats at the end: {what}: {s:?}"));
+                self.violation(format!("stats at the end: {what}: {s:?}"));
             }
         }
         s
@@ -456,16 +452,14 @@ impl Thread<'_> {
                     bytes += 8 * words;
                     slices.push((s, tag));
                 }
-                Err(e) => sh
-                    .violations
-                    .report(format!("scope alloc of {words} words: {e}")),
+                Err(e) => sh.violation(format!("scope alloc of {words} words: {e}")),
             }
         }
         // The "kernel": read everything back.
         for (s, tag) in &slices {
             if s.iter().any(|x| x != tag) {
                 let what = format!("scope slice with tag {tag:#x} overwritten");
-                sh.violations.report(what);
+                sh.violation(what);
             }
         }
         drop(slices);
@@ -486,7 +480,7 @@ impl Thread<'_> {
             Ok(ptr) => {
                 if ptr.as_ptr() as usize & (align - 1) != 0 {
                     let what = format!("{ptr:p} not aligned to {align}");
-                    self.sh.violations.report(what);
+                    self.sh.violation(what);
                 }
                 self.sh.held.take(len);
                 let tag = self.next_tag();
@@ -495,7 +489,7 @@ impl Thread<'_> {
             }
             Err(e) => {
                 let what = format!("allocate({len}, {align}): {e}");
-                self.sh.violations.report(what);
+                self.sh.violation(what);
             }
         }
     }
@@ -533,7 +527,7 @@ impl Thread<'_> {
         self.ops += 1 + (n as f64).log2() as u64; // one allocation per doubling
         if v.iter().enumerate().any(|(i, &x)| x != tag ^ i as u64) {
             let what = format!("Vec with tag {tag:#x} overwritten");
-            self.sh.violations.report(what);
+            self.sh.violation(what);
         }
     }
 
@@ -575,8 +569,7 @@ pub fn run(seconds: f64, threads: usize) -> SoakReport {
                     }));
                     r.unwrap_or_else(|panic| {
                         let msg = crate::harness::panic_message(panic.as_ref());
-                        sh.violations
-                            .report(format!("thread {index} panicked: {msg}"));
+                        sh.violation(format!("thread {index} panicked: {msg}"));
                         sh.stop.store(true, Ordering::Relaxed);
                         0
                     })
@@ -591,8 +584,8 @@ pub fn run(seconds: f64, threads: usize) -> SoakReport {
         sh.release_checked(b);
     }
     let stats = sh.check_books();
-    let violations = sh.violations.count.load(Ordering::Relaxed);
-    let first_violations = sh.violations.first.into_inner();
+    let violations = sh.violations.load(Ordering::Relaxed);
+    let first_violations = sh.first_violations.into_inner();
     SoakReport {
         seconds: elapsed,
         threads,
@@ -626,7 +619,7 @@ mod tests {
             tag: 7,
         };
         sh.release_checked(block);
-        assert_eq!(sh.violations.count.load(Ordering::Relaxed), 1);
+        assert_eq!(sh.violations.load(Ordering::Relaxed), 1);
         assert_eq!(sh.held.now.load(Ordering::Relaxed), 0);
     }
 
