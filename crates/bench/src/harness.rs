@@ -352,14 +352,6 @@ impl SourceRun {
         }
     }
 
-    /// A measured round: its time, and the page faults during it.
-    fn measured_round(&mut self, sh: &Shared<'_>) {
-        let f0 = measure::minor_faults();
-        let t = self.round(sh, self.calls, false);
-        self.tally.faults += measure::minor_faults().saturating_sub(f0);
-        self.tally.times.push(t);
-    }
-
     /// The source's measurement: time per call (round time / calls per thread), figures per
     /// call over the measured rounds.
     fn measurement(mut self, workload: &str, source: &str, threads: usize) -> Measurement {
@@ -433,7 +425,10 @@ pub fn measure_all(
             for k in 0..n {
                 let r = &mut runs[(round + k) % n];
                 if !sh.failed(r.index) {
-                    r.measured_round(&sh);
+                    let f0 = measure::minor_faults();
+                    let t = r.round(&sh, r.calls, false);
+                    r.tally.faults += measure::minor_faults().saturating_sub(f0);
+                    r.tally.times.push(t);
                 }
             }
             tick();
