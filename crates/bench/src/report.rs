@@ -195,6 +195,12 @@ pub fn comparison_table(ms: &[Measurement], lead: &[Column<'_>], trail: &[Column
     table(&header, rows, 2)
 }
 
+/// The measurement of `source` on `workload` in `ms`, if it ran and succeeded.
+pub fn find<'a>(ms: &'a [Measurement], workload: &str, source: &str) -> Option<&'a Measurement> {
+    ms.iter()
+        .find(|m| m.workload == workload && m.source == source && m.error.is_none())
+}
+
 /// The labels of `ms` in order, without repeats.
 pub fn labels(ms: &[Measurement]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
@@ -218,7 +224,7 @@ pub fn within_static(
     let mut out = Vec::new();
     let get = |w: &str, s: &str| ms.iter().find(|m| m.workload == w && m.source == s);
     for w in labels(ms) {
-        let floor = get(&w, FLOOR).filter(|f| f.error.is_none());
+        let floor = find(ms, &w, FLOOR);
         for &v in variants {
             let Some(m) = get(&w, v) else { continue };
             let faults_ok = !zero_faults || m.faults_per_call < 0.01;

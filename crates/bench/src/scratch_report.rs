@@ -7,8 +7,8 @@ use serde_json::json;
 
 use crate::harness::{Measurement, RunConfig};
 use crate::report::{
-    comparison_table, fig, fmt_ns, fmt_rate, goal, labels, table, within_static, Column, RunInfo,
-    Section, TargetCheck, CACHING, CACHING_SCOPE, FLOOR, RIVALS,
+    comparison_table, fig, find, fmt_ns, fmt_rate, goal, labels, table, within_static, Column,
+    RunInfo, Section, TargetCheck, CACHING, CACHING_SCOPE, FLOOR, RIVALS,
 };
 use crate::source::{SourceConfig, SourceKind};
 
@@ -29,9 +29,7 @@ pub struct ScratchRun {
 impl ScratchRun {
     /// The measurement of `source` on `workload`, if it ran and succeeded.
     pub fn get(&self, workload: &str, source: &str) -> Option<&Measurement> {
-        self.measurements
-            .iter()
-            .find(|m| m.workload == workload && m.source == source && m.error.is_none())
+        find(&self.measurements, workload, source)
     }
 
     /// Checks the developers' targets against the measurements (`cores`: the machine's), for

@@ -7,8 +7,8 @@ use serde_json::json;
 use super::{LlmConfig, LlmRun};
 use crate::harness::Measurement;
 use crate::report::{
-    comparison_table, efficiency_check, goal, pct, table, within_static, Column, RunInfo, Section,
-    TargetCheck, CACHING,
+    comparison_table, efficiency_check, find, goal, pct, table, within_static, Column, RunInfo,
+    Section, TargetCheck, CACHING,
 };
 use llm::scratch_profile::ScratchProfile;
 
@@ -180,11 +180,7 @@ fn headline(rows: &[Measurement]) -> Vec<String> {
     let mut out = Vec::new();
     for phase in ["llm-decode", "llm-prefill"] {
         for rival in ["system", "fresh-pages", "exact-cache"] {
-            let x = rows
-                .iter()
-                .find(|m| m.workload == phase && m.source == rival)
-                .and_then(|r| r.x_caching);
-            if let Some(x) = x {
+            if let Some(x) = find(rows, phase, rival).and_then(|r| r.x_caching) {
                 out.push(format!(
                     "{phase}: {rival} takes {x:.3}x caching's time (median of step-by-step \
                      ratios)"
