@@ -9,6 +9,7 @@
 //! [`Tally`] that makes its [`Measurement`], so the per-call figures, tables, JSON, targets
 //! and plots are one code path ([`crate::report`]).
 
+use std::fmt::Display;
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -28,6 +29,14 @@ pub struct KernelRun<D, P> {
     pub prefill_eff: P,
     /// What could not be measured, with why.
     pub errors: Vec<String>,
+}
+
+impl<D, P> KernelRun<D, P> {
+    /// The value of `r`, or `None` with its error noted as "`what`: error" (what could not be
+    /// measured, which the report lists).
+    pub fn keep<T>(&mut self, what: impl Display, r: Result<T, impl Display>) -> Option<T> {
+        r.map_err(|e| self.errors.push(format!("{what}: {e}"))).ok()
+    }
 }
 
 impl<D: serde::Serialize, P: serde::Serialize> KernelRun<D, P> {

@@ -290,14 +290,14 @@ pub fn run(
     source_config: &SourceConfig,
     tick: &dyn Fn(),
 ) -> SdpaRun {
-    let mut rows = Vec::new();
+    // What could not be measured (inputs that could not be made, efficiency figures) goes
+    // into its errors.
+    let mut out = SdpaRun::default();
     let sources: Vec<Box<dyn ScratchSource>> =
         kinds.iter().map(|k| (k.build)(source_config)).collect();
     let workers: Vec<Box<dyn ScratchWorker + '_>> = sources.iter().map(|s| s.worker()).collect();
     let counters = |i: usize| sources[i].counters().plus(workers[i].counters());
     let p = Params::default();
-    // What could not be measured: inputs that could not be made, efficiency figures.
-    let mut errors = Vec::new();
 
     // `times` attention calls on source `i`, each followed by a reset, as ExecuTorch's
     // runtime drives its temp allocator.
@@ -326,12 +326,9 @@ pub fn run(
     };
     for &dt in &cfg.dtypes {
         for c in cfg.comparisons(dt) {
-            let mut inputs = match Inputs::new(dt, &c.cache, c.seed) {
-                Ok(inputs) => inputs,
-                Err(e) => {
-                    errors.push(format!("{} inputs: {e}", dt.name()));
-                    continue;
-                }
+            let inputs = Inputs::new(dt, &c.cache, c.seed);
+            let Some(mut inputs) = out.keep(format_args!("{} inputs", dt.name()), inputs) else {
+                continue;
             };
             let mut steps = Steps::new(kinds, &counters).with_budget(share());
             for i in 0..kinds.len() {
@@ -360,7 +357,8 @@ pub fn run(
                     .map(|s| s.iter().sum::<f64>() / s.len() as f64 * scale * 1e9)
                     .collect()
             };
-            rows.extend(steps.measurements(&c.label, c.unit, per_unit));
+            out.rows
+                .extend(steps.measurements(&c.label, c.unit, per_unit));
         }
     }
     drop(workers);
@@ -373,8 +371,6 @@ pub fn run(
         source_config.caching_cap,
     )
     .allocator();
-    let mut dec = Vec::new();
-    let mut pre = Vec::new();
     for &dt in &cfg.dtypes {
         let probe = baseline::Probe {
             cfg,
@@ -382,29 +378,19 @@ pub fn run(
             temp: &w,
         };
         for &kv in &cfg.eff_decode_kvs {
-            match baseline::decode_efficiency(&probe, kv) {
-                Ok(e) => dec.push(e),
-                Err(e) => errors.push(format!("{} decode efficiency at kv {kv}: {e}", dt.name())),
-            }
+            let what = format_args!("{} decode efficiency at kv {kv}", dt.name());
+            let e = out.keep(what, baseline::decode_efficiency(&probe, kv));
+            out.decode_eff.extend(e);
             tick();
         }
         for &(len, _) in &cfg.prefill {
-            match baseline::prefill_efficiency(&probe, len) {
-                Ok(e) => pre.push(e),
-                Err(e) => errors.push(format!(
-                    "{} prefill efficiency at {len} tokens: {e}",
-                    dt.name()
-                )),
-            }
+            let what = format_args!("{} prefill efficiency at {len} tokens", dt.name());
+            let e = out.keep(what, baseline::prefill_efficiency(&probe, len));
+            out.prefill_eff.extend(e);
             tick();
         }
     }
-    SdpaRun {
-        rows,
-        decode_eff: dec,
-        prefill_eff: pre,
-        errors,
-    }
+    out
 }
 
 /// Runs `allocbench sdpa` on `kinds` in this process and reports it as a [`Section`].
