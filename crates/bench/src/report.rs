@@ -283,6 +283,22 @@ pub fn efficiency_check(
     }
 }
 
+/// A table of a kernel's efficiency figures, as Markdown: `header`, then "ratio (best)" and
+/// "ratio (median)"; a row per (cells, ratios against the baseline); its columns from
+/// `right` on right-aligned.
+pub fn efficiency_table(
+    header: &[&str],
+    rows: impl IntoIterator<Item = (Vec<String>, Ratios)>,
+    right: usize,
+) -> Table {
+    let header = [header, &["ratio (best)", "ratio (median)"]].concat();
+    let rows = rows.into_iter().map(|(mut cells, ratios)| {
+        cells.extend(ratios.percent());
+        cells
+    });
+    table(&header, rows, right)
+}
+
 /// One section of a report: what one part of a command measured (a child process hands it to
 /// the parent as JSON, see [`crate::parts`]). Every benchmark (the scratch workloads together,
 /// `sdpa`, `llm`, `soak`) reports one; [`crate::command`] prints and writes them alike.

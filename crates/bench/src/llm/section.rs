@@ -123,34 +123,24 @@ pub(super) fn section(
 fn efficiency_table(r: &LlmRun, prompt_tokens: usize) -> Table {
     let decode = r.decode_eff.as_ref().map(|d| {
         let mib = d.weight_bytes as f64 / (1 << 20) as f64;
-        let [best, median] = d.ratios.percent();
-        vec![
+        let cells = vec![
             "decode".into(),
             format!("{:.2} GB/s of weights ({mib:.1} MiB/token)", d.decode_gbs),
             format!("streaming read {:.2} GB/s", d.stream_gbs),
-            best,
-            median,
-        ]
+        ];
+        (cells, d.ratios)
     });
     let prefill = r.prefill_eff.as_ref().map(|p| {
         let (m, k, n) = p.sgemm_shape;
-        let [best, median] = p.ratios.percent();
-        vec![
+        let cells = vec![
             format!("prefill {prompt_tokens}"),
             format!("{:.1} GFLOP/s", p.prefill_gflops),
             format!("sgemm {m}x{k}x{n} {:.1} GFLOP/s", p.sgemm_gflops),
-            best,
-            median,
-        ]
+        ];
+        (cells, p.ratios)
     });
-    let header = [
-        "phase",
-        "model",
-        "baseline",
-        "ratio (best)",
-        "ratio (median)",
-    ];
-    table(&header, decode.into_iter().chain(prefill), header.len())
+    let header = ["phase", "model", "baseline"];
+    crate::report::efficiency_table(&header, decode.into_iter().chain(prefill), 5)
 }
 
 /// The scratch profile as a table: per phase and kernel name, the calls, the largest scratch

@@ -27,10 +27,9 @@ pub mod inputs;
 
 use serde_json::json;
 
-use crate::measure::Ratios;
 use crate::report::{
-    comparison_table, efficiency_check, goal, pct, table, within_static, RunInfo, Section,
-    TargetCheck, CACHING, CACHING_SCOPE,
+    comparison_table, efficiency_check, efficiency_table, goal, pct, within_static, RunInfo,
+    Section, TargetCheck, CACHING, CACHING_SCOPE,
 };
 use crate::source::{ScratchSource, ScratchWorker, SourceConfig, SourceKind};
 use crate::steps::{KernelRun, Steps};
@@ -436,31 +435,45 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
     }
     // An efficiency table: the dtype, the call's size (KV length, tokens) and count (layer
     // caches, calls per round), time per call, the baseline's and the kernel's rates, ratios.
-    let eff = |header: [&str; 5], rows: Vec<(SdpaDtype, [String; 5], Ratios)>| {
-        let mut h = vec!["dtype"];
-        h.extend(header);
-        h.extend(["ratio (best)", "ratio (median)"]);
-        let rows = rows.into_iter().map(|(dtype, cells, ratios)| {
-            let mut row = vec![dtype.name().to_string()];
-            row.extend(cells);
-            row.extend(ratios.percent());
-            row
-        });
-        table(&h, rows, 1)
-    };
     let rate = |x: f64| format!("{x:.1}");
     let decode = r.decode_eff.iter().map(|e| {
-        let ms = format!("{:.3}", e.ms_per_call);
-        let (kv, layers) = (e.kv_len.to_string(), e.layers.to_string());
-        let cells = [kv, layers, ms, rate(e.stream_gbs), rate(e.kernel_gbs)];
-        (e.dtype, cells, e.ratios)
+        let (kv, layers, ms) = (e.kv_len, e.layers, format!("{:.3}", e.ms_per_call));
+        let cells = [
+            e.dtype.name().into(),
+            kv.to_string(),
+            layers.to_string(),
+            ms,
+        ];
+        let rates = [rate(e.stream_gbs), rate(e.kernel_gbs)];
+        (cells.into_iter().chain(rates).collect(), e.ratios)
     });
     let prefill = r.prefill_eff.iter().map(|e| {
-        let ms = format!("{:.2}", e.ms_per_call);
-        let (len, calls) = (e.len.to_string(), e.calls.to_string());
-        let cells = [len, calls, ms, rate(e.sgemm_gflops), rate(e.kernel_gflops)];
-        (e.dtype, cells, e.ratios)
+        let (len, calls, ms) = (e.len, e.calls, format!("{:.2}", e.ms_per_call));
+        let cells = [
+            e.dtype.name().into(),
+            len.to_string(),
+            calls.to_string(),
+            ms,
+        ];
+        let rates = [rate(e.sgemm_gflops), rate(e.kernel_gflops)];
+        (cells.into_iter().chain(rates).collect(), e.ratios)
     });
+    let decode_header = [
+        "dtype",
+        "kv_len",
+        "layer caches",
+        "ms/call",
+        "stream GB/s",
+        "K/V GB/s",
+    ];
+    let prefill_header = [
+        "dtype",
+        "tokens",
+        "calls/round",
+        "ms/call",
+        "sgemm GFLOP/s",
+        "kernel GFLOP/s",
+    ];
     let mut blocks = vec![
         head,
         format!(
@@ -475,33 +488,15 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
             "Decode efficiency (q_len 1, layer caches cycled so K/V come from DRAM; GB/s of K \
              and V read) vs a streaming read on {} threads:\n\n{}",
             info.threads,
-            eff(
-                [
-                    "kv_len",
-                    "layer caches",
-                    "ms/call",
-                    "stream GB/s",
-                    "K/V GB/s"
-                ],
-                decode.collect()
-            )
+            efficiency_table(&decode_header, decode, 1)
+        ),
+        format!(
+            "Prefill efficiency (causal, start_pos 0; FLOPs = 4 * head_dim per visible pair) vs \
+             matrixmultiply sgemm (best of the shapes {:?}):\n\n{}",
+            c.eff_sgemm_shapes,
+            efficiency_table(&prefill_header, prefill, 1)
         ),
     ];
-    blocks.push(format!(
-        "Prefill efficiency (causal, start_pos 0; FLOPs = 4 * head_dim per visible pair) vs \
-         matrixmultiply sgemm (best of the shapes {:?}):\n\n{}",
-        c.eff_sgemm_shapes,
-        eff(
-            [
-                "tokens",
-                "calls/round",
-                "ms/call",
-                "sgemm GFLOP/s",
-                "kernel GFLOP/s"
-            ],
-            prefill.collect()
-        )
-    ));
     blocks.extend(
         r.errors
             .iter()
