@@ -134,12 +134,67 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
         .unwrap_or("?")
 }
 
+/// What one source did over its measured rounds (harness) or steps (the kernel benchmarks,
+/// [`crate::steps`]): what its [`Measurement`]'s per-call figures are made of.
+#[derive(Clone, Debug, Default)]
+pub struct Tally {
+    /// Time of each measured round or step, seconds (NaN for a step after the source failed).
+    pub times: Vec<f64>,
+    /// Minor page faults over them.
+    pub faults: u64,
+    /// Calls (or tokens, prefills) over them, all threads: the divisor of the per-call figures.
+    pub units: u64,
+    /// System allocations over them, where the source counts them.
+    pub sys_allocs: Option<u64>,
+    /// Peak RSS growth during warm-up, bytes.
+    pub peak_rss_growth: u64,
+    /// The first error, after which the source is skipped.
+    pub error: Option<String>,
+}
+
+impl Tally {
+    /// The measurement of `source` on `workload` this tally makes: time per `unit` from `ns`
+    /// (its samples, nanoseconds), calls per second with `parallel` calls running at once, faults
+    /// and system allocations per unit, rounds = the times tallied. The caller fills in what
+    /// only it knows (threads, counters, calls, ratios).
+    pub fn measurement(
+        &self,
+        workload: &str,
+        source: &str,
+        unit: &str,
+        ns: &[f64],
+        parallel: usize,
+    ) -> Measurement {
+        let ns_per_call = Spread::of(ns);
+        let units = self.units.max(1) as f64;
+        Measurement {
+            workload: workload.into(),
+            source: source.into(),
+            unit: unit.into(),
+            rounds: self.times.len(),
+            ns_per_call,
+            calls_per_sec: if ns_per_call.median > 0.0 {
+                parallel as f64 * 1e9 / ns_per_call.median
+            } else {
+                0.0
+            },
+            faults_per_call: self.faults as f64 / units,
+            sys_allocs_per_call: self.sys_allocs.map(|x| x as f64 / units),
+            peak_rss_growth: self.peak_rss_growth,
+            error: self.error.clone(),
+            ..Measurement::default()
+        }
+    }
+}
+
 /// What the coordinating thread asks the workers to do next.
 const STOP: u64 = u64::MAX;
 
 struct Shared<'a> {
     sources: Vec<&'a dyn ScratchSource>,
     workload: &'a dyn Workload,
+    /// Worker threads running every round.
+    threads: usize,
     start: Barrier,
     end: Barrier,
     /// Source of the next round.
@@ -161,6 +216,36 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+impl Shared<'_> {
+    /// Whether source `si` has failed (it is skipped from then on).
+    fn failed(&self, si: usize) -> bool {
+        lock(&self.errors)[si].is_some()
+    }
+
+    /// Source `si`'s counters now: its shared state's and every worker's.
+    fn counters(&self, si: usize) -> Counters {
+        lock(&self.counters)[si]
+            .iter()
+            .fold(self.sources[si].counters(), |acc, c| acc.plus(*c))
+    }
+
+    /// Runs one round of `calls` calls per thread on source `si`; returns its wall time.
+    fn round(&self, si: usize, calls: u64, observe: bool) -> Duration {
+        self.next_source.store(si as u64, Ordering::Release);
+        self.next_calls.store(calls, Ordering::Release);
+        self.observe.store(u64::from(observe), Ordering::Release);
+        self.start.wait();
+        self.end.wait();
+        let spans = lock(&self.spans);
+        let start = spans.iter().flatten().map(|s| s.0).min();
+        let end = spans.iter().flatten().map(|s| s.1).max();
+        match (start, end) {
+            (Some(a), Some(b)) => b.saturating_duration_since(a),
+            _ => Duration::ZERO,
+        }
+    }
+}
+
 fn worker_loop(sh: &Shared<'_>, index: usize) {
     let mut workers: Vec<_> = sh.sources.iter().map(|s| s.worker()).collect();
     let mut blocks = vec![Block::EMPTY; sh.workload.max_blocks()];
@@ -173,7 +258,7 @@ fn worker_loop(sh: &Shared<'_>, index: usize) {
         let si = sh.next_source.load(Ordering::Acquire) as usize;
         let worker = &mut workers[si];
         let t0 = Instant::now();
-        if lock(&sh.errors)[si].is_none() {
+        if !sh.failed(si) {
             let observe = index == 0 && sh.observe.load(Ordering::Acquire) == 1;
             // A panicking source must not leave the other threads waiting at the barrier:
             // catch it and report it as the measurement's error.
@@ -208,26 +293,80 @@ fn worker_loop(sh: &Shared<'_>, index: usize) {
     }
 }
 
-/// Runs one round of `calls` calls per thread on source `si`; returns its wall time.
-fn round(sh: &Shared<'_>, si: usize, calls: u64, observe: bool) -> Duration {
-    sh.next_source.store(si as u64, Ordering::Release);
-    sh.next_calls.store(calls, Ordering::Release);
-    sh.observe.store(u64::from(observe), Ordering::Release);
-    sh.start.wait();
-    sh.end.wait();
-    let spans = lock(&sh.spans);
-    let start = spans.iter().flatten().map(|s| s.0).min();
-    let end = spans.iter().flatten().map(|s| s.1).max();
-    match (start, end) {
-        (Some(a), Some(b)) => b.saturating_duration_since(a),
-        _ => Duration::ZERO,
-    }
+/// One source of a [`measure_all`] run, from the coordinating thread's side.
+#[derive(Default)]
+struct SourceRun {
+    /// Its index among the run's sources.
+    index: usize,
+    /// Calls per round per thread (fixed by the workload, or calibrated).
+    calls: u64,
+    /// Calls so far, warm-up included, all threads.
+    calls_total: u64,
+    /// Its counters after warm-up and at the end.
+    before: Counters,
+    after: Counters,
+    tally: Tally,
 }
 
-fn total_counters(sh: &Shared<'_>, si: usize) -> Counters {
-    lock(&sh.counters)[si]
-        .iter()
-        .fold(sh.sources[si].counters(), |acc, c| acc.plus(*c))
+impl SourceRun {
+    /// A round of `calls` calls per thread on this source, counted in its total; its wall
+    /// time in seconds.
+    fn round(&mut self, sh: &Shared<'_>, calls: u64, observe: bool) -> f64 {
+        self.calls_total += calls * sh.threads as u64;
+        sh.round(self.index, calls, observe).as_secs_f64()
+    }
+
+    /// Builds the source up and warms it up: its calls per round (the workload's, or
+    /// calibrated), then `cfg.warmup_rounds` untimed rounds, the first one observed on a
+    /// single thread. Its peak RSS growth is measured over both.
+    fn warm_up(&mut self, sh: &Shared<'_>, cfg: &RunConfig) {
+        let rss_before = measure::rss_bytes();
+        measure::reset_peak_rss();
+        self.calls = match sh.workload.round_calls() {
+            Some(c) => c,
+            None => self.calibrate(sh, cfg),
+        };
+        for w in 0..cfg.warmup_rounds {
+            if sh.failed(self.index) {
+                break;
+            }
+            self.round(sh, self.calls, w == 0 && sh.threads == 1);
+        }
+        self.tally.peak_rss_growth = measure::peak_rss_bytes().saturating_sub(rss_before);
+        self.before = sh.counters(self.index);
+    }
+
+    /// The calls per round of a calibrated workload: rounds of growing length until one lasts
+    /// a quarter of `cfg.round_target` (so slow first calls, cold caches and first faults, do
+    /// not set the count), then as many calls as fill the target.
+    fn calibrate(&mut self, sh: &Shared<'_>, cfg: &RunConfig) -> u64 {
+        let target = cfg.round_target.as_secs_f64();
+        let mut c = cfg.calibration_calls.max(1);
+        loop {
+            let t = self.round(sh, c, false);
+            if sh.failed(self.index) || t >= target / 4.0 || c >= cfg.max_round_calls {
+                let k = (target * c as f64 / t.max(1e-9)).round() as u64;
+                return k.clamp(1, cfg.max_round_calls);
+            }
+            c = c.saturating_mul(4);
+        }
+    }
+
+    /// The source's measurement: time per call (round time / calls per thread), figures per
+    /// call over the measured rounds.
+    fn measurement(mut self, workload: &str, source: &str, threads: usize) -> Measurement {
+        let (c, t) = (self.calls, &mut self.tally);
+        t.units = t.times.len() as u64 * c * threads as u64;
+        t.sys_allocs = self.after.since(self.before).system_allocs;
+        let ns: Vec<f64> = t.times.iter().map(|s| s * 1e9 / c.max(1) as f64).collect();
+        Measurement {
+            threads,
+            calls_per_round: c,
+            whole_run: self.after,
+            calls_total: self.calls_total,
+            ..t.measurement(workload, source, "call", &ns, threads)
+        }
+    }
 }
 
 /// Measures `workload` on fresh sources of every `kinds` with `threads` threads, interleaved:
@@ -251,6 +390,7 @@ pub fn measure_all(
     let sh = Shared {
         sources: built.iter().map(|b| b.as_ref()).collect(),
         workload,
+        threads,
         start: Barrier::new(threads + 1),
         end: Barrier::new(threads + 1),
         next_source: AtomicU64::new(0),
@@ -261,15 +401,10 @@ pub fn measure_all(
         errors: Mutex::new(vec![None; n]),
         spans: Mutex::new(vec![None; threads]),
     };
-    let mut ms: Vec<Measurement> = kinds
-        .iter()
-        .map(|k| Measurement {
-            workload: workload.name(),
-            source: k.name.to_string(),
-            unit: "call".into(),
-            threads,
-            rounds: cfg.rounds,
-            ..Measurement::default()
+    let mut runs: Vec<SourceRun> = (0..n)
+        .map(|index| SourceRun {
+            index,
+            ..SourceRun::default()
         })
         .collect();
     std::thread::scope(|s| {
@@ -280,92 +415,44 @@ pub fn measure_all(
                 .spawn_scoped(s, move || worker_loop(sh, i))
                 .expect("spawning a benchmark thread");
         }
-        let failed = |si: usize| lock(&sh.errors)[si].is_some();
-        let observe_first = threads == 1;
-        let mut calls_total = vec![0u64; n];
-        let mut calls = vec![0u64; n];
-        let mut before = vec![Counters::default(); n];
         // Build-up and warm-up, one source after the other.
-        for si in 0..n {
-            let rss_before = measure::rss_bytes();
-            measure::reset_peak_rss();
-            calls[si] = match workload.round_calls() {
-                Some(c) => c,
-                None => {
-                    // Grow the calibration round until it lasts a quarter of the target, so
-                    // slow first calls (cold caches, first faults) do not set the count.
-                    let target = cfg.round_target.as_secs_f64();
-                    let mut c = cfg.calibration_calls.max(1);
-                    loop {
-                        let t = round(&sh, si, c, false).as_secs_f64();
-                        calls_total[si] += c * threads as u64;
-                        if failed(si) || t >= target / 4.0 || c >= cfg.max_round_calls {
-                            let k = (target * c as f64 / t.max(1e-9)).round() as u64;
-                            break k.clamp(1, cfg.max_round_calls);
-                        }
-                        c = c.saturating_mul(4);
-                    }
-                }
-            };
-            for w in 0..cfg.warmup_rounds {
-                if failed(si) {
-                    break;
-                }
-                round(&sh, si, calls[si], w == 0 && observe_first);
-                calls_total[si] += calls[si] * threads as u64;
-            }
-            ms[si].peak_rss_growth = measure::peak_rss_bytes().saturating_sub(rss_before);
-            before[si] = total_counters(&sh, si);
+        for r in &mut runs {
+            r.warm_up(&sh, cfg);
             tick();
         }
         // Measured rounds, interleaved.
-        let mut times: Vec<Vec<Duration>> = vec![Vec::with_capacity(cfg.rounds); n];
-        let mut faults = vec![0u64; n];
-        for r in 0..cfg.rounds {
+        for round in 0..cfg.rounds {
             for k in 0..n {
-                let si = (r + k) % n;
-                if failed(si) {
-                    continue;
+                let r = &mut runs[(round + k) % n];
+                if !sh.failed(r.index) {
+                    let f0 = measure::minor_faults();
+                    let t = r.round(&sh, r.calls, false);
+                    r.tally.faults += measure::minor_faults().saturating_sub(f0);
+                    r.tally.times.push(t);
                 }
-                let f0 = measure::minor_faults();
-                times[si].push(round(&sh, si, calls[si], false));
-                faults[si] += measure::minor_faults().saturating_sub(f0);
-                calls_total[si] += calls[si] * threads as u64;
             }
             tick();
         }
-        for (si, m) in ms.iter_mut().enumerate() {
-            let after = total_counters(&sh, si);
-            let c = calls[si];
-            let measured_calls = (times[si].len() as u64 * c * threads as u64).max(1) as f64;
-            let per_call: Vec<f64> = times[si]
-                .iter()
-                .map(|t| t.as_nanos() as f64 / c.max(1) as f64)
-                .collect();
-            m.calls_per_round = c;
-            m.ns_per_call = Spread::of(&per_call);
-            m.calls_per_sec = if m.ns_per_call.median > 0.0 {
-                threads as f64 * 1e9 / m.ns_per_call.median
-            } else {
-                0.0
-            };
-            m.faults_per_call = faults[si] as f64 / measured_calls;
-            m.sys_allocs_per_call = after
-                .since(before[si])
-                .system_allocs
-                .map(|x| x as f64 / measured_calls);
-            m.whole_run = after;
-            m.calls_total = calls_total[si];
+        for r in &mut runs {
+            r.after = sh.counters(r.index);
         }
         sh.next_calls.store(STOP, Ordering::Release);
         sh.start.wait();
     });
     let mut obs = std::mem::take(&mut *lock(&sh.observation));
     let mut errs = std::mem::take(&mut *lock(&sh.errors));
-    for (si, m) in ms.iter_mut().enumerate() {
-        m.observation = obs[si].take();
-        m.error = errs[si].take();
-    }
+    let mut ms: Vec<Measurement> = runs
+        .into_iter()
+        .zip(kinds)
+        .map(|(mut r, k)| {
+            let si = r.index;
+            r.tally.error = errs[si].take();
+            Measurement {
+                observation: obs[si].take(),
+                ..r.measurement(&workload.name(), k.name, threads)
+            }
+        })
+        .collect();
     drop(sh);
     drop(built);
     median_ratios(&mut ms);

@@ -55,74 +55,81 @@ fn draw(
         (20, 38),
         ("sans-serif", 13).into_font().color(&RGBColor(0x44, 0x44, 0x44)),
     ))?;
-    let panels = body.split_evenly((rows, cols));
-    for (panel, w) in panels.iter().zip(&labels) {
-        let data: Vec<(&str, f64, f64, f64)> = measurements
+    for (area, w) in body.split_evenly((rows, cols)).iter().zip(&labels) {
+        // The y axis counts upwards: reverse so the first source is at the top, as in the table.
+        let bars: Vec<Bar<'_>> = measurements
             .iter()
             .filter(|m| &m.workload == w && m.error.is_none() && m.ns_per_call.median > 0.0)
-            .map(|m| {
-                (
-                    m.source.as_str(),
-                    m.ns_per_call.median,
-                    m.ns_per_call.min.max(1e-3),
-                    m.ns_per_call.max,
-                )
+            .map(|m| Bar {
+                source: &m.source,
+                median: m.ns_per_call.median,
+                min: m.ns_per_call.min.max(1e-3),
+                max: m.ns_per_call.max,
             })
+            .rev()
             .collect();
-        if data.is_empty() {
-            continue;
+        if !bars.is_empty() {
+            panel(area, w, &bars)?;
         }
-        // The y axis counts upwards: reverse so the first source is at the top, as in the table.
-        let data: Vec<_> = data.into_iter().rev().collect();
-        let lo = data.iter().map(|d| d.2).fold(f64::INFINITY, f64::min) / 2.0;
-        let hi = data.iter().map(|d| d.3).fold(0.0, f64::max) * 2.0;
-        let n = data.len();
-        let mut chart = ChartBuilder::on(panel)
-            .caption(w.as_str(), ("sans-serif", 17))
-            .margin(12)
-            .x_label_area_size(32)
-            .y_label_area_size(100)
-            .build_cartesian_2d((lo..hi).log_scale(), (0..n).into_segmented())?;
-        let names: Vec<&str> = data.iter().map(|d| d.0).collect();
-        chart
-            .configure_mesh()
-            .disable_y_mesh()
-            .y_labels(n)
-            .y_label_formatter(&|v| match v {
-                SegmentValue::CenterOf(i) => names.get(*i).copied().unwrap_or("").to_string(),
-                _ => String::new(),
-            })
-            .x_labels(6)
-            .x_label_formatter(&|x| fmt_ns(*x))
-            .draw()?;
-        chart.draw_series(data.iter().enumerate().map(|(i, d)| {
-            let mut r = Rectangle::new(
-                [
-                    (lo, SegmentValue::Exact(i)),
-                    (d.1, SegmentValue::Exact(i + 1)),
-                ],
-                color_of(d.0).filled(),
-            );
-            r.set_margin(3, 3, 0, 0);
-            r
-        }))?;
-        chart.draw_series(data.iter().enumerate().map(|(i, d)| {
-            PathElement::new(
-                vec![
-                    (d.2, SegmentValue::CenterOf(i)),
-                    (d.3, SegmentValue::CenterOf(i)),
-                ],
-                BLACK.stroke_width(1),
-            )
-        }))?;
-        chart.draw_series(data.iter().enumerate().map(|(i, d)| {
-            Text::new(
-                fmt_ns(d.1),
-                (d.1, SegmentValue::CenterOf(i)),
-                ("sans-serif", 11).into_font(),
-            )
-        }))?;
     }
     root.present()?;
+    Ok(())
+}
+
+/// One source's bar in a workload's panel: its median time and its whisker, nanoseconds.
+struct Bar<'a> {
+    source: &'a str,
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+/// The panel of workload `title`: a bar per source (from the bottom up) with its whisker and
+/// its median written beside it, on a log time axis.
+fn panel(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    title: &str,
+    bars: &[Bar<'_>],
+) -> Result<(), Box<dyn Error>> {
+    let lo = bars.iter().map(|b| b.min).fold(f64::INFINITY, f64::min) / 2.0;
+    let hi = bars.iter().map(|b| b.max).fold(0.0, f64::max) * 2.0;
+    let n = bars.len();
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 17))
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(100)
+        .build_cartesian_2d((lo..hi).log_scale(), (0..n).into_segmented())?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .y_labels(n)
+        .y_label_formatter(&|v| match v {
+            SegmentValue::CenterOf(i) => bars.get(*i).map_or("", |b| b.source).to_string(),
+            _ => String::new(),
+        })
+        .x_labels(6)
+        .x_label_formatter(&|x| fmt_ns(*x))
+        .draw()?;
+    let at = SegmentValue::CenterOf;
+    chart.draw_series(bars.iter().enumerate().map(|(i, b)| {
+        let (from, to) = (
+            (lo, SegmentValue::Exact(i)),
+            (b.median, SegmentValue::Exact(i + 1)),
+        );
+        let mut r = Rectangle::new([from, to], color_of(b.source).filled());
+        r.set_margin(3, 3, 0, 0);
+        r
+    }))?;
+    chart.draw_series(bars.iter().enumerate().map(|(i, b)| {
+        PathElement::new(vec![(b.min, at(i)), (b.max, at(i))], BLACK.stroke_width(1))
+    }))?;
+    chart.draw_series(bars.iter().enumerate().map(|(i, b)| {
+        Text::new(
+            fmt_ns(b.median),
+            (b.median, at(i)),
+            ("sans-serif", 11).into_font(),
+        )
+    }))?;
     Ok(())
 }

@@ -99,7 +99,7 @@ impl RunInfo {
 }
 
 /// A figure with its unit, as every JSON figure is written.
-pub(crate) fn fig(v: f64, unit: &str) -> Value {
+pub(crate) fn fig(v: impl serde::Serialize, unit: &str) -> Value {
     json!({ "value": v, "unit": unit })
 }
 
@@ -138,7 +138,7 @@ pub fn measurement_json(m: &Measurement) -> Value {
     })
 }
 
-/// An extra column of a [`comparison_table`].
+/// A column of a [`comparison_table`]: its header and its cell for a measurement.
 pub struct Column<'a> {
     /// Its header.
     pub header: &'a str,
@@ -146,48 +146,59 @@ pub struct Column<'a> {
     pub cell: &'a dyn Fn(&Measurement) -> String,
 }
 
-/// The comparison table every benchmark prints, as Markdown: workload, source, `lead`
-/// columns, median (per unit), min, max, x static, x caching, faults, system allocations,
-/// peak RSS growth, peak held/live, `trail` columns. A failed measurement gets its error.
+impl<'a> Column<'a> {
+    /// The column `header`, whose cell for a measurement `cell` makes.
+    pub const fn new(header: &'a str, cell: &'a dyn Fn(&Measurement) -> String) -> Self {
+        Column { header, cell }
+    }
+}
+
+/// The columns every comparison table has (`--help` and the README explain each).
+const STANDARD: [Column<'static>; 9] = [
+    Column::new("median", &fmt_median),
+    Column::new("min", &|m| fmt_ns(m.ns_per_call.min)),
+    Column::new("max", &|m| fmt_ns(m.ns_per_call.max)),
+    Column::new("x static", &|m| fmt_ratio(m.x_static)),
+    Column::new("x caching", &|m| fmt_ratio(m.x_caching)),
+    Column::new("faults/call", &|m| fmt_count(m.faults_per_call)),
+    Column::new("sys allocs/call", &|m| {
+        m.sys_allocs_per_call
+            .map_or_else(|| "n/a".into(), fmt_count)
+    }),
+    Column::new("peak RSS +MiB", &|m| {
+        format!("{:.1}", m.peak_rss_growth as f64 / (1 << 20) as f64)
+    }),
+    Column::new("peak held/live MiB", &held_cell),
+];
+
+/// A time ratio with three decimals, `-` when there is none.
+fn fmt_ratio(x: Option<f64>) -> String {
+    x.map_or_else(|| "-".into(), |v| format!("{v:.3}"))
+}
+
+/// The comparison table every benchmark prints, as Markdown: workload, source, the `lead`
+/// columns, the [`STANDARD`] ones (median per unit, min, max, x static, x caching, faults,
+/// system allocations, peak RSS growth, peak held/live), the `trail` columns. A failed
+/// measurement gets its error.
 pub fn comparison_table(ms: &[Measurement], lead: &[Column<'_>], trail: &[Column<'_>]) -> Table {
+    let columns: Vec<&Column<'_>> = lead.iter().chain(&STANDARD).chain(trail).collect();
     let mut header = vec!["workload", "source"];
-    header.extend(lead.iter().map(|c| c.header));
-    header.extend([
-        "median",
-        "min",
-        "max",
-        "x static",
-        "x caching",
-        "faults/call",
-        "sys allocs/call",
-        "peak RSS +MiB",
-        "peak held/live MiB",
-    ]);
-    header.extend(trail.iter().map(|c| c.header));
+    header.extend(columns.iter().map(|c| c.header));
     let rows = ms.iter().map(|m| {
         let mut row = vec![m.workload.clone(), m.source.clone()];
-        if let Some(e) = &m.error {
-            row.push(format!("FAILED: {e}"));
-            return row;
+        match &m.error {
+            Some(e) => row.push(format!("FAILED: {e}")),
+            None => row.extend(columns.iter().map(|c| (c.cell)(m))),
         }
-        let x = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_else(|| "-".into());
-        row.extend(lead.iter().map(|c| (c.cell)(m)));
-        row.extend([
-            fmt_median(m),
-            fmt_ns(m.ns_per_call.min),
-            fmt_ns(m.ns_per_call.max),
-            x(m.x_static),
-            x(m.x_caching),
-            fmt_count(m.faults_per_call),
-            m.sys_allocs_per_call
-                .map_or_else(|| "n/a".into(), fmt_count),
-            format!("{:.1}", m.peak_rss_growth as f64 / (1 << 20) as f64),
-            held_cell(m),
-        ]);
-        row.extend(trail.iter().map(|c| (c.cell)(m)));
         row
     });
     table(&header, rows, 2)
+}
+
+/// The measurement of `source` on `workload` in `ms`, if it ran and succeeded.
+pub fn find<'a>(ms: &'a [Measurement], workload: &str, source: &str) -> Option<&'a Measurement> {
+    ms.iter()
+        .find(|m| m.workload == workload && m.source == source && m.error.is_none())
 }
 
 /// The labels of `ms` in order, without repeats.
@@ -213,7 +224,7 @@ pub fn within_static(
     let mut out = Vec::new();
     let get = |w: &str, s: &str| ms.iter().find(|m| m.workload == w && m.source == s);
     for w in labels(ms) {
-        let floor = get(&w, FLOOR).filter(|f| f.error.is_none());
+        let floor = find(ms, &w, FLOOR);
         for &v in variants {
             let Some(m) = get(&w, v) else { continue };
             let faults_ok = !zero_faults || m.faults_per_call < 0.01;
@@ -270,6 +281,22 @@ pub fn efficiency_check(
         ),
         met: Some(ratios.ratio_median >= goal),
     }
+}
+
+/// A table of a kernel's efficiency figures, as Markdown: `header`, then "ratio (best)" and
+/// "ratio (median)"; a row per (cells, ratios against the baseline); its columns from
+/// `right` on right-aligned.
+pub fn efficiency_table(
+    header: &[&str],
+    rows: impl IntoIterator<Item = (Vec<String>, Ratios)>,
+    right: usize,
+) -> Table {
+    let header = [header, &["ratio (best)", "ratio (median)"]].concat();
+    let rows = rows.into_iter().map(|(mut cells, ratios)| {
+        cells.extend(ratios.percent());
+        cells
+    });
+    table(&header, rows, right)
 }
 
 /// One section of a report: what one part of a command measured (a child process hands it to

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use allocator_api2::alloc::{AllocError, Allocator};
 use caching_allocator::{CachingAllocator, Config, Stats};
 
-use crate::report::{goal, TargetCheck};
+use crate::report::{fig, goal, TargetCheck};
 
 /// Idle bytes the soak's allocator may keep.
 const CAP: usize = 32 << 20;
@@ -127,13 +127,14 @@ impl SoakReport {
             crate::report::RunInfo::new(machine, command, false, self.threads, Instant::now());
         info.mode = "soak";
         info.elapsed_s = self.seconds;
+        let held = "bytes (requested, held by the soak's threads at once)";
         let fields = json!({
-            "ops": { "value": self.ops, "unit": "allocator calls" },
-            "ops_per_second": { "value": self.ops_per_sec, "unit": "ops/s (all threads)" },
-            "peak_live_bytes": { "value": self.peak_live_bytes, "unit": "bytes" },
-            "peak_reserved_bytes": { "value": self.peak_reserved_bytes, "unit": "bytes" },
-            "peak_held_bytes": { "value": self.peak_held_bytes, "unit": "bytes (requested, held by the soak's threads at once)" },
-            "peak_reserved_over_held": { "value": self.reserved_over_held(), "unit": "x" },
+            "ops": fig(self.ops, "allocator calls"),
+            "ops_per_second": fig(self.ops_per_sec, "ops/s (all threads)"),
+            "peak_live_bytes": fig(self.peak_live_bytes, "bytes"),
+            "peak_reserved_bytes": fig(self.peak_reserved_bytes, "bytes"),
+            "peak_held_bytes": fig(self.peak_held_bytes, held),
+            "peak_reserved_over_held": fig(self.reserved_over_held(), "x"),
             "violations": self.violations,
             "first_violations": self.first_violations,
             "passed": self.passed(),
@@ -238,22 +239,6 @@ unsafe impl Allocator for Counted<'_> {
     }
 }
 
-/// Violations, shared by the threads.
-struct Violations {
-    count: AtomicU64,
-    first: Mutex<Vec<String>>,
-}
-
-impl Violations {
-    fn report(&self, what: String) {
-        self.count.fetch_add(1, Ordering::Relaxed);
-        let mut first = self.first.lock().unwrap_or_else(|e| e.into_inner());
-        if first.len() < 10 {
-            first.push(what);
-        }
-    }
-}
-
 /// A small fast generator (xorshift64*), seeded per thread.
 struct Rng(u64);
 
@@ -308,21 +293,6 @@ fn tag_intact(ptr: NonNull<u8>, len: usize, tag: u64) -> bool {
     }
 }
 
-/// Releases a held block after checking its tag.
-fn release_checked(alloc: &CachingAllocator, held: Block, violations: &Violations, count: &Held) {
-    if !tag_intact(held.ptr, held.len, held.tag) {
-        violations.report(format!(
-            "block {:p} ({} bytes, tag {:#x}) was overwritten while held: two holders?",
-            held.ptr, held.len, held.tag
-        ));
-    }
-    // SAFETY: the block is live, held by this thread alone, and not used after.
-    if let Err(e) = unsafe { alloc.release(held.ptr) } {
-        violations.report(format!("release of {:p}: {e}", held.ptr));
-    }
-    count.give(held.len);
-}
-
 /// A size like a kernel's scratch: mostly small, some growing with the call count, a few large.
 fn kernel_size(rng: &mut Rng, call: usize) -> usize {
     match rng.below(64) {
@@ -333,162 +303,274 @@ fn kernel_size(rng: &mut Rng, call: usize) -> usize {
     }
 }
 
-/// One thread's traffic until `deadline`. Returns the calls it made.
-fn worker(
-    alloc: &CachingAllocator,
+/// What the soak's threads share: the allocator under test, the mailbox of blocks handed
+/// between threads, the violations, the stop flag and the count of the bytes they hold.
+struct Shared {
+    alloc: CachingAllocator,
+    mailbox: Mutex<Vec<Block>>,
+    /// Violations seen, and the first few described.
+    violations: AtomicU64,
+    first_violations: Mutex<Vec<String>>,
+    /// Set when a thread panicked: the others stop too.
+    stop: AtomicBool,
+    held: Held,
+}
+
+impl Shared {
+    /// The soak's allocator (debug checks on), nothing held yet.
+    fn new(alloc: CachingAllocator) -> Self {
+        Shared {
+            alloc,
+            mailbox: Mutex::new(Vec::new()),
+            violations: AtomicU64::new(0),
+            first_violations: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            held: Held::default(),
+        }
+    }
+
+    /// A violation, described by `what`.
+    fn violation(&self, what: String) {
+        self.violations.fetch_add(1, Ordering::Relaxed);
+        let mut first = self
+            .first_violations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if first.len() < 10 {
+            first.push(what);
+        }
+    }
+
+    /// Releases a held block after checking its tag.
+    fn release_checked(&self, b: Block) {
+        if !tag_intact(b.ptr, b.len, b.tag) {
+            self.violation(format!(
+                "block {:p} ({} bytes, tag {:#x}) was overwritten while held: two holders?",
+                b.ptr, b.len, b.tag
+            ));
+        }
+        // SAFETY: the block is live, held by this thread alone, and not used after.
+        if let Err(e) = unsafe { self.alloc.release(b.ptr) } {
+            self.violation(format!("release of {:p}: {e}", b.ptr));
+        }
+        self.held.give(b.len);
+    }
+
+    /// The books at the end, when everything was given back: every way they could disagree
+    /// is a violation. Returns the allocator's stats.
+    fn check_books(&self) -> Stats {
+        let s = self.alloc.stats();
+        let checks = [
+            (s.live_blocks == 0 && s.live_bytes == 0, "blocks still live"),
+            (s.requested_bytes == 0, "requested bytes still counted"),
+            (
+                s.reserved_bytes == s.live_bytes + s.cached_bytes,
+                "reserved != live + cached",
+            ),
+            (s.cached_bytes <= CAP, "cache over its cap"),
+            (
+                s.cached_blocks as u64 == s.system_allocs - s.system_frees,
+                "system allocations minus frees != cached blocks",
+            ),
+            (s.corrupted_blocks == 0, "corrupted blocks"),
+            (
+                self.held.now.load(Ordering::Relaxed) == 0,
+                "the soak's own count of the bytes it holds is not back to 0",
+            ),
+            (s.misses == s.system_allocs, "misses != system allocations"),
+        ];
+        for (ok, what) in checks {
+            if !ok {
+                self.violation(format!("stats at the end: {what}: {s:?}"));
+            }
+        }
+        s
+    }
+}
+
+/// One thread of the soak: its random choices, the raw blocks it keeps and its counts.
+struct Thread<'a> {
+    sh: &'a Shared,
     index: usize,
-    deadline: Instant,
-    mailbox: &Mutex<Vec<Block>>,
-    violations: &Violations,
-    stop: &AtomicBool,
-    count: &Held,
-) -> u64 {
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((index as u64 + 1) << 32));
-    let mut kept: Vec<Block> = Vec::new();
-    let mut seq = 0u64;
-    let mut ops = 0u64;
-    let mut call = 0usize;
-    let mut next_tag = || {
-        seq += 1;
-        ((index as u64) << 48) | seq
-    };
-    let mut iteration = 0u64;
-    loop {
-        iteration += 1;
-        if iteration & 31 == 0 && (Instant::now() >= deadline || stop.load(Ordering::Relaxed)) {
-            break;
+    rng: Rng,
+    kept: Vec<Block>,
+    /// Tags handed out so far.
+    seq: u64,
+    /// Allocator calls made.
+    ops: u64,
+    /// Kernel calls made (the growing sizes grow with it).
+    call: usize,
+}
+
+impl Thread<'_> {
+    /// A tag no other block of any thread has: the thread's index and a sequence number.
+    fn next_tag(&mut self) -> u64 {
+        self.seq += 1;
+        ((self.index as u64) << 48) | self.seq
+    }
+
+    /// Traffic until `deadline` (or a stop); every block still kept is released at the end.
+    /// Returns the allocator calls made.
+    fn run(mut self, deadline: Instant) -> u64 {
+        let mut iteration = 0u64;
+        loop {
+            iteration += 1;
+            let due = iteration & 31 == 0;
+            if due && (Instant::now() >= deadline || self.sh.stop.load(Ordering::Relaxed)) {
+                break;
+            }
+            match self.rng.below(1000) {
+                0..=399 => self.kernel_call(),
+                400..=649 => self.allocate_kept(),
+                650..=799 => self.release_kept(),
+                800..=879 => self.hand_over(),
+                880..=996 => self.collection(),
+                _ => self.give_idle_back(),
+            }
         }
-        match rng.below(1000) {
-            // A kernel call through a scope.
-            0..=399 => {
-                call += 1;
-                let scope = alloc.scope();
-                let mut slices: Vec<(&mut [u64], u64)> = Vec::new();
-                let mut bytes = 0;
-                for _ in 0..1 + rng.below(4) {
-                    let words = kernel_size(&mut rng, call).div_ceil(8);
-                    let tag = next_tag();
-                    ops += 1;
-                    match scope.alloc_slice_fill(words, tag) {
-                        Ok(s) => {
-                            count.take(8 * words);
-                            bytes += 8 * words;
-                            slices.push((s, tag));
-                        }
-                        Err(e) => violations.report(format!("scope alloc of {words} words: {e}")),
-                    }
+        for b in std::mem::take(&mut self.kept) {
+            self.sh.release_checked(b);
+            self.ops += 1;
+        }
+        self.ops
+    }
+
+    /// A kernel call: a scope with a few tagged slices, read back, dropped.
+    fn kernel_call(&mut self) {
+        let sh = self.sh;
+        self.call += 1;
+        let scope = sh.alloc.scope();
+        let mut slices: Vec<(&mut [u64], u64)> = Vec::new();
+        let mut bytes = 0;
+        for _ in 0..1 + self.rng.below(4) {
+            let words = kernel_size(&mut self.rng, self.call).div_ceil(8);
+            let tag = self.next_tag();
+            self.ops += 1;
+            match scope.alloc_slice_fill(words, tag) {
+                Ok(s) => {
+                    sh.held.take(8 * words);
+                    bytes += 8 * words;
+                    slices.push((s, tag));
                 }
-                // The "kernel": read everything back.
-                for (s, tag) in &slices {
-                    if s.iter().any(|x| x != tag) {
-                        violations.report(format!("scope slice with tag {tag:#x} overwritten"));
-                    }
-                }
-                drop(slices);
-                drop(scope);
-                count.give(bytes);
+                Err(e) => sh.violation(format!("scope alloc of {words} words: {e}")),
             }
-            // Raw allocate, kept.
-            400..=649 => {
-                if kept.len() >= MAX_HELD {
-                    let h = kept.swap_remove(rng.below(kept.len()));
-                    release_checked(alloc, h, violations, count);
-                    ops += 1;
-                }
-                let len = kernel_size(&mut rng, call);
-                let align = 64 << rng.below(4);
-                ops += 1;
-                match alloc.allocate(len, align) {
-                    Ok(ptr) => {
-                        if ptr.as_ptr() as usize & (align - 1) != 0 {
-                            violations.report(format!("{ptr:p} not aligned to {align}"));
-                        }
-                        count.take(len);
-                        let tag = next_tag();
-                        write_tag(ptr, len, tag);
-                        kept.push(Block { ptr, len, tag });
-                    }
-                    Err(e) => violations.report(format!("allocate({len}, {align}): {e}")),
-                }
+        }
+        // The "kernel": read everything back.
+        for (s, tag) in &slices {
+            if s.iter().any(|x| x != tag) {
+                let what = format!("scope slice with tag {tag:#x} overwritten");
+                sh.violation(what);
             }
-            // Raw release.
-            650..=799 => {
-                if !kept.is_empty() {
-                    let h = kept.swap_remove(rng.below(kept.len()));
-                    release_checked(alloc, h, violations, count);
-                    ops += 1;
+        }
+        drop(slices);
+        drop(scope);
+        sh.held.give(bytes);
+    }
+
+    /// A raw block allocated, tagged and kept (one kept block released first when the thread
+    /// keeps [`MAX_HELD`]).
+    fn allocate_kept(&mut self) {
+        if self.kept.len() >= MAX_HELD {
+            self.release_kept();
+        }
+        let len = kernel_size(&mut self.rng, self.call);
+        let align = 64 << self.rng.below(4);
+        self.ops += 1;
+        match self.sh.alloc.allocate(len, align) {
+            Ok(ptr) => {
+                if ptr.as_ptr() as usize & (align - 1) != 0 {
+                    let what = format!("{ptr:p} not aligned to {align}");
+                    self.sh.violation(what);
                 }
+                self.sh.held.take(len);
+                let tag = self.next_tag();
+                write_tag(ptr, len, tag);
+                self.kept.push(Block { ptr, len, tag });
             }
-            // Hand a block to another thread / take one handed over.
-            800..=879 => {
-                let mut mail = mailbox.lock().unwrap_or_else(|e| e.into_inner());
-                if rng.below(2) == 0 && !kept.is_empty() && mail.len() < 256 {
-                    mail.push(kept.swap_remove(rng.below(kept.len())));
-                } else if let Some(h) = mail.pop() {
-                    drop(mail);
-                    release_checked(alloc, h, violations, count);
-                    ops += 1;
-                }
-            }
-            // A collection in the allocator.
-            880..=996 => {
-                let n = 1 + rng.below(2000);
-                let tag = next_tag();
-                let mut v = allocator_api2::vec::Vec::new_in(Counted { alloc, held: count });
-                for i in 0..n as u64 {
-                    v.push(tag ^ i);
-                }
-                ops += 1 + (n as f64).log2() as u64; // one allocation per doubling
-                if v.iter().enumerate().any(|(i, &x)| x != tag ^ i as u64) {
-                    violations.report(format!("Vec with tag {tag:#x} overwritten"));
-                }
-            }
-            // Give idle memory back.
-            _ => {
-                ops += 1;
-                if rng.below(4) == 0 {
-                    alloc.free_cached();
-                } else {
-                    alloc.trim(rng.below(CAP));
-                }
+            Err(e) => {
+                let what = format!("allocate({len}, {align}): {e}");
+                self.sh.violation(what);
             }
         }
     }
-    for h in kept {
-        release_checked(alloc, h, violations, count);
-        ops += 1;
+
+    /// A kept block, picked at random, checked and released.
+    fn release_kept(&mut self) {
+        if !self.kept.is_empty() {
+            let b = self.kept.swap_remove(self.rng.below(self.kept.len()));
+            self.sh.release_checked(b);
+            self.ops += 1;
+        }
     }
-    ops
+
+    /// A kept block handed to the mailbox, or one handed over by another thread released.
+    fn hand_over(&mut self) {
+        let mut mail = self.sh.mailbox.lock().unwrap_or_else(|e| e.into_inner());
+        if self.rng.below(2) == 0 && !self.kept.is_empty() && mail.len() < 256 {
+            mail.push(self.kept.swap_remove(self.rng.below(self.kept.len())));
+        } else if let Some(b) = mail.pop() {
+            drop(mail);
+            self.sh.release_checked(b);
+            self.ops += 1;
+        }
+    }
+
+    /// An `allocator_api2` vector in the allocator, grown by pushes and read back.
+    fn collection(&mut self) {
+        let n = 1 + self.rng.below(2000);
+        let tag = self.next_tag();
+        let (alloc, held) = (&self.sh.alloc, &self.sh.held);
+        let mut v = allocator_api2::vec::Vec::new_in(Counted { alloc, held });
+        for i in 0..n as u64 {
+            v.push(tag ^ i);
+        }
+        self.ops += 1 + (n as f64).log2() as u64; // one allocation per doubling
+        if v.iter().enumerate().any(|(i, &x)| x != tag ^ i as u64) {
+            let what = format!("Vec with tag {tag:#x} overwritten");
+            self.sh.violation(what);
+        }
+    }
+
+    /// Idle memory given back: all of it, or down to a random size.
+    fn give_idle_back(&mut self) {
+        self.ops += 1;
+        if self.rng.below(4) == 0 {
+            self.sh.alloc.free_cached();
+        } else {
+            self.sh.alloc.trim(self.rng.below(CAP));
+        }
+    }
 }
 
 /// Runs the soak for about `seconds` on `threads` threads (at least one) and reports.
 pub fn run(seconds: f64, threads: usize) -> SoakReport {
     let threads = threads.max(1);
-    let alloc =
-        CachingAllocator::with_config(Config::default().max_cached_bytes(CAP).debug_checks(true));
-    let violations = Violations {
-        count: AtomicU64::new(0),
-        first: Mutex::new(Vec::new()),
-    };
-    let mailbox = Mutex::new(Vec::new());
-    let stop = AtomicBool::new(false);
-    let count = Held::default();
+    let config = Config::default().max_cached_bytes(CAP).debug_checks(true);
+    let sh = Shared::new(CachingAllocator::with_config(config));
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(seconds.max(0.0));
     let ops: u64 = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
-            .map(|i| {
-                let (alloc, mailbox, violations, stop, count) =
-                    (&alloc, &mailbox, &violations, &stop, &count);
+            .map(|index| {
+                let sh = &sh;
                 s.spawn(move || {
-                    // A panicking worker is a violation, not a crash of the whole run.
+                    let thread = Thread {
+                        sh,
+                        index,
+                        rng: Rng(0x9E37_79B9_7F4A_7C15 ^ ((index as u64 + 1) << 32)),
+                        kept: Vec::new(),
+                        seq: 0,
+                        ops: 0,
+                        call: 0,
+                    };
+                    // A panicking thread is a violation, not a crash of the whole run.
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        worker(alloc, i, deadline, mailbox, violations, stop, count)
+                        thread.run(deadline)
                     }));
                     r.unwrap_or_else(|panic| {
                         let msg = crate::harness::panic_message(panic.as_ref());
-                        violations.report(format!("thread {i} panicked: {msg}"));
-                        stop.store(true, Ordering::Relaxed);
+                        sh.violation(format!("thread {index} panicked: {msg}"));
+                        sh.stop.store(true, Ordering::Relaxed);
                         0
                     })
                 })
@@ -497,42 +579,13 @@ pub fn run(seconds: f64, threads: usize) -> SoakReport {
         handles.into_iter().map(|h| h.join().unwrap_or(0)).sum()
     });
     let elapsed = start.elapsed().as_secs_f64();
-    for h in mailbox.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        release_checked(&alloc, h, &violations, &count);
+    let handed_over = std::mem::take(&mut *sh.mailbox.lock().unwrap_or_else(|e| e.into_inner()));
+    for b in handed_over {
+        sh.release_checked(b);
     }
-
-    // Everything was given back: the books must say so.
-    let stats = alloc.stats();
-    let check = |ok: bool, what: &str| {
-        if !ok {
-            violations.report(format!("stats at the end: {what}: {stats:?}"));
-        }
-    };
-    check(
-        stats.live_blocks == 0 && stats.live_bytes == 0,
-        "blocks still live",
-    );
-    check(stats.requested_bytes == 0, "requested bytes still counted");
-    check(
-        stats.reserved_bytes == stats.live_bytes + stats.cached_bytes,
-        "reserved != live + cached",
-    );
-    check(stats.cached_bytes <= CAP, "cache over its cap");
-    check(
-        (stats.cached_blocks as u64) == stats.system_allocs - stats.system_frees,
-        "system allocations minus frees != cached blocks",
-    );
-    check(stats.corrupted_blocks == 0, "corrupted blocks");
-    check(
-        count.now.load(Ordering::Relaxed) == 0,
-        "the soak's own count of the bytes it holds is not back to 0",
-    );
-    check(
-        stats.misses == stats.system_allocs,
-        "misses != system allocations",
-    );
-
-    let violations_count = violations.count.load(Ordering::Relaxed);
+    let stats = sh.check_books();
+    let violations = sh.violations.load(Ordering::Relaxed);
+    let first_violations = sh.first_violations.into_inner();
     SoakReport {
         seconds: elapsed,
         threads,
@@ -540,12 +593,9 @@ pub fn run(seconds: f64, threads: usize) -> SoakReport {
         ops_per_sec: ops as f64 / elapsed.max(1e-9),
         peak_live_bytes: stats.peak_live_bytes,
         peak_reserved_bytes: stats.peak_reserved_bytes,
-        peak_held_bytes: count.peak.load(Ordering::Relaxed),
-        violations: violations_count,
-        first_violations: violations
-            .first
-            .into_inner()
-            .unwrap_or_else(|e| e.into_inner()),
+        peak_held_bytes: sh.held.peak.load(Ordering::Relaxed),
+        violations,
+        first_violations: first_violations.unwrap_or_else(|e| e.into_inner()),
         stats,
     }
 }
@@ -557,25 +607,20 @@ mod tests {
     #[test]
     fn tags_catch_an_overwrite() {
         // The check the soak relies on must be able to fail.
-        let alloc = CachingAllocator::new(1 << 20);
-        let violations = Violations {
-            count: AtomicU64::new(0),
-            first: Mutex::new(Vec::new()),
-        };
-        let ptr = alloc.allocate(100, 64).unwrap();
+        let sh = Shared::new(CachingAllocator::new(1 << 20));
+        let ptr = sh.alloc.allocate(100, 64).unwrap();
         write_tag(ptr, 100, 7);
         // SAFETY: the block is ours and 100 bytes long.
         unsafe { ptr.as_ptr().add(99).write(0) };
-        let count = Held::default();
-        count.take(100);
+        sh.held.take(100);
         let block = Block {
             ptr,
             len: 100,
             tag: 7,
         };
-        release_checked(&alloc, block, &violations, &count);
-        assert_eq!(violations.count.load(Ordering::Relaxed), 1);
-        assert_eq!(count.now.load(Ordering::Relaxed), 0);
+        sh.release_checked(block);
+        assert_eq!(sh.violations.load(Ordering::Relaxed), 1);
+        assert_eq!(sh.held.now.load(Ordering::Relaxed), 0);
     }
 
     #[test]

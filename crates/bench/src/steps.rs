@@ -5,13 +5,15 @@
 //! step.
 //!
 //! The harness workloads (`scratch`, `decode`, `threads`) run their rounds on threads with
-//! barriers ([`crate::harness`]); both end in the same [`Measurement`], so tables, JSON,
-//! targets and plots are one code path ([`crate::report`]).
+//! barriers ([`crate::harness`]); both tally a source's times, faults and allocations in a
+//! [`Tally`] that makes its [`Measurement`], so the per-call figures, tables, JSON, targets
+//! and plots are one code path ([`crate::report`]).
 
+use std::fmt::Display;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use crate::harness::Measurement;
+use crate::harness::{Measurement, Tally};
 use crate::measure::{self, Spread};
 use crate::source::{Counters, SourceKind, CACHING, FLOOR};
 
@@ -27,6 +29,14 @@ pub struct KernelRun<D, P> {
     pub prefill_eff: P,
     /// What could not be measured, with why.
     pub errors: Vec<String>,
+}
+
+impl<D, P> KernelRun<D, P> {
+    /// The value of `r`, or `None` with its error noted as "`what`: error" (what could not be
+    /// measured, which the report lists).
+    pub fn keep<T>(&mut self, what: impl Display, r: Result<T, impl Display>) -> Option<T> {
+        r.map_err(|e| self.errors.push(format!("{what}: {e}"))).ok()
+    }
 }
 
 impl<D: serde::Serialize, P: serde::Serialize> KernelRun<D, P> {
@@ -48,29 +58,12 @@ pub fn step_order(step: usize, n: usize) -> Vec<usize> {
     o
 }
 
-/// What one source did over the measured steps.
-#[derive(Clone, Debug, Default)]
-struct Acc {
-    /// Time of each step (seconds), NaN where the source had failed.
-    steps: Vec<f64>,
-    /// Minor page faults over the measured steps.
-    faults: u64,
-    /// Units (calls, tokens) over the measured steps: the divisor of the per-call figures.
-    units: u64,
-    /// System allocations over the measured steps, where the source counts them.
-    sys_allocs: Option<u64>,
-    /// Peak RSS growth during warm-up, bytes.
-    peak_rss_growth: u64,
-    /// The first error, after which the source is skipped.
-    error: Option<String>,
-}
-
 /// Interleaved steps over a set of sources.
 pub struct Steps<'a> {
     kinds: &'a [&'a SourceKind],
     /// Each source's counters now (shared state plus its worker's).
     counters: &'a dyn Fn(usize) -> Counters,
-    accs: Vec<Acc>,
+    tallies: Vec<Tally>,
     /// Steps run so far (sets the order of the next one).
     taken: usize,
     /// Seconds on a monotonic clock ([`wall_seconds`] but in tests).
@@ -104,7 +97,7 @@ impl<'a> Steps<'a> {
         Steps {
             kinds,
             counters,
-            accs: vec![Acc::default(); kinds.len()],
+            tallies: vec![Tally::default(); kinds.len()],
             taken: 0,
             clock,
             deadline: None,
@@ -127,7 +120,7 @@ impl<'a> Steps<'a> {
 
     /// Whether source `i` has failed (it is skipped from then on).
     pub fn failed(&self, i: usize) -> bool {
-        self.accs[i].error.is_some()
+        self.tallies[i].error.is_some()
     }
 
     /// Warms source `i` up with `run` (untimed), keeping the largest peak RSS growth over its
@@ -139,7 +132,7 @@ impl<'a> Steps<'a> {
         let rss = measure::rss_bytes();
         measure::reset_peak_rss();
         let r = run();
-        let a = &mut self.accs[i];
+        let a = &mut self.tallies[i];
         a.peak_rss_growth = a
             .peak_rss_growth
             .max(measure::peak_rss_bytes().saturating_sub(rss));
@@ -151,9 +144,9 @@ impl<'a> Steps<'a> {
     /// One measured step on every source, in [`step_order`]: `run(i)` does source `i`'s
     /// part and returns how many units (calls, tokens) it was. A failed source records NaN.
     pub fn step(&mut self, mut run: impl FnMut(usize) -> Result<u64, String>) {
-        for i in step_order(self.taken, self.accs.len()) {
+        for i in step_order(self.taken, self.tallies.len()) {
             if self.failed(i) {
-                self.accs[i].steps.push(f64::NAN);
+                self.tallies[i].times.push(f64::NAN);
                 continue;
             }
             let c0 = (self.counters)(i);
@@ -163,10 +156,10 @@ impl<'a> Steps<'a> {
             let dt = (self.clock)() - t0;
             let faults = measure::minor_faults().saturating_sub(f0);
             let allocs = (self.counters)(i).since(c0).system_allocs;
-            let a = &mut self.accs[i];
+            let a = &mut self.tallies[i];
             match r {
                 Ok(units) => {
-                    a.steps.push(dt);
+                    a.times.push(dt);
                     a.faults += faults;
                     a.units += units;
                     if let Some(n) = allocs {
@@ -174,7 +167,7 @@ impl<'a> Steps<'a> {
                     }
                 }
                 Err(e) => {
-                    a.steps.push(f64::NAN);
+                    a.times.push(f64::NAN);
                     a.error = Some(e);
                 }
             }
@@ -199,48 +192,26 @@ impl<'a> Steps<'a> {
             if self.failed(i) || self.failed(b) {
                 return None;
             }
-            let ratios: Vec<f64> = self.accs[i]
-                .steps
+            let ratios: Vec<f64> = self.tallies[i]
+                .times
                 .iter()
-                .zip(&self.accs[b].steps)
+                .zip(&self.tallies[b].times)
                 .filter(|(x, y)| x.is_finite() && y.is_finite() && **y > 0.0)
                 .map(|(x, y)| x / y)
                 .collect();
             (!ratios.is_empty()).then(|| Spread::of(&ratios).median)
         };
         let (floor, caching) = (find(FLOOR), find(CACHING));
-        self.accs
-            .iter()
-            .enumerate()
-            .map(|(i, a)| {
-                let spread = Spread::of(&per_unit(&a.steps));
-                let end = (self.counters)(i);
-                let units = a.units.max(1) as f64;
-                Measurement {
-                    workload: label.to_string(),
-                    source: self.kinds[i].name.to_string(),
-                    unit: unit.into(),
-                    threads: rayon::current_num_threads(),
-                    rounds: a.steps.len(),
-                    calls_per_round: 0,
-                    ns_per_call: spread,
-                    calls_per_sec: if spread.median > 0.0 {
-                        1e9 / spread.median
-                    } else {
-                        0.0
-                    },
-                    faults_per_call: a.faults as f64 / units,
-                    sys_allocs_per_call: a.sys_allocs.map(|x| x as f64 / units),
-                    whole_run: end,
-                    calls_total: a.units,
-                    peak_rss_growth: a.peak_rss_growth,
-                    x_static: ratio(i, floor),
-                    x_caching: ratio(i, caching),
-                    error: a.error.clone(),
-                    ..Measurement::default()
-                }
-            })
-            .collect()
+        let threads = rayon::current_num_threads();
+        let each = self.tallies.iter().enumerate().map(|(i, a)| Measurement {
+            threads,
+            whole_run: (self.counters)(i),
+            calls_total: a.units,
+            x_static: ratio(i, floor),
+            x_caching: ratio(i, caching),
+            ..a.measurement(label, self.kinds[i].name, unit, &per_unit(&a.times), 1)
+        });
+        each.collect()
     }
 }
 

@@ -3,7 +3,7 @@
 //! workload, at most 100 columns; every figure and goal is behind `--details`.
 
 use crate::harness::Measurement;
-use crate::report::{fmt_median, labels};
+use crate::report::{find, fmt_median, labels};
 use crate::source::{CACHING, CACHING_SCOPE, FLOOR};
 
 /// Sources that are not rivals: this project's own and the floor. `exact-cache` has its
@@ -57,10 +57,7 @@ pub fn table(rows: &[Measurement]) -> String {
     ];
     let x = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}x"));
     for w in labels(rows) {
-        let get = |s: &str| {
-            rows.iter()
-                .find(|m| m.workload == w && m.source == s && m.error.is_none())
-        };
+        let get = |s: &str| find(rows, &w, s);
         let caching = get(CACHING);
         let time = caching.map_or("-".to_string(), fmt_median);
         let over = caching.map_or("-".to_string(), |m| {

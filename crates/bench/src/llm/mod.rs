@@ -186,13 +186,11 @@ pub fn run(
         context: Some(prompt.len() + cfg.decode_tokens + cfg.eff_reps + 8),
     };
     let mut out = LlmRun::default();
-    match compare(cfg, weights, &prompt, &opts, kinds, source_config, tick) {
-        Ok(rows) => out.rows = rows,
-        Err(e) => {
-            out.errors.push(format!("building the model: {e}"));
-            return (out, None);
-        }
-    }
+    let rows = compare(cfg, weights, &prompt, &opts, kinds, source_config, tick);
+    let Some(rows) = out.keep("building the model", rows) else {
+        return (out, None);
+    };
+    out.rows = rows;
     // ---- profile and efficiency, with the runner's default temp allocator ----
     let model = || {
         Llama::new(weights.clone(), llm::caching_temp(RUNNER_CAP), &opts).map_err(|e| e.to_string())
@@ -205,12 +203,8 @@ pub fn run(
         }
         Ok(m.scratch_profile().cloned().unwrap_or_default())
     });
-    let mut model = match model() {
-        Ok(m) => m,
-        Err(e) => {
-            out.errors.push(format!("efficiency model: {e}"));
-            return (out, None);
-        }
+    let Some(mut model) = out.keep("efficiency model", model()) else {
+        return (out, None);
     };
     let mut probe = Probe {
         model: &mut model,
@@ -221,16 +215,9 @@ pub fn run(
     tick();
     let prefill_eff = probe.prefill();
     tick();
-    let errors = &mut out.errors;
-    let profile = profile
-        .map_err(|e| errors.push(format!("scratch profile: {e}")))
-        .ok();
-    out.decode_eff = decode_eff
-        .map_err(|e| errors.push(format!("decode efficiency: {e}")))
-        .ok();
-    out.prefill_eff = prefill_eff
-        .map_err(|e| errors.push(format!("prefill efficiency: {e}")))
-        .ok();
+    let profile = out.keep("scratch profile", profile);
+    out.decode_eff = out.keep("decode efficiency", decode_eff);
+    out.prefill_eff = out.keep("prefill efficiency", prefill_eff);
     (out, profile)
 }
 

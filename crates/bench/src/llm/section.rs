@@ -7,8 +7,8 @@ use serde_json::json;
 use super::{LlmConfig, LlmRun};
 use crate::harness::Measurement;
 use crate::report::{
-    comparison_table, efficiency_check, goal, pct, table, within_static, Column, RunInfo, Section,
-    TargetCheck, CACHING,
+    comparison_table, efficiency_check, find, goal, pct, table, within_static, Column, RunInfo,
+    Section, TargetCheck, CACHING,
 };
 use llm::scratch_profile::ScratchProfile;
 
@@ -41,16 +41,12 @@ pub(super) fn section(
     ready_s: f64,
 ) -> Section {
     let cfg = s.cfg;
+    let rate = |m: &Measurement| format!("{:.1}", tok_s(cfg, m));
+    let temp = |m: &Measurement| format!("{:.0}", m.temp_bytes_per_call.unwrap_or(0.0));
     let comparison = comparison_table(
         &r.rows,
-        &[Column {
-            header: "tok/s",
-            cell: &|m| format!("{:.1}", tok_s(cfg, m)),
-        }],
-        &[Column {
-            header: "temp B/token",
-            cell: &|m| format!("{:.0}", m.temp_bytes_per_call.unwrap_or(0.0)),
-        }],
+        &[Column::new("tok/s", &rate)],
+        &[Column::new("temp B/token", &temp)],
     );
     let headline = headline(&r.rows);
     let mut blocks = vec![
@@ -127,34 +123,24 @@ pub(super) fn section(
 fn efficiency_table(r: &LlmRun, prompt_tokens: usize) -> Table {
     let decode = r.decode_eff.as_ref().map(|d| {
         let mib = d.weight_bytes as f64 / (1 << 20) as f64;
-        let [best, median] = d.ratios.percent();
-        vec![
+        let cells = vec![
             "decode".into(),
             format!("{:.2} GB/s of weights ({mib:.1} MiB/token)", d.decode_gbs),
             format!("streaming read {:.2} GB/s", d.stream_gbs),
-            best,
-            median,
-        ]
+        ];
+        (cells, d.ratios)
     });
     let prefill = r.prefill_eff.as_ref().map(|p| {
         let (m, k, n) = p.sgemm_shape;
-        let [best, median] = p.ratios.percent();
-        vec![
+        let cells = vec![
             format!("prefill {prompt_tokens}"),
             format!("{:.1} GFLOP/s", p.prefill_gflops),
             format!("sgemm {m}x{k}x{n} {:.1} GFLOP/s", p.sgemm_gflops),
-            best,
-            median,
-        ]
+        ];
+        (cells, p.ratios)
     });
-    let header = [
-        "phase",
-        "model",
-        "baseline",
-        "ratio (best)",
-        "ratio (median)",
-    ];
-    table(&header, decode.into_iter().chain(prefill), header.len())
+    let header = ["phase", "model", "baseline"];
+    crate::report::efficiency_table(&header, decode.into_iter().chain(prefill), 5)
 }
 
 /// The scratch profile as a table: per phase and kernel name, the calls, the largest scratch
@@ -184,11 +170,7 @@ fn headline(rows: &[Measurement]) -> Vec<String> {
     let mut out = Vec::new();
     for phase in ["llm-decode", "llm-prefill"] {
         for rival in ["system", "fresh-pages", "exact-cache"] {
-            let x = rows
-                .iter()
-                .find(|m| m.workload == phase && m.source == rival)
-                .and_then(|r| r.x_caching);
-            if let Some(x) = x {
+            if let Some(x) = find(rows, phase, rival).and_then(|r| r.x_caching) {
                 out.push(format!(
                     "{phase}: {rival} takes {x:.3}x caching's time (median of step-by-step \
                      ratios)"

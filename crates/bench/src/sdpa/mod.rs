@@ -27,10 +27,9 @@ pub mod inputs;
 
 use serde_json::json;
 
-use crate::measure::Ratios;
 use crate::report::{
-    comparison_table, efficiency_check, goal, pct, table, within_static, RunInfo, Section,
-    TargetCheck, CACHING, CACHING_SCOPE,
+    comparison_table, efficiency_check, efficiency_table, goal, pct, within_static, RunInfo,
+    Section, TargetCheck, CACHING, CACHING_SCOPE,
 };
 use crate::source::{ScratchSource, ScratchWorker, SourceConfig, SourceKind};
 use crate::steps::{KernelRun, Steps};
@@ -290,14 +289,14 @@ pub fn run(
     source_config: &SourceConfig,
     tick: &dyn Fn(),
 ) -> SdpaRun {
-    let mut rows = Vec::new();
+    // What could not be measured (inputs that could not be made, efficiency figures) goes
+    // into its errors.
+    let mut out = SdpaRun::default();
     let sources: Vec<Box<dyn ScratchSource>> =
         kinds.iter().map(|k| (k.build)(source_config)).collect();
     let workers: Vec<Box<dyn ScratchWorker + '_>> = sources.iter().map(|s| s.worker()).collect();
     let counters = |i: usize| sources[i].counters().plus(workers[i].counters());
     let p = Params::default();
-    // What could not be measured: inputs that could not be made, efficiency figures.
-    let mut errors = Vec::new();
 
     // `times` attention calls on source `i`, each followed by a reset, as ExecuTorch's
     // runtime drives its temp allocator.
@@ -326,12 +325,9 @@ pub fn run(
     };
     for &dt in &cfg.dtypes {
         for c in cfg.comparisons(dt) {
-            let mut inputs = match Inputs::new(dt, &c.cache, c.seed) {
-                Ok(inputs) => inputs,
-                Err(e) => {
-                    errors.push(format!("{} inputs: {e}", dt.name()));
-                    continue;
-                }
+            let inputs = Inputs::new(dt, &c.cache, c.seed);
+            let Some(mut inputs) = out.keep(format_args!("{} inputs", dt.name()), inputs) else {
+                continue;
             };
             let mut steps = Steps::new(kinds, &counters).with_budget(share());
             for i in 0..kinds.len() {
@@ -360,7 +356,8 @@ pub fn run(
                     .map(|s| s.iter().sum::<f64>() / s.len() as f64 * scale * 1e9)
                     .collect()
             };
-            rows.extend(steps.measurements(&c.label, c.unit, per_unit));
+            out.rows
+                .extend(steps.measurements(&c.label, c.unit, per_unit));
         }
     }
     drop(workers);
@@ -373,8 +370,6 @@ pub fn run(
         source_config.caching_cap,
     )
     .allocator();
-    let mut dec = Vec::new();
-    let mut pre = Vec::new();
     for &dt in &cfg.dtypes {
         let probe = baseline::Probe {
             cfg,
@@ -382,29 +377,19 @@ pub fn run(
             temp: &w,
         };
         for &kv in &cfg.eff_decode_kvs {
-            match baseline::decode_efficiency(&probe, kv) {
-                Ok(e) => dec.push(e),
-                Err(e) => errors.push(format!("{} decode efficiency at kv {kv}: {e}", dt.name())),
-            }
+            let what = format_args!("{} decode efficiency at kv {kv}", dt.name());
+            let e = out.keep(what, baseline::decode_efficiency(&probe, kv));
+            out.decode_eff.extend(e);
             tick();
         }
         for &(len, _) in &cfg.prefill {
-            match baseline::prefill_efficiency(&probe, len) {
-                Ok(e) => pre.push(e),
-                Err(e) => errors.push(format!(
-                    "{} prefill efficiency at {len} tokens: {e}",
-                    dt.name()
-                )),
-            }
+            let what = format_args!("{} prefill efficiency at {len} tokens", dt.name());
+            let e = out.keep(what, baseline::prefill_efficiency(&probe, len));
+            out.prefill_eff.extend(e);
             tick();
         }
     }
-    SdpaRun {
-        rows,
-        decode_eff: dec,
-        prefill_eff: pre,
-        errors,
-    }
+    out
 }
 
 /// Runs `allocbench sdpa` on `kinds` in this process and reports it as a [`Section`].
@@ -450,31 +435,45 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
     }
     // An efficiency table: the dtype, the call's size (KV length, tokens) and count (layer
     // caches, calls per round), time per call, the baseline's and the kernel's rates, ratios.
-    let eff = |header: [&str; 5], rows: Vec<(SdpaDtype, [String; 5], Ratios)>| {
-        let mut h = vec!["dtype"];
-        h.extend(header);
-        h.extend(["ratio (best)", "ratio (median)"]);
-        let rows = rows.into_iter().map(|(dtype, cells, ratios)| {
-            let mut row = vec![dtype.name().to_string()];
-            row.extend(cells);
-            row.extend(ratios.percent());
-            row
-        });
-        table(&h, rows, 1)
-    };
     let rate = |x: f64| format!("{x:.1}");
     let decode = r.decode_eff.iter().map(|e| {
-        let ms = format!("{:.3}", e.ms_per_call);
-        let (kv, layers) = (e.kv_len.to_string(), e.layers.to_string());
-        let cells = [kv, layers, ms, rate(e.stream_gbs), rate(e.kernel_gbs)];
-        (e.dtype, cells, e.ratios)
+        let (kv, layers, ms) = (e.kv_len, e.layers, format!("{:.3}", e.ms_per_call));
+        let cells = [
+            e.dtype.name().into(),
+            kv.to_string(),
+            layers.to_string(),
+            ms,
+        ];
+        let rates = [rate(e.stream_gbs), rate(e.kernel_gbs)];
+        (cells.into_iter().chain(rates).collect(), e.ratios)
     });
     let prefill = r.prefill_eff.iter().map(|e| {
-        let ms = format!("{:.2}", e.ms_per_call);
-        let (len, calls) = (e.len.to_string(), e.calls.to_string());
-        let cells = [len, calls, ms, rate(e.sgemm_gflops), rate(e.kernel_gflops)];
-        (e.dtype, cells, e.ratios)
+        let (len, calls, ms) = (e.len, e.calls, format!("{:.2}", e.ms_per_call));
+        let cells = [
+            e.dtype.name().into(),
+            len.to_string(),
+            calls.to_string(),
+            ms,
+        ];
+        let rates = [rate(e.sgemm_gflops), rate(e.kernel_gflops)];
+        (cells.into_iter().chain(rates).collect(), e.ratios)
     });
+    let decode_header = [
+        "dtype",
+        "kv_len",
+        "layer caches",
+        "ms/call",
+        "stream GB/s",
+        "K/V GB/s",
+    ];
+    let prefill_header = [
+        "dtype",
+        "tokens",
+        "calls/round",
+        "ms/call",
+        "sgemm GFLOP/s",
+        "kernel GFLOP/s",
+    ];
     let mut blocks = vec![
         head,
         format!(
@@ -489,33 +488,15 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
             "Decode efficiency (q_len 1, layer caches cycled so K/V come from DRAM; GB/s of K \
              and V read) vs a streaming read on {} threads:\n\n{}",
             info.threads,
-            eff(
-                [
-                    "kv_len",
-                    "layer caches",
-                    "ms/call",
-                    "stream GB/s",
-                    "K/V GB/s"
-                ],
-                decode.collect()
-            )
+            efficiency_table(&decode_header, decode, 1)
+        ),
+        format!(
+            "Prefill efficiency (causal, start_pos 0; FLOPs = 4 * head_dim per visible pair) vs \
+             matrixmultiply sgemm (best of the shapes {:?}):\n\n{}",
+            c.eff_sgemm_shapes,
+            efficiency_table(&prefill_header, prefill, 1)
         ),
     ];
-    blocks.push(format!(
-        "Prefill efficiency (causal, start_pos 0; FLOPs = 4 * head_dim per visible pair) vs \
-         matrixmultiply sgemm (best of the shapes {:?}):\n\n{}",
-        c.eff_sgemm_shapes,
-        eff(
-            [
-                "tokens",
-                "calls/round",
-                "ms/call",
-                "sgemm GFLOP/s",
-                "kernel GFLOP/s"
-            ],
-            prefill.collect()
-        )
-    ));
     blocks.extend(
         r.errors
             .iter()
