@@ -17,34 +17,21 @@ use core::sync::atomic::{AtomicU8, Ordering};
 use rayon::prelude::*;
 
 use crate::error::{LlmError, Result};
-use crate::matrix::Kernel;
+use crate::output::Output;
+use crate::row_kernel::Kernel;
 use crate::runtime::Scratch;
 use caching_allocator::TempAllocator;
 pub use kernel_simd::{available_levels, Level};
+use shared_out::SharedOut;
 
 pub(crate) mod row_jobs;
+mod shared_out;
 pub(crate) mod simd;
 #[cfg(test)]
 pub(crate) mod test_data;
 
 /// Rows of the weight matrix widened at a time per task by the prefill matmul.
 const NB: usize = 16;
-
-/// A `*mut f32` shared by tasks that write disjoint elements.
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: only used by `prefill` and `row_jobs::run`, whose tasks write disjoint elements
-// (distinct output columns or row chunks) of buffers that outlive the parallel section.
-unsafe impl Send for SharedOut {}
-// SAFETY: as above.
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    /// The pointer (a method, so closures capture the `Send` wrapper, not the raw field).
-    fn ptr(self) -> *mut f32 {
-        self.0
-    }
-}
 
 /// The process-wide cap of [`set_max_level`], as a rank (`u8::MAX`: none).
 static MAX_RANK: AtomicU8 = AtomicU8::new(u8::MAX);
@@ -60,26 +47,6 @@ pub fn set_max_level(cap: Option<Level>) {
 /// the feature detection).
 pub fn isa() -> Level {
     kernel_simd::best_within(kernel_simd::env_cap().min(MAX_RANK.load(Ordering::Relaxed)))
-}
-
-/// How a kernel's result meets its output buffer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Output {
-    /// `out = result`.
-    Overwrite,
-    /// `out += result` (a residual add fused into the kernel).
-    AddTo,
-}
-
-impl Output {
-    /// `v` written over, or added to, `out`.
-    #[inline(always)]
-    pub fn apply(self, out: f32, v: f32) -> f32 {
-        match self {
-            Output::Overwrite => v,
-            Output::AddTo => out + v,
-        }
-    }
 }
 
 /// Checks the buffers of a linear layer of `[m, n, k]` (rows of `x`, outputs, inputs): `x`

@@ -12,7 +12,6 @@
 //! - Prefill (more rows): the blocked matmul of [`crate::kernels`], each task widening or
 //!   dequantizing a block of weight rows into its scratch.
 
-use std::ops::Range;
 use std::path::Path;
 
 use caching_allocator::TempAllocator;
@@ -21,13 +20,13 @@ use crate::error::{LlmError, Result};
 use crate::kernels::row_jobs::{self, RowJob, MAX_CHUNK};
 use crate::kernels::simd::{self as dense, deinterleave, pair_block, Rows};
 use crate::kernels::{self, check_buffers, Gemm, Level};
-use crate::quant::{QTensor, QK};
-use crate::quant_groups::GROUP;
+use crate::output::Output;
+use crate::quant::QTensor;
+use crate::quant_format::QK;
 use crate::quant_simd::{self, Activation, Groups};
+use crate::row_kernel::Kernel;
 use crate::runtime::Scratch;
 use crate::safetensors::{Tensor, TensorData};
-
-pub use crate::kernels::Output;
 
 /// A `[rows, cols]` weight matrix (HF `[out, in]` orientation).
 #[derive(Clone, Debug)]
@@ -142,76 +141,6 @@ impl Matrix {
             }
         }
         Ok(())
-    }
-}
-
-/// How a matrix's rows are read: the choice of row kernel, made once per matrix.
-#[derive(Clone, Copy)]
-pub(crate) enum Kernel<'w> {
-    /// f32, bf16 or f16 rows, widened in registers.
-    Dense(Rows<'w>),
-    /// Groups of 16 quantized rows ([`crate::quant_groups`]), dequantized in registers.
-    Quant(&'w QTensor),
-}
-
-impl Kernel<'_> {
-    /// Elements of the matrix.
-    fn len(self) -> usize {
-        match self {
-            Kernel::Dense(Rows::F32(d)) => d.len(),
-            Kernel::Dense(Rows::Bf16(d) | Rows::F16(d)) => d.len(),
-            Kernel::Quant(q) => q.rows() * q.cols(),
-        }
-    }
-
-    /// Whether [`Kernel::f32_rows`] widens into its buffer (so the prefill matmul takes a
-    /// scratch block per task) rather than borrowing f32 weights.
-    pub(crate) fn widens(self) -> bool {
-        !matches!(self, Kernel::Dense(Rows::F32(_)))
-    }
-
-    /// Rows `rows` (`k` floats each) as f32: borrowed from f32 weights, or widened (exactly
-    /// dequantized) into `buf`, which holds `rows.len() * k` floats when
-    /// [`Kernel::widens`].
-    pub(crate) fn f32_rows<'b>(
-        self,
-        level: Level,
-        rows: Range<usize>,
-        k: usize,
-        buf: &'b mut [f32],
-    ) -> &'b [f32]
-    where
-        Self: 'b,
-    {
-        let span = rows.start * k..rows.end * k;
-        if let Kernel::Dense(Rows::F32(d)) = self {
-            return &d[span];
-        }
-        let buf = &mut buf[..rows.len() * k];
-        match self {
-            Kernel::Dense(Rows::Bf16(d)) => dense::widen::run(level, &d[span], true, buf),
-            Kernel::Dense(Rows::F16(d)) => dense::widen::run(level, &d[span], false, buf),
-            Kernel::Dense(Rows::F32(_)) => {}
-            Kernel::Quant(q) => {
-                q.groups()
-                    .dequantize_rows(level, q.qtype(), rows.start, rows.len(), buf)
-            }
-        }
-        buf
-    }
-
-    /// Whether the rows are bf16 (whose kernels read `x`'s pair blocks).
-    fn bf16(self) -> bool {
-        matches!(self, Kernel::Dense(Rows::Bf16(_)))
-    }
-
-    /// Rows per parallel task of a decode kernel over `n` rows: whole groups for quantized
-    /// rows.
-    fn chunk(self, n: usize) -> usize {
-        match self {
-            Kernel::Dense(_) => row_jobs::chunk(n, 8, 4),
-            Kernel::Quant(_) => row_jobs::chunk(n, 4, GROUP),
-        }
     }
 }
 
@@ -502,7 +431,7 @@ mod tests {
     use super::*;
     use crate::kernels::test_data::{close, data};
     use crate::model::caching_temp;
-    use crate::quant::{quantize_row, QType};
+    use crate::quant_format::{quantize_row, QType};
     use crate::runtime::Runtime;
     use crate::safetensors::DType;
     use crate::weights::random_tensor;

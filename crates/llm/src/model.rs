@@ -6,7 +6,8 @@ use std::sync::Arc;
 use caching_allocator::{CachingAllocator, Config, TempReset, DEFAULT_WORKING_SET_SLACK};
 
 use crate::error::{LlmError, Result};
-use crate::matrix::{Linear, Output};
+use crate::matrix::Linear;
+use crate::output::Output;
 use crate::runtime::{Runtime, TempUsage};
 use crate::sample::Sampler;
 use crate::weights::Weights;

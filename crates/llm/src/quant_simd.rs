@@ -9,10 +9,11 @@
 //! block, `d * (q . x) + m * sum(x)` (Q4_1), `d * (q . x - 8 sum(x))` (Q4_0) or `d * (q . x)`
 //! (Q8_0) is added to the rows' accumulators; the sums of `x` per block come from scratch.
 
-use kernel_simd::{load_nibbles, Simd};
+use kernel_simd::Simd;
 
-use crate::kernels::Output;
-use crate::quant::{f16_at, QTensor, QType, QK};
+use crate::output::Output;
+use crate::quant::QTensor;
+use crate::quant_format::{QType, QK};
 use crate::quant_groups::{group_block_bytes, scale_bytes, GROUP};
 
 /// The largest number of vectors a group spans (portable and NEON: 4 lanes).
@@ -209,61 +210,7 @@ fn swiglu_body<S: Simd>(s: S, gate: Groups<'_>, up: Groups<'_>, x: Activation<'_
     }
 }
 
-/// `blocks` (whole file blocks of `t`, in the file's layout) dequantized, block `i` into
-/// `out[i * stride ..][..32]`, exactly as [`crate::quant::dequantize_block`] defines the
-/// format (a product and a sum per weight, rounded as the definition rounds them). Does
-/// nothing if `out` cannot hold them (the callers size it).
-#[inline(always)]
-fn widen_blocks_body<S: Simd>(s: S, t: QType, blocks: &[u8], out: &mut [f32], stride: usize) {
-    let (l, bb) = (S::LANES, t.block_bytes());
-    let n = blocks.len() / bb;
-    if n == 0 || l > QK / 2 || out.len() < (n - 1) * stride + QK {
-        return;
-    }
-    for (i, blk) in blocks.chunks_exact(bb).enumerate() {
-        let o = &mut out[i * stride..][..QK];
-        let d = s.splat(f16_at(blk, 0));
-        let (o, q) = (o.as_mut_ptr(), blk.as_ptr());
-        match t {
-            QType::Q4_0 | QType::Q4_1 => {
-                let q4_1 = t == QType::Q4_1;
-                let (q0, m) = if q4_1 { (4, f16_at(blk, 2)) } else { (2, 0.0) };
-                let (m, off) = (s.splat(m), s.splat_i32(if q4_1 { 0 } else { 8 }));
-                // `q * d + m` as two roundings, as the definition computes it.
-                let w = |q| {
-                    let w = s.mul(s.i32_to_f32(s.sub_i32(q, off)), d);
-                    if q4_1 {
-                        s.add(w, m)
-                    } else {
-                        w
-                    }
-                };
-                for c in (0..QK / 2).step_by(l) {
-                    // SAFETY: `blk` has `q0 + 16` bytes and `c + l <= 16`; `o` has 32
-                    // floats and `16 + c + l <= 32`.
-                    unsafe {
-                        let (lo, hi) = load_nibbles(s, q.add(q0 + c));
-                        s.store(o.add(c), w(lo));
-                        s.store(o.add(16 + c), w(hi));
-                    }
-                }
-            }
-            QType::Q8_0 => {
-                for c in (0..QK).step_by(l) {
-                    // SAFETY: `blk` has `2 + 32` bytes and `c + l <= 32`; `o` has 32 floats.
-                    unsafe {
-                        let w = s.i32_to_f32(s.load_i8(q.add(2 + c).cast::<i8>()));
-                        s.store(o.add(c), s.mul(w, d));
-                    }
-                }
-            }
-        }
-    }
-}
-
 kernel_simd::instantiate! {
-    /// Whole file blocks dequantized into rows of a stride (prefill's widening).
-    pub fn widen_blocks(t: QType, blocks: &[u8], out: &mut [f32], stride: usize) = widen_blocks_body;
     /// The decode matvec over a run of groups.
     pub fn matvec(w: Groups<'_>, x: Activation<'_>, o: &mut [f32], output: Output) = matvec_body;
     /// The decode MLP's gate/up matvecs and SwiGLU over a run of groups.
@@ -275,7 +222,7 @@ mod tests {
     use super::*;
     use crate::kernels::check_row_kernels;
     use crate::kernels::test_data::data;
-    use crate::quant::quantize_row;
+    use crate::quant_format::quantize_row;
     use kernel_simd::available_levels;
 
     /// Every level's group matvec and SwiGLU, in every format, against f64 dot products of

@@ -11,8 +11,10 @@ use std::sync::Arc;
 use common::gguf::{self as g, Writer};
 use common::{prompt, rel_err, Reference, Spec, TempDir};
 use llm::gguf::{GgufFile, Value};
-use llm::matrix::{Linear, Matrix, Output};
-use llm::quant::{QTensor, QType};
+use llm::matrix::{Linear, Matrix};
+use llm::output::Output;
+use llm::quant::QTensor;
+use llm::quant_format::QType;
 use llm::runtime::Runtime;
 use llm::{caching_temp, Llama, ModelOptions, Module, Weights};
 

@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use super::SharedOut;
+use super::shared_out::SharedOut;
 
 /// One output of a parallel decode section: `rows(task, r0, chunk)` fills every chunk of
 /// `chunk` rows of `out`.

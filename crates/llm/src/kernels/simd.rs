@@ -4,7 +4,7 @@
 
 use kernel_simd::{bf16_to_f32, f16_to_f32, Level, Simd};
 
-use super::Output;
+use crate::output::Output;
 
 /// One weight matrix's rows (`[n, k]` row-major) as a row kernel reads them.
 #[derive(Clone, Copy)]

@@ -8,7 +8,8 @@ use caching_allocator::TempReset;
 
 use crate::error::{LlmError, Result};
 use crate::kernels::{self, Heads};
-use crate::matrix::{Job, Linear, Output};
+use crate::matrix::{Job, Linear};
+use crate::output::Output;
 use crate::runtime::Runtime;
 use crate::weights::LayerWeights;
 use crate::LlamaConfig;
