@@ -177,7 +177,7 @@ fn fmt_ratio(x: Option<f64>) -> String {
 }
 
 /// The comparison table every benchmark prints, as Markdown: workload, source, the `lead`
-/// columns, the [`STANDARD`] ones (median per unit, min, max, x static, x caching, faults,
+/// columns, the standard ones (median per unit, min, max, x static, x caching, faults,
 /// system allocations, peak RSS growth, peak held/live), the `trail` columns. A failed
 /// measurement gets its error.
 pub fn comparison_table(ms: &[Measurement], lead: &[Column<'_>], trail: &[Column<'_>]) -> Table {
