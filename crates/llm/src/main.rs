@@ -34,7 +34,8 @@ enum Command {
         #[arg(long, value_name = "FILE.gguf|DIR")]
         model: PathBuf,
         /// Write the kernels' scratch profile (per phase and kernel: calls, largest call,
-        /// total, per token) to this JSON file, and print it as a table on stderr.
+        /// total, per token, and wall time) to this JSON file, and print it as a table on
+        /// stderr.
         #[arg(long, value_name = "FILE.json")]
         scratch_profile: Option<PathBuf>,
         /// Treat the prompt as one user message of a chat: render the model's chat template
@@ -122,9 +123,18 @@ fn write_profile(
     })?;
     eprintln!("scratch profile ({}):", path.display());
     eprintln!(
-        "{:<8} {:<14} {:>8} {:>14} {:>16}",
-        "phase", "kernel", "calls", "max call B", "per token B"
+        "{:<8} {:<14} {:>8} {:>14} {:>16} {:>12} {:>7}",
+        "phase", "kernel", "calls", "max call B", "per token B", "per token us", "time %"
     );
+    // A kernel's share of its phase's kernel time (the rest of a step, sampling and the
+    // embedding lookup, is outside every kernel).
+    let phase_nanos = |phase: &str| -> u64 {
+        p.entries()
+            .iter()
+            .filter(|e| e.phase == phase)
+            .map(|e| e.total_nanos)
+            .sum()
+    };
     for e in p.entries() {
         let tokens = if e.phase == "decode" {
             st.decode_steps
@@ -132,12 +142,14 @@ fn write_profile(
             st.prompt_tokens
         };
         eprintln!(
-            "{:<8} {:<14} {:>8} {:>14} {:>16.0}",
+            "{:<8} {:<14} {:>8} {:>14} {:>16.0} {:>12.1} {:>6.1}%",
             e.phase,
             e.kernel,
             e.calls,
             e.max_call_bytes,
-            e.total_bytes as f64 / tokens.max(1) as f64
+            e.total_bytes as f64 / tokens.max(1) as f64,
+            e.total_nanos as f64 / 1e3 / tokens.max(1) as f64,
+            100.0 * e.total_nanos as f64 / phase_nanos(e.phase).max(1) as f64
         );
     }
     Ok(())

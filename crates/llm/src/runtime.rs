@@ -79,12 +79,16 @@ impl<A: TempReset> Runtime<A> {
             allocations: Cell::new(0),
             bytes: Cell::new(0),
         };
+        // Timed only while profiling: a clock read is not free on every VM.
+        let start = self.profile.as_ref().map(|_| std::time::Instant::now());
         let r = f(&scratch);
         self.usage.kernel_calls += 1;
         self.usage.allocations += scratch.allocations.get();
         self.usage.bytes += scratch.bytes.get();
         if let Some(p) = &mut self.profile {
-            p.record(self.phase, kernel, scratch.bytes.get());
+            let nanos = start.map_or(0, |t| t.elapsed().as_nanos());
+            let nanos = u64::try_from(nanos).unwrap_or(u64::MAX);
+            p.record(self.phase, kernel, scratch.bytes.get(), nanos);
         }
         // SAFETY: every block handed out since the last reset was handed out through a
         // `Scratch` borrowed for one `f` call only: slices from it carry the `'t` lifetime,

@@ -1,6 +1,7 @@
 //! The scratch profile: per phase (prefill, decode) and kernel name, how many calls ran, the
 //! most scratch one call took and the total: the per-kernel high-water marks an
-//! ahead-of-time memory planner needs.
+//! ahead-of-time memory planner needs. Each entry also carries the calls' wall time, so the
+//! same table says which kernels a token's time goes to.
 
 /// What one kernel name took from the temp allocator in one phase.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -15,6 +16,9 @@ pub struct KernelScratch {
     pub max_call_bytes: u64,
     /// Bytes requested over all calls.
     pub total_bytes: u64,
+    /// Wall time of all calls, in nanoseconds (the kernel and its parallel section, not the
+    /// reset after it).
+    pub total_nanos: u64,
 }
 
 /// Per-(phase, kernel) scratch counters. Recording allocates only the first time a (phase,
@@ -25,8 +29,8 @@ pub struct ScratchProfile {
 }
 
 impl ScratchProfile {
-    /// Adds one call of `kernel` in `phase` that requested `bytes`.
-    pub fn record(&mut self, phase: &'static str, kernel: &'static str, bytes: u64) {
+    /// Adds one call of `kernel` in `phase` that requested `bytes` and ran `nanos`.
+    pub fn record(&mut self, phase: &'static str, kernel: &'static str, bytes: u64, nanos: u64) {
         let i = match self
             .entries
             .iter()
@@ -46,6 +50,7 @@ impl ScratchProfile {
         e.calls += 1;
         e.max_call_bytes = e.max_call_bytes.max(bytes);
         e.total_bytes += bytes;
+        e.total_nanos += nanos;
     }
 
     /// Every (phase, kernel) seen, in first-seen order.
@@ -74,6 +79,8 @@ impl ScratchProfile {
                     "max_call_bytes": e.max_call_bytes,
                     "total_bytes": e.total_bytes,
                     "bytes_per_token": e.total_bytes as f64 / per(e.phase).max(1) as f64,
+                    "total_ms": e.total_nanos as f64 / 1e6,
+                    "us_per_token": e.total_nanos as f64 / 1e3 / per(e.phase).max(1) as f64,
                 })
             })
             .collect();

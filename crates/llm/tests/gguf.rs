@@ -424,8 +424,9 @@ fn chat_template_renders_user_message() {
     assert!(e.contains("chat template"), "{e}");
 }
 
-/// The scratch profile counts every kernel call per phase, with the largest call's bytes:
-/// the quantized decode matvecs take the block sums of x (4 bytes per 32 inputs).
+/// The scratch profile counts every kernel call per phase, with the largest call's bytes
+/// (the quantized decode matvecs take the block sums of x, 4 bytes per 32 inputs) and the
+/// calls' time.
 #[test]
 fn scratch_profile_counts_calls_and_high_water_marks() {
     let spec = tiny_spec(false, 4);
@@ -454,7 +455,20 @@ fn scratch_profile_counts_calls_and_high_water_marks() {
     let lin = get("prefill", "linear");
     assert_eq!(lin.calls, 7 * spec.layers as u64);
     assert!(lin.max_call_bytes >= (16 * spec.ffn * 4) as u64, "{lin:?}");
+    // Every kernel that ran was timed: a matvec takes more than a nanosecond.
+    assert!(
+        qkv.total_nanos > 0 && lin.total_nanos > 0,
+        "{qkv:?} {lin:?}"
+    );
     let j = prof.to_json(6, 3);
     assert_eq!(j["decode_tokens"], 3);
     assert!(j["kernels"].as_array().unwrap().len() >= 8);
+    let qkv_json = j["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["phase"] == "decode" && e["kernel"] == "linear_qkv")
+        .unwrap();
+    let us = qkv_json["us_per_token"].as_f64().unwrap();
+    assert_eq!(us, qkv.total_nanos as f64 / 1e3 / 3.0);
 }
