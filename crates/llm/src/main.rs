@@ -126,8 +126,8 @@ fn write_profile(
         "{:<8} {:<14} {:>8} {:>14} {:>16} {:>12} {:>7}",
         "phase", "kernel", "calls", "max call B", "per token B", "per token us", "time %"
     );
-    // A kernel's share of its phase's kernel time (the rest of a step, sampling and the
-    // embedding lookup, is outside every kernel).
+    // A kernel's share of the time of all kernel calls of its phase (what runs between the
+    // calls is in no share).
     let phase_nanos = |phase: &str| -> u64 {
         p.entries()
             .iter()
