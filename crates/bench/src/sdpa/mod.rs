@@ -435,28 +435,23 @@ pub fn section(cfg: &SdpaConfig, r: SdpaRun, info: &RunInfo) -> Section {
     }
     // An efficiency table: the dtype, the call's size (KV length, tokens) and count (layer
     // caches, calls per round), time per call, the baseline's and the kernel's rates, ratios.
-    let rate = |x: f64| format!("{x:.1}");
+    let row = |dtype: &str, size: usize, count: usize, ms: String, rates: [f64; 2], ratios| {
+        let cells = [dtype.into(), size.to_string(), count.to_string(), ms];
+        let rates = rates.map(|x| format!("{x:.1}"));
+        (
+            cells.into_iter().chain(rates).collect::<Vec<String>>(),
+            ratios,
+        )
+    };
     let decode = r.decode_eff.iter().map(|e| {
-        let (kv, layers, ms) = (e.kv_len, e.layers, format!("{:.3}", e.ms_per_call));
-        let cells = [
-            e.dtype.name().into(),
-            kv.to_string(),
-            layers.to_string(),
-            ms,
-        ];
-        let rates = [rate(e.stream_gbs), rate(e.kernel_gbs)];
-        (cells.into_iter().chain(rates).collect(), e.ratios)
+        let ms = format!("{:.3}", e.ms_per_call);
+        let rates = [e.stream_gbs, e.kernel_gbs];
+        row(e.dtype.name(), e.kv_len, e.layers, ms, rates, e.ratios)
     });
     let prefill = r.prefill_eff.iter().map(|e| {
-        let (len, calls, ms) = (e.len, e.calls, format!("{:.2}", e.ms_per_call));
-        let cells = [
-            e.dtype.name().into(),
-            len.to_string(),
-            calls.to_string(),
-            ms,
-        ];
-        let rates = [rate(e.sgemm_gflops), rate(e.kernel_gflops)];
-        (cells.into_iter().chain(rates).collect(), e.ratios)
+        let ms = format!("{:.2}", e.ms_per_call);
+        let rates = [e.sgemm_gflops, e.kernel_gflops];
+        row(e.dtype.name(), e.len, e.calls, ms, rates, e.ratios)
     });
     let decode_header = [
         "dtype",
