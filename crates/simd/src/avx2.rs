@@ -43,6 +43,53 @@ pub(crate) unsafe fn hsum8(a: &[__m256i; 8]) -> __m256i {
     }
 }
 
+/// [`Simd::dot_nibbles16_i8`] in two vectors, rows 0..8 and 8..16.
+///
+/// Each step reads two byte positions of the 16 rows (32 bytes), moves the 8-byte quarters
+/// so that each 128-bit half holds 8 rows, and interleaves them so each row's two bytes sit
+/// side by side: `vpmaddubsw` then multiplies a row's nibble pair by the pair of `x` values
+/// and adds them in one 16-bit lane (row `i` of the half). Four steps add at most
+/// `4 * 2 * 2 * 15 * 128 = 30720` to a lane, within i16; the lanes are then widened to i32.
+///
+/// # Safety
+/// The CPU has AVX2; `q` is readable for 256 bytes, `x` for 32.
+#[inline(always)]
+pub(crate) unsafe fn dot_nibbles16(q: *const u8, x: *const i8) -> [__m256i; 2] {
+    // SAFETY: AVX2 (caller); every load is inside the 256 bytes at `q` (`32 * 7 + 32`) or the
+    // 32 at `x` (`16 + 2 * 7 + 2`), unaligned loads.
+    unsafe {
+        let pairs = _mm256_setr_epi8(
+            0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, //
+            0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15,
+        );
+        let mask = _mm256_set1_epi8(15);
+        let mut rows = [_mm256_setzero_si256(); 2];
+        for half in 0..2 {
+            let mut acc = _mm256_setzero_si256();
+            for step in 0..4 {
+                let jp = 2 * (4 * half + step);
+                // Quarters: rows 0..8 and 8..16 at `jp`, the same at `jp + 1`; reordered to
+                // (0..8 at jp, 0..8 at jp + 1 | 8..16 at jp, 8..16 at jp + 1).
+                let v = _mm256_loadu_si256(q.add(16 * jp).cast());
+                let v = _mm256_shuffle_epi8(_mm256_permute4x64_epi64::<0b11_01_10_00>(v), pairs);
+                let lo = _mm256_and_si256(v, mask);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
+                let xl = _mm256_set1_epi16(x.add(jp).cast::<i16>().read_unaligned());
+                let xh = _mm256_set1_epi16(x.add(jp + 16).cast::<i16>().read_unaligned());
+                let both =
+                    _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
+                acc = _mm256_add_epi16(acc, both);
+            }
+            rows[0] = _mm256_add_epi32(rows[0], _mm256_cvtepi16_epi32(_mm256_castsi256_si128(acc)));
+            rows[1] = _mm256_add_epi32(
+                rows[1],
+                _mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(acc)),
+            );
+        }
+        rows
+    }
+}
+
 // SAFETY: a value of `Avx2` exists only when `Level::Avx2.is_available()` (or its caller
 // promised so); every primitive uses only AVX2, FMA, F16C and their predecessors.
 unsafe impl Simd for Avx2 {
@@ -143,5 +190,12 @@ unsafe impl Simd for Avx2 {
     fn madd_rows_order(self, acc: [__m256i; 2]) -> [__m256i; 2] {
         // The 128-bit unpacks keep column order: columns 0..8, then 8..16.
         acc
+    }
+    #[inline(always)]
+    unsafe fn dot_nibbles16_i8(self, q: *const u8, x: *const i8) -> [__m256i; 4] {
+        // SAFETY: the features (token); 256 readable bytes at `q`, 32 at `x` (caller).
+        let [a, b] = unsafe { dot_nibbles16(q, x) };
+        let z = self.splat_i32(0);
+        [a, b, z, z]
     }
 }

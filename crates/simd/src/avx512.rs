@@ -191,4 +191,19 @@ unsafe impl Simd for Avx512 {
             _mm512_shuffle_i64x2::<0xEE>(acc[0], acc[1]),
         ])
     }
+    #[inline(always)]
+    unsafe fn dot_nibbles16_i8(self, q: *const u8, x: *const i8) -> [__m512i; 4] {
+        // SAFETY: the features (token; AVX-512 comes with AVX2); 256 readable bytes at `q`,
+        // 32 at `x` (caller). 16 rows fill one vector: the 256-bit halves are joined.
+        unsafe {
+            let [a, b] = crate::avx2::dot_nibbles16(q, x);
+            let z = _mm512_setzero_si512();
+            [
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b),
+                z,
+                z,
+                z,
+            ]
+        }
+    }
 }

@@ -308,6 +308,45 @@ pub unsafe trait Simd: Copy + Send + Sync + 'static {
     /// Accumulators of [`Simd::madd_rows_i8`] in column order: lane `i` of the first vector
     /// is column `i`, of the second column `LANES + i`.
     fn madd_rows_order(self, acc: [Self::I32; 2]) -> [Self::I32; 2];
+
+    /// The integer dot products of 16 rows of 4-bit quants with 32 int8 values: one block of
+    /// a GGML Q4_0 / Q4_1 row group laid out byte position by byte position (`q[16 j + r]`
+    /// is byte `j` of row `r`; its low nibble is column `j`, its high nibble column `j + 16`).
+    /// Row `r` (lane `r % LANES` of vector `r / LANES`; vectors past `16 / LANES` are 0) is
+    ///
+    /// `sum over j < 16 of (q[16 j + r] & 15) * x[j] + (q[16 j + r] >> 4) * x[j + 16]`,
+    ///
+    /// exact for every input (at most `32 * 15 * 128` in magnitude). The SIMD levels sum byte
+    /// products in 16-bit lanes (x86's `vpmaddubsw`, NEON's `vmlal_s8`), four to eight
+    /// positions at a time, which cannot overflow.
+    ///
+    /// # Safety
+    /// `q` is readable for 256 bytes, `x` for 32.
+    #[inline(always)]
+    unsafe fn dot_nibbles16_i8(self, q: *const u8, x: *const i8) -> [Self::I32; 4] {
+        // SAFETY: 256 readable bytes at `q`, 32 at `x` (caller); any alignment.
+        let (q, x) = unsafe {
+            (
+                q.cast::<[u8; 256]>().read_unaligned(),
+                x.cast::<[i8; 32]>().read_unaligned(),
+            )
+        };
+        let mut rows = [0i32; 64];
+        for (j, qj) in q.chunks_exact(16).enumerate() {
+            let (xl, xh) = (i32::from(x[j]), i32::from(x[j + 16]));
+            for (row, &b) in rows.iter_mut().zip(qj) {
+                *row += i32::from(b & 15) * xl + i32::from(b >> 4) * xh;
+            }
+        }
+        core::array::from_fn(|v| {
+            if v * Self::LANES < 16 {
+                // SAFETY: `v * LANES < 16` and LANES <= 16: inside the 64 i32 of `rows`.
+                unsafe { self.load_i32(rows.as_ptr().add(v * Self::LANES)) }
+            } else {
+                self.splat_i32(0)
+            }
+        })
+    }
 }
 
 /// [`Simd::reduce_sums_i32`] one vector at a time (its default, and the SIMD levels' for

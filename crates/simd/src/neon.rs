@@ -163,4 +163,31 @@ unsafe impl Simd for Neon {
         // Widened halves keep column order.
         acc
     }
+    #[inline(always)]
+    unsafe fn dot_nibbles16_i8(self, q: *const u8, x: *const i8) -> [int32x4_t; 4] {
+        // Byte products of 8 positions add at most 8 * 2 * 15 * 128 = 30720 to a 16-bit lane;
+        // then the lanes are widened into the rows' i32 sums.
+        feat!({
+            let mask = vdupq_n_u8(15);
+            let mut rows = [vdupq_n_s32(0); 4];
+            for half in 0..2 {
+                let (mut a, mut b) = (vdupq_n_s16(0), vdupq_n_s16(0)); // rows 0..8, 8..16
+                for j in 8 * half..8 * half + 8 {
+                    let v = vld1q_u8(q.add(16 * j));
+                    let lo = vreinterpretq_s8_u8(vandq_u8(v, mask));
+                    let hi = vreinterpretq_s8_u8(vshrq_n_u8::<4>(v));
+                    let (xl, xh) = (vdup_n_s8(*x.add(j)), vdup_n_s8(*x.add(j + 16)));
+                    a = vmlal_s8(a, vget_low_s8(lo), xl);
+                    b = vmlal_s8(b, vget_high_s8(lo), xl);
+                    a = vmlal_s8(a, vget_low_s8(hi), xh);
+                    b = vmlal_s8(b, vget_high_s8(hi), xh);
+                }
+                rows[0] = vaddw_s16(rows[0], vget_low_s16(a));
+                rows[1] = vaddw_high_s16(rows[1], a);
+                rows[2] = vaddw_s16(rows[2], vget_low_s16(b));
+                rows[3] = vaddw_high_s16(rows[3], b);
+            }
+            rows
+        })
+    }
 }

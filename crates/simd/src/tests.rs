@@ -319,6 +319,44 @@ fn check_madd_body<S: Simd>(s: S) {
     );
 }
 
+/// `dot_nibbles16_i8` against the definition, on mixed bytes and on the extremes (every
+/// nibble 15 against -128 and 127: the largest sums, which a 16-bit lane must not overflow).
+#[inline(always)]
+fn check_nibble_dots_body<S: Simd>(s: S) {
+    let mixed_q: Vec<u8> = (0..256u32).map(|i| (i * 167 + 13) as u8).collect();
+    let mixed_x: Vec<i8> = (0..32i32).map(|i| (i * 71 - 128) as u8 as i8).collect();
+    let cases = [
+        (mixed_q, mixed_x),
+        (vec![0xFF; 256], vec![-128; 32]),
+        (vec![0xFF; 256], vec![127; 32]),
+        (
+            (0..256u32).map(|i| (i % 16 * 17) as u8).collect(),
+            (0..32).map(|i| i - 16).collect(),
+        ),
+    ];
+    for (q, x) in cases {
+        let want: Vec<i32> = (0..16)
+            .map(|r| {
+                (0..16)
+                    .map(|j| {
+                        let b = q[16 * j + r];
+                        i32::from(b & 15) * i32::from(x[j])
+                            + i32::from(b >> 4) * i32::from(x[j + 16])
+                    })
+                    .sum()
+            })
+            .collect();
+        // SAFETY: `q` holds 256 bytes, `x` 32.
+        let v = unsafe { s.dot_nibbles16_i8(q.as_ptr(), x.as_ptr()) };
+        let got: Vec<i32> = v.iter().flat_map(|&v| lanes_i32(s, v)).collect();
+        assert_eq!(got[..16], want[..], "dot_nibbles16_i8 rows");
+        assert!(
+            got[16..].iter().all(|&g| g == 0),
+            "dot_nibbles16_i8: vectors past 16 rows"
+        );
+    }
+}
+
 #[inline(always)]
 fn dot_body<S: Simd>(s: S, a: &[f32], b: &[f32]) -> f32 {
     dot(s, a, b)
@@ -341,6 +379,8 @@ crate::instantiate! {
     fn check_int() = check_int_body;
     /// Integer dot-product primitives and the float helpers.
     fn check_madd() = check_madd_body;
+    /// The 4-bit group dot products.
+    fn check_nibble_dots() = check_nibble_dots_body;
     /// The dot product helper.
     fn dot_at(a: &[f32], b: &[f32]) -> f32 = dot_body;
 }
@@ -361,6 +401,7 @@ fn every_level_matches_scalar() {
         check_convert::run(level);
         check_int::run(level);
         check_madd::run(level);
+        check_nibble_dots::run(level);
     }
 }
 
