@@ -44,7 +44,7 @@
 //! config.vocab_size = 256;
 //! let weights = Arc::new(Weights::random(config, DType::BF16, 7)?);
 //! let temp = caching_temp(llm::DEFAULT_TEMP_CAP);
-//! let mut model = Llama::new(weights, temp, &ModelOptions { context: Some(64) })?;
+//! let mut model = Llama::new(weights, temp, &ModelOptions { context: Some(64), ..Default::default() })?;
 //! let logits = model.forward(&[1, 2, 3])?;
 //! assert_eq!(logits.len(), 256);
 //! let next = model.sample(&mut Sampler::greedy())?;
@@ -85,6 +85,6 @@ pub use config::LlamaConfig;
 pub use error::{LlmError, Result};
 pub use generate::{generate, GenerateOptions, GenerationStats, StopReason};
 pub use model::{caching_temp, Llama, ModelOptions, Module, DEFAULT_TEMP_CAP};
-pub use runtime::{TempRef, TempUsage};
+pub use runtime::{Activations, TempRef, TempUsage};
 pub use sample::Sampler;
 pub use weights::Weights;

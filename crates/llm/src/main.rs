@@ -11,8 +11,8 @@ use clap::{Parser, Subcommand};
 use llm::safetensors::DType;
 use llm::tokenizer::{TextStream, Tokenizer};
 use llm::{
-    caching_temp, generate, GenerateOptions, GenerationStats, Llama, LlmError, ModelOptions,
-    Module, Sampler, Weights,
+    caching_temp, generate, Activations, GenerateOptions, GenerationStats, Llama, LlmError,
+    ModelOptions, Module, Sampler, Weights,
 };
 
 /// A Llama-family CPU text generator whose kernels take their scratch from a caching temp
@@ -91,6 +91,11 @@ struct RunArgs {
     /// Cap of the caching temp allocator, in MiB (ExecuTorch's runner: 10).
     #[arg(long, default_value_t = 10)]
     temp_cap_mib: usize,
+    /// What the 4-bit decode matvecs multiply: `f32` (exact, the default) or `int8`
+    /// (opt-in and inexact: `x` quantized per block of 32, as llama.cpp does; greedy text may
+    /// differ from the exact model's).
+    #[arg(long, default_value = "f32")]
+    activations: Activations,
 }
 
 fn print_stats(st: &GenerationStats) {
@@ -246,6 +251,7 @@ fn run(cli: Cli) -> Result<(), LlmError> {
                 temp,
                 &ModelOptions {
                     context: run.context,
+                    activations: run.activations,
                 },
             )?;
             if scratch_profile.is_some() {
@@ -362,6 +368,7 @@ impl BenchRun {
             caching_temp(run.temp_cap_mib << 20),
             &ModelOptions {
                 context: Some(context),
+                activations: run.activations,
             },
         )?;
         let mut rng = llm::sample::Rng::new(run.seed ^ 0x5eed);
@@ -401,12 +408,13 @@ fn bench_model(model: &Path, prompt_tokens: usize, run: &RunArgs) -> Result<(), 
     print_stats(&st);
     let bound = 1.0 / stream_s;
     println!(
-        "{}: loaded in {:.2} s; {} rayon threads; prefill {:.1} tok/s, decode {:.2} tok/s, \
+        "{}: loaded in {:.2} s; {} rayon threads; {} activations; prefill {:.1} tok/s, decode {:.2} tok/s, \
          time to first token {:.1} ms; weight-streaming bound {:.1} tok/s ({:.1} MB in {:.2} ms, \
          {:.1} GB/s): decode at {:.0}% of it",
         model.display(),
         load_s,
         rayon::current_num_threads(),
+        run.activations.name(),
         st.prefill_tok_s(),
         st.decode_tok_s(),
         st.time_to_first_token_s * 1e3,

@@ -8,7 +8,9 @@
 //!   gate and up projections fused with SwiGLU ([`Linear::forward_swiglu`]). `x` is
 //!   prepared once per call for the kernels that read it: de-interleaved pair blocks for bf16
 //!   rows, sums per block of 32 for quantized rows (the Q4_1 minimum, Q4_0's offset of 8),
-//!   both in scratch. Activations are never quantized.
+//!   both in scratch. Activations stay f32 unless the runtime opts in to
+//!   [`Activations::Int8`] (inexact): then `x` is also quantized to int8 per block, in
+//!   scratch, for the 4-bit rows.
 //! - Prefill (more rows): the blocked matmul of [`crate::kernels`], each task widening or
 //!   dequantizing a block of weight rows into its scratch.
 
@@ -22,10 +24,10 @@ use crate::kernels::simd::{self as dense, deinterleave, pair_block, Rows};
 use crate::kernels::{self, check_buffers, Gemm, Level};
 use crate::output::Output;
 use crate::quant::QTensor;
-use crate::quant_format::QK;
-use crate::quant_simd::{self, Activation, Groups};
+use crate::quant_format::{QType, QK};
+use crate::quant_simd::{self, Activation, Groups, Int8X};
 use crate::row_kernel::Kernel;
-use crate::runtime::Scratch;
+use crate::runtime::{Activations, Scratch};
 use crate::safetensors::{Tensor, TensorData};
 
 /// A `[rows, cols]` weight matrix (HF `[out, in]` orientation).
@@ -157,6 +159,8 @@ struct DecodeX<'a> {
     pairs: &'a [f32],
     /// Sums of `x` per block of 32 (empty without quantized rows).
     sums: &'a [f32],
+    /// `x` quantized to int8, with [`Activations::Int8`] and 4-bit rows.
+    int8: Option<Int8X<'a>>,
 }
 
 impl<'a> DecodeX<'a> {
@@ -180,6 +184,7 @@ impl<'a> DecodeX<'a> {
             pair_level,
             pairs: &[],
             sums: &[],
+            int8: None,
         };
         if readers.iter().any(|k| k.bf16()) {
             let b = pair_block(pair_level);
@@ -194,6 +199,13 @@ impl<'a> DecodeX<'a> {
             }
             d.sums = sums;
         }
+        let four_bit = |k: &Kernel<'_>| matches!(k, Kernel::Quant(q) if matches!(q.qtype(), QType::Q4_0 | QType::Q4_1));
+        if s.activations() == Activations::Int8 && readers.iter().any(four_bit) {
+            let blocks = x.len() / QK;
+            let (q, scales, sums) = (s.i8s(blocks * QK)?, s.f32s(blocks)?, s.f32s(blocks)?);
+            Int8X::quantize(x, q, scales, sums);
+            d.int8 = Some(Int8X { q, scales, sums });
+        }
         Ok(d)
     }
 
@@ -202,6 +214,7 @@ impl<'a> DecodeX<'a> {
         Activation {
             x: self.x,
             sums: self.sums,
+            int8: self.int8,
         }
     }
 

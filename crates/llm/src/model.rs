@@ -8,7 +8,7 @@ use caching_allocator::{CachingAllocator, Config, TempReset, DEFAULT_WORKING_SET
 use crate::error::{LlmError, Result};
 use crate::matrix::Linear;
 use crate::output::Output;
-use crate::runtime::{Runtime, TempUsage};
+use crate::runtime::{Activations, Runtime, TempUsage};
 use crate::sample::Sampler;
 use crate::weights::Weights;
 use crate::LlamaConfig;
@@ -36,6 +36,9 @@ pub fn caching_temp(cap: usize) -> CachingAllocator {
 pub struct ModelOptions {
     /// KV-cache positions (the context); `None`: `min(max_position_embeddings, 4096)`.
     pub context: Option<usize>,
+    /// What the 4-bit decode matvecs multiply: f32 (exact, the default) or int8 (opt-in,
+    /// inexact; see [`Activations`]).
+    pub activations: Activations,
 }
 
 /// The constructor shape every model type shares (ExecuTorch's uniform `Module` constructors):
@@ -103,7 +106,11 @@ impl<A: TempReset> Module<A> for Llama<A> {
             pos: 0,
             bufs: Buffers::default(),
             last_logit_rows: 0,
-            rt: Runtime::new(temp),
+            rt: {
+                let mut rt = Runtime::new(temp);
+                rt.set_activations(options.activations);
+                rt
+            },
             w: weights,
         })
     }

@@ -122,6 +122,58 @@ unsafe fn group_dots<S: Simd>(
     out
 }
 
+/// [`group_dots`] of a 4-bit format against `x` quantized to int8 ([`Int8X`]): per block,
+/// the integer dots of the 16 rows ([`Simd::dot_nibbles16_i8`]) times the block's scale of
+/// `x`, then the format's scale and minimum (or offset) against the quantized block's sum,
+/// so each row meets one and the same quantized `x`. Q8_0 rows never come here.
+///
+/// # Safety
+/// As [`group_dots`]; `x8` is readable for `32 * blocks` bytes, `xscale` and `xsum` for
+/// `blocks` floats.
+#[inline(always)]
+unsafe fn group_dots_i8<S: Simd>(
+    s: S,
+    t: QType,
+    g: *const u8,
+    blocks: usize,
+    x8: *const i8,
+    xscale: *const f32,
+    xsum: *const f32,
+) -> [f32; GROUP] {
+    debug_assert!(t != QType::Q8_0, "Q8_0 rows take the f32 kernel");
+    let l = S::LANES;
+    let vecs = GROUP / l;
+    let (gbb, sb) = (group_block_bytes(t), scale_bytes(t));
+    let mut acc = [s.zero(); MAX_VECS];
+    for b in 0..blocks {
+        // SAFETY: block `b < blocks` of `g`: 256 bytes of quants after its scales; its 32
+        // bytes of `x8`, its scale and its sum (caller).
+        unsafe {
+            let gb = g.add(b * gbb);
+            prefetch_ahead(gb, gbb);
+            let dots = s.dot_nibbles16_i8(gb.add(sb), x8.add(b * QK));
+            let (dx, xs) = (s.splat(*xscale.add(b)), *xsum.add(b));
+            for (v, (dv, av)) in dots.iter().zip(acc.iter_mut()).enumerate().take(vecs) {
+                let qx = s.mul(s.i32_to_f32(*dv), dx);
+                let d = s.load_f16(gb.cast::<u16>().add(v * l));
+                *av = match t {
+                    QType::Q4_1 => {
+                        let m = s.load_f16(gb.add(2 * GROUP).cast::<u16>().add(v * l));
+                        s.fma(m, s.splat(xs), s.fma(d, qx, *av))
+                    }
+                    _ => s.fma(d, s.sub(qx, s.splat(8.0 * xs)), *av),
+                };
+            }
+        }
+    }
+    let mut out = [0f32; GROUP];
+    for (v, av) in acc.iter().enumerate().take(vecs) {
+        // SAFETY: `(v + 1) * LANES <= GROUP`: inside `out`.
+        unsafe { s.store(out.as_mut_ptr().add(v * l), *av) };
+    }
+    out
+}
+
 /// A run of groups of one quantized matrix, as the group kernels read it.
 #[derive(Clone, Copy)]
 pub struct Groups<'a> {
@@ -149,6 +201,11 @@ impl<'a> Groups<'a> {
         self.bytes.len() >= rows.div_ceil(GROUP) * self.blocks * group_block_bytes(self.qtype)
             && x.x.len() >= self.blocks * QK
             && x.sums.len() >= self.blocks
+            && x.int8.is_none_or(|i| {
+                i.q.len() >= self.blocks * QK
+                    && i.scales.len() >= self.blocks
+                    && i.sums.len() >= self.blocks
+            })
     }
 
     /// The dot products of group `g`'s 16 rows with `x` (which [`Groups::fit`] checked).
@@ -158,14 +215,19 @@ impl<'a> Groups<'a> {
         // SAFETY: the caller checked `fit` for rows past group `g`: the group, `x` and its
         // sums cover `blocks` blocks.
         unsafe {
-            group_dots(
-                s,
-                self.qtype,
-                self.bytes.as_ptr().add(g * group_bytes),
-                self.blocks,
-                x.x.as_ptr(),
-                x.sums.as_ptr(),
-            )
+            let g = self.bytes.as_ptr().add(g * group_bytes);
+            match x.int8 {
+                Some(i) if self.qtype != QType::Q8_0 => group_dots_i8(
+                    s,
+                    self.qtype,
+                    g,
+                    self.blocks,
+                    i.q.as_ptr(),
+                    i.scales.as_ptr(),
+                    i.sums.as_ptr(),
+                ),
+                _ => group_dots(s, self.qtype, g, self.blocks, x.x.as_ptr(), x.sums.as_ptr()),
+            }
         }
     }
 }
@@ -177,6 +239,45 @@ pub struct Activation<'a> {
     pub x: &'a [f32],
     /// `sum(x[32 b .. 32 b + 32])` for each block `b`.
     pub sums: &'a [f32],
+    /// `x` quantized to int8, when the 4-bit rows are to use it (an inexact, opt-in mode:
+    /// [`crate::Activations::Int8`]); Q8_0 rows read the f32 `x` either way.
+    pub int8: Option<Int8X<'a>>,
+}
+
+/// `x` quantized to int8 per block of 32: `x[i] ~ q[i] * scales[i / 32]`.
+#[derive(Clone, Copy)]
+pub struct Int8X<'a> {
+    /// The quantized values, 32 per block.
+    pub q: &'a [i8],
+    /// Each block's scale: its largest magnitude over 127 (0 for a block of zeros; NaN if
+    /// the block holds a NaN or an infinity).
+    pub scales: &'a [f32],
+    /// Each quantized block's sum, `scale * sum(q)` (the Q4_1 minimum's and the Q4_0
+    /// offset's factor).
+    pub sums: &'a [f32],
+}
+
+impl Int8X<'_> {
+    /// Quantizes `x` (whole blocks of 32; a tail is left alone) into `q`, `scales` and
+    /// `sums`: each block's values divided by its scale and rounded to the nearest integer,
+    /// so `|q| <= 127` and the error of each value is at most half its block's scale.
+    pub fn quantize(x: &[f32], q: &mut [i8], scales: &mut [f32], sums: &mut [f32]) {
+        let blocks = x.chunks_exact(QK).zip(q.chunks_exact_mut(QK));
+        for (((xb, qb), d), sum) in blocks.zip(scales.iter_mut()).zip(sums.iter_mut()) {
+            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            // A NaN or infinity makes the block's scale NaN, so every dot product over it is
+            // NaN, as in the f32 kernel, not a silently finite result.
+            let finite = xb.iter().all(|v| v.is_finite());
+            *d = if finite { amax / 127.0 } else { f32::NAN };
+            for (o, &v) in qb.iter_mut().zip(xb) {
+                // `|v * inv| <= 127` up to rounding; the clamp keeps NaN's cast (0) and any
+                // rounding excess inside i8.
+                *o = (v * inv).round().clamp(-127.0, 127.0) as i8;
+            }
+            *sum = *d * qb.iter().map(|&v| i32::from(v)).sum::<i32>() as f32;
+        }
+    }
 }
 
 /// `o[i] (+)= row i . x` for the rows of `w` (the last group may be partly used). Writes
@@ -251,7 +352,12 @@ mod tests {
                             .sum()
                     })
                     .collect();
-                let (wg, xa) = (Groups::of(&w, 0, rows), Activation { x: &x, sums: &xsum });
+                let wg = Groups::of(&w, 0, rows);
+                let xa = Activation {
+                    x: &x,
+                    sums: &xsum,
+                    int8: None,
+                };
                 for level in available_levels() {
                     check_row_kernels(
                         &want,
@@ -260,6 +366,97 @@ mod tests {
                         |o| swiglu::run(level, wg, wg, xa, o),
                     );
                 }
+            }
+        }
+    }
+
+    /// The int8-activation kernels (4-bit rows) on every level, against f64 dot products of
+    /// the exactly dequantized rows with the *quantized* `x` (`q * scale`): the integer sums
+    /// are exact, so only f32 rounding separates them. Q8_0 rows ignore the int8 `x`. And
+    /// the quantized `x` is within half a step of `x`.
+    #[test]
+    fn int8_group_kernels_match_f64_of_the_quantized_x() {
+        for t in [QType::Q4_0, QType::Q4_1, QType::Q8_0] {
+            for (rows, blocks) in [(1, 1), (16, 1), (21, 3), (33, 4)] {
+                let k = blocks * QK;
+                let wf = data(rows * k, (rows * 17 + blocks) as u32);
+                let bytes: Vec<u8> = wf
+                    .chunks_exact(k)
+                    .flat_map(|r| quantize_row(t, r))
+                    .collect();
+                let w = QTensor::from_bytes(t, rows, k, &bytes).unwrap();
+                let exact = w.to_f32();
+                let x = data(k, 7 + blocks as u32);
+                let xsum: Vec<f32> = x.chunks_exact(QK).map(|b| b.iter().sum()).collect();
+                let (mut q, mut scales) = (vec![0i8; k], vec![0f32; blocks]);
+                let mut sums = vec![0f32; blocks];
+                Int8X::quantize(&x, &mut q, &mut scales, &mut sums);
+                let xq: Vec<f64> = (0..k)
+                    .map(|i| f64::from(q[i]) * f64::from(scales[i / QK]))
+                    .collect();
+                for (i, (a, b)) in x.iter().zip(&xq).enumerate() {
+                    let half_step = 0.5 * f64::from(scales[i / QK]);
+                    assert!(
+                        (f64::from(*a) - b).abs() <= half_step * (1.0 + 1e-6),
+                        "x[{i}]"
+                    );
+                }
+                // Q8_0 rows read the f32 `x`; 4-bit rows the quantized one.
+                let x_used: Vec<f64> = match t {
+                    QType::Q8_0 => x.iter().map(|&v| f64::from(v)).collect(),
+                    _ => xq,
+                };
+                let want: Vec<f64> = exact
+                    .chunks_exact(k)
+                    .map(|r| r.iter().zip(&x_used).map(|(&a, b)| f64::from(a) * b).sum())
+                    .collect();
+                let wg = Groups::of(&w, 0, rows);
+                let int8 = Some(Int8X {
+                    q: &q,
+                    scales: &scales,
+                    sums: &sums,
+                });
+                let xa = Activation {
+                    x: &x,
+                    sums: &xsum,
+                    int8,
+                };
+                for level in available_levels() {
+                    check_row_kernels(
+                        &want,
+                        &format!("int8 {level} {t:?} rows {rows} blocks {blocks}"),
+                        |o| matvec::run(level, wg, xa, o, Output::AddTo),
+                        |o| swiglu::run(level, wg, wg, xa, o),
+                    );
+                }
+            }
+        }
+    }
+
+    /// A NaN or infinity in `x` makes the int8 kernel's rows NaN, not a finite guess.
+    #[test]
+    fn int8_activations_keep_non_finite_inputs_visible() {
+        let bytes = quantize_row(QType::Q4_1, &data(64, 3));
+        let w = QTensor::from_bytes(QType::Q4_1, 1, 64, &bytes).unwrap();
+        for bad in [f32::NAN, f32::INFINITY] {
+            let mut x = data(64, 4);
+            x[40] = bad;
+            let (mut q, mut scales, mut qsums) = (vec![0i8; 64], vec![0f32; 2], vec![0f32; 2]);
+            Int8X::quantize(&x, &mut q, &mut scales, &mut qsums);
+            let sums = [1.0, 1.0];
+            let xa = Activation {
+                x: &x,
+                sums: &sums,
+                int8: Some(Int8X {
+                    q: &q,
+                    scales: &scales,
+                    sums: &qsums,
+                }),
+            };
+            for level in available_levels() {
+                let mut o = [0f32; 1];
+                matvec::run(level, Groups::of(&w, 0, 1), xa, &mut o, Output::Overwrite);
+                assert!(o[0].is_nan(), "{level} {bad}");
             }
         }
     }
@@ -275,6 +472,7 @@ mod tests {
             let xa = Activation {
                 x: &x,
                 sums: &[0.0; 2],
+                int8: None,
             };
             matvec::run(level, Groups::of(&w, 0, 1), xa, &mut o, Output::Overwrite);
             assert!(o[0].is_nan(), "{level}");

@@ -22,10 +22,52 @@ pub struct TempUsage {
     pub bytes: u64,
 }
 
+/// What the decode matvecs of 4-bit (Q4_0 / Q4_1) weights multiply: the activations as they
+/// are, or quantized to int8.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Activations {
+    /// f32 activations (the default): every kernel computes the model's exact arithmetic up
+    /// to f32 rounding, so greedy output equals an f64 forward pass of the same weights.
+    #[default]
+    F32,
+    /// Opt-in and **inexact**: each decode matvec over 4-bit rows quantizes `x` to int8 per
+    /// block of 32 (scale: the block's largest magnitude over 127) and sums integer products,
+    /// as llama.cpp does. Fewer instructions per weight where the f32 kernel is compute-bound,
+    /// but each activation moves by up to half its block's step (1/254 of the block's
+    /// largest), so greedy text may leave the exact model's within a few tokens. Q8_0 rows
+    /// and the prefill matmul keep f32 activations.
+    Int8,
+}
+
+impl Activations {
+    /// The name the command line uses (`f32`, `int8`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Activations::F32 => "f32",
+            Activations::Int8 => "int8",
+        }
+    }
+}
+
+impl core::str::FromStr for Activations {
+    type Err = LlmError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "f32" => Ok(Activations::F32),
+            "int8" => Ok(Activations::Int8),
+            _ => Err(LlmError::InvalidArgument {
+                message: format!("activations {s:?}: use f32 (exact, the default) or int8"),
+            }),
+        }
+    }
+}
+
 /// Owns the temp allocator; runs kernels and resets the allocator after each.
 pub struct Runtime<A> {
     temp: A,
     usage: TempUsage,
+    activations: Activations,
     phase: &'static str,
     profile: Option<crate::scratch_profile::ScratchProfile>,
 }
@@ -36,9 +78,20 @@ impl<A: TempReset> Runtime<A> {
         Runtime {
             temp,
             usage: TempUsage::default(),
+            activations: Activations::F32,
             phase: "prefill",
             profile: None,
         }
+    }
+
+    /// What the kernels' 4-bit decode matvecs multiply from now on.
+    pub fn set_activations(&mut self, activations: Activations) {
+        self.activations = activations;
+    }
+
+    /// What the kernels' 4-bit decode matvecs multiply.
+    pub fn activations(&self) -> Activations {
+        self.activations
     }
 
     /// Names the phase the next kernel calls belong to (for the scratch profile).
@@ -76,6 +129,7 @@ impl<A: TempReset> Runtime<A> {
         let scratch = Scratch {
             temp: &self.temp,
             kernel,
+            activations: self.activations,
             allocations: Cell::new(0),
             bytes: Cell::new(0),
         };
@@ -103,6 +157,7 @@ impl<A: TempReset> Runtime<A> {
 pub struct Scratch<'t, A: ?Sized> {
     temp: &'t A,
     kernel: &'static str,
+    activations: Activations,
     allocations: Cell<u64>,
     bytes: Cell<u64>,
 }
@@ -154,6 +209,19 @@ impl<'t, A: TempAllocator + ?Sized> Scratch<'t, A> {
             core::ptr::write_bytes(p.as_ptr(), 0, bytes);
             Ok(core::slice::from_raw_parts_mut(p.as_ptr().cast::<f32>(), n))
         }
+    }
+
+    /// What the 4-bit decode matvecs multiply (the runtime's setting).
+    pub fn activations(&self) -> Activations {
+        self.activations
+    }
+
+    /// `n` zeroed `i8`s, valid until the kernel call ends.
+    pub fn i8s(&self, n: usize) -> Result<&'t mut [i8]> {
+        let f = self.f32s(n.div_ceil(4))?;
+        // SAFETY: the block holds `4 * f.len() >= n` zeroed bytes, aligned to 64, and every
+        // byte is a valid i8; the f32 view is consumed, so the memory has one user.
+        Ok(unsafe { core::slice::from_raw_parts_mut(f.as_mut_ptr().cast::<i8>(), n) })
     }
 
     /// `n` zeroed `u32`s, valid until the kernel call ends.

@@ -16,7 +16,7 @@ use llm::output::Output;
 use llm::quant::QTensor;
 use llm::quant_format::QType;
 use llm::runtime::Runtime;
-use llm::{caching_temp, Llama, ModelOptions, Module, Weights};
+use llm::{caching_temp, Activations, Llama, ModelOptions, Module, Weights};
 
 fn one_tensor_file(
     dir: &Path,
@@ -164,6 +164,46 @@ fn tiny_gguf_model_matches_reference() {
                 assert!(e < 1e-4, "{qt:?} tied={tied} decode step {step}: {e:e}");
             }
         }
+    }
+}
+
+/// The opt-in int8 activations ([`Activations::Int8`]): prefill keeps f32 activations (the
+/// reference's logits within 1e-4), decode over 4-bit rows moves away from the exact model by
+/// the quantization of `x` (visibly more than f32 rounding, so the mode is in use) but stays
+/// close to it.
+#[test]
+fn int8_activations_decode_near_the_exact_model() {
+    let dir = TempDir::new("gguf-int8");
+    for (i, qt) in [QType::Q4_0, QType::Q4_1].into_iter().enumerate() {
+        let spec = tiny_spec(true, 21 + i as u64);
+        let (w, ts) = g::tiny_model(&spec, Some(qt));
+        let p = dir.path().join(format!("m{i}.gguf"));
+        w.write(&p);
+        let weights = Arc::new(Weights::load(&p).unwrap());
+        let reference = Reference::new(&spec, &ts);
+        let opts = ModelOptions {
+            activations: Activations::Int8,
+            ..Default::default()
+        };
+        let mut m = Llama::new(weights, caching_temp(1 << 20), &opts).unwrap();
+        let mut tokens = prompt(spec.vocab, 12, 60 + i as u64);
+        let v = spec.vocab;
+        let got = m.forward_all(&tokens).unwrap().to_vec();
+        let e = rel_err(&got[11 * v..], reference.logits(&tokens).last().unwrap());
+        assert!(e < 1e-4, "{qt:?} prefill: {e:e}");
+        let mut worst = 0f64;
+        for (step, &t) in prompt(spec.vocab, 6, 91).iter().enumerate() {
+            tokens.push(t);
+            let got = m.forward(&[t]).unwrap().to_vec();
+            let e = rel_err(&got, reference.logits(&tokens).last().unwrap());
+            assert!(e < 3e-2, "{qt:?} decode step {step}: {e:e}");
+            worst = worst.max(e);
+        }
+        println!("{qt:?}: int8 decode's largest relative error {worst:e}");
+        assert!(
+            worst > 1e-4,
+            "{qt:?}: decode as exact as f32 ({worst:e}): int8 not in use?"
+        );
     }
 }
 

@@ -11,7 +11,10 @@ use std::sync::Arc;
 use caching_allocator::CachingAllocator;
 use llm::gguf::GgufFile;
 use llm::tokenizer::Tokenizer;
-use llm::{caching_temp, generate, GenerateOptions, Llama, ModelOptions, Module, Sampler, Weights};
+use llm::{
+    caching_temp, generate, Activations, GenerateOptions, Llama, ModelOptions, Module, Sampler,
+    Weights,
+};
 
 fn model_path() -> Option<PathBuf> {
     let p = match std::env::var_os("LLM_GGUF_MODEL") {
@@ -46,8 +49,18 @@ fn open_weights() -> Option<(GgufFile, Arc<Weights>, Tokenizer)> {
 
 /// A model on `w` with room for `context` positions.
 fn model_on(w: &Arc<Weights>, context: usize) -> Llama<CachingAllocator> {
+    model_with(w, context, Activations::F32)
+}
+
+/// [`model_on`] with the given activations.
+fn model_with(
+    w: &Arc<Weights>,
+    context: usize,
+    activations: Activations,
+) -> Llama<CachingAllocator> {
     let opts = ModelOptions {
         context: Some(context),
+        activations,
     };
     Llama::new(w.clone(), caching_temp(10 << 20), &opts).unwrap()
 }
@@ -99,7 +112,11 @@ fn capital_of_france(w: &Arc<Weights>, t: &Tokenizer, n: usize) -> (Vec<u32>, Ve
 }
 
 fn greedy(w: &Arc<Weights>, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut m = model_on(w, 256);
+    greedy_with(w, prompt, n, Activations::F32)
+}
+
+fn greedy_with(w: &Arc<Weights>, prompt: &[u32], n: usize, a: Activations) -> Vec<u32> {
+    let mut m = model_with(w, 256, a);
     let mut out = Vec::new();
     let opts = GenerateOptions {
         max_new_tokens: n,
@@ -155,6 +172,20 @@ fn greedy_is_coherent_stable_and_kv_decode_equals_recompute() {
             seq.len()
         );
     }
+}
+
+/// The opt-in int8 activations are inexact but still the model: the capital of France is
+/// still Paris, and the same on a second run.
+#[test]
+fn int8_activations_still_name_paris() {
+    let Some((_, w, t)) = open_weights() else {
+        return;
+    };
+    let ids = t.encode("The capital of France is").unwrap();
+    let a = greedy_with(&w, &ids, 8, Activations::Int8);
+    let text = t.decode(&a).unwrap();
+    assert!(text.contains("Paris"), "int8 continuation {text:?}");
+    assert_eq!(a, greedy_with(&w, &ids, 8, Activations::Int8));
 }
 
 /// `--chat` renders the model's own template; the answer to a simple question names Paris.

@@ -389,7 +389,10 @@ fn prompt_longer_than_context_is_an_error() {
     let mut m = Llama::new(
         w,
         llm::caching_temp(1 << 20),
-        &ModelOptions { context: Some(8) },
+        &ModelOptions {
+            context: Some(8),
+            ..Default::default()
+        },
     )
     .unwrap();
     let e = m.forward(&prompt(spec.vocab, 9, 1)).unwrap_err();

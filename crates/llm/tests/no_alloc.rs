@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use caching_allocator::{AllocError, TempAllocator, TempReset};
 use common::{prompt, Spec};
-use llm::{Llama, ModelOptions, Module, Sampler, Weights};
+use llm::{Activations, Llama, ModelOptions, Module, Sampler, Weights};
 
 struct Counting;
 
@@ -250,15 +250,23 @@ fn decode_steps_make_no_heap_allocation_outside_the_temp_allocator() {
         let path = dir.path().join("q.gguf");
         w.write(&path);
         let qweights = Arc::new(Weights::load(&path).unwrap());
-        let temp = Excluding(llm::caching_temp(llm::DEFAULT_TEMP_CAP));
-        let mut m = Llama::new(qweights, temp, &ModelOptions::default()).unwrap();
-        let n = count_decode_steps(&mut m, &mut Sampler::new(0.8, 0.9, 3).unwrap());
-        assert_eq!(
-            n,
-            0,
-            "{n} global-allocator calls in 20 decode steps (Q4_1 GGUF, caching temp), from:\n{}",
-            traces()
-        );
+        // Both activation modes: int8 quantizes `x` into scratch too.
+        for activations in [Activations::F32, Activations::Int8] {
+            let temp = Excluding(llm::caching_temp(llm::DEFAULT_TEMP_CAP));
+            let opts = ModelOptions {
+                activations,
+                ..Default::default()
+            };
+            let mut m = Llama::new(qweights.clone(), temp, &opts).unwrap();
+            let n = count_decode_steps(&mut m, &mut Sampler::new(0.8, 0.9, 3).unwrap());
+            assert_eq!(
+                n,
+                0,
+                "{n} global-allocator calls in 20 decode steps (Q4_1 GGUF, {activations:?} \
+                 activations, caching temp), from:\n{}",
+                traces()
+            );
+        }
     });
     // The counter works: an allocation while counting is seen.
     COUNTING.store(true, Ordering::SeqCst);

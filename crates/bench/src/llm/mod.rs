@@ -184,6 +184,7 @@ pub fn run(
     let prompt = prompt(cfg, weights);
     let opts = ModelOptions {
         context: Some(prompt.len() + cfg.decode_tokens + cfg.eff_reps + 8),
+        ..Default::default()
     };
     let mut out = LlmRun::default();
     let rows = compare(cfg, weights, &prompt, &opts, kinds, source_config, tick);
