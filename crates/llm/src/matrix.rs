@@ -192,19 +192,19 @@ impl<'a> DecodeX<'a> {
             deinterleave(pair_level, x, pairs);
             d.pairs = pairs;
         }
-        if readers.iter().any(|k| matches!(k, Kernel::Quant(_))) {
-            let sums = s.f32s(x.len() / QK)?;
-            for (o, b) in sums.iter_mut().zip(x.chunks_exact(QK)) {
-                *o = b.iter().sum();
-            }
-            d.sums = sums;
-        }
-        let four_bit = |k: &Kernel<'_>| matches!(k, Kernel::Quant(q) if matches!(q.qtype(), QType::Q4_0 | QType::Q4_1));
+        let four_bit = |k: &Kernel<'_>| match k {
+            Kernel::Quant(q) => matches!(q.qtype(), QType::Q4_0 | QType::Q4_1),
+            Kernel::Dense(_) => false,
+        };
+        let blocks = x.len() / QK;
         if s.activations() == Activations::Int8 && readers.iter().any(four_bit) {
-            let blocks = x.len() / QK;
             let (q, scales, sums) = (s.i8s(blocks * QK)?, s.f32s(blocks)?, s.f32s(blocks)?);
-            Int8X::quantize(x, q, scales, sums);
-            d.int8 = Some(Int8X { q, scales, sums });
+            quant_simd::quantize::run(level, x, q, scales, sums);
+            (d.int8, d.sums) = (Some(Int8X { q, scales }), sums);
+        } else if readers.iter().any(|k| matches!(k, Kernel::Quant(_))) {
+            let sums = s.f32s(blocks)?;
+            quant_simd::block_sums::run(level, x, sums);
+            d.sums = sums;
         }
         Ok(d)
     }

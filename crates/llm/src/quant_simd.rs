@@ -201,11 +201,8 @@ impl<'a> Groups<'a> {
         self.bytes.len() >= rows.div_ceil(GROUP) * self.blocks * group_block_bytes(self.qtype)
             && x.x.len() >= self.blocks * QK
             && x.sums.len() >= self.blocks
-            && x.int8.is_none_or(|i| {
-                i.q.len() >= self.blocks * QK
-                    && i.scales.len() >= self.blocks
-                    && i.sums.len() >= self.blocks
-            })
+            && x.int8
+                .is_none_or(|i| i.q.len() >= self.blocks * QK && i.scales.len() >= self.blocks)
     }
 
     /// The dot products of group `g`'s 16 rows with `x` (which [`Groups::fit`] checked).
@@ -224,7 +221,7 @@ impl<'a> Groups<'a> {
                     self.blocks,
                     i.q.as_ptr(),
                     i.scales.as_ptr(),
-                    i.sums.as_ptr(),
+                    x.sums.as_ptr(),
                 ),
                 _ => group_dots(s, self.qtype, g, self.blocks, x.x.as_ptr(), x.sums.as_ptr()),
             }
@@ -237,14 +234,15 @@ impl<'a> Groups<'a> {
 pub struct Activation<'a> {
     /// `x`, 32 floats per block.
     pub x: &'a [f32],
-    /// `sum(x[32 b .. 32 b + 32])` for each block `b`.
+    /// The sum of each block of 32 of `x` as the 4-bit rows read it: of `x` itself
+    /// ([`block_sums`]), or of the quantized `x` when `int8` is set ([`quantize`]).
     pub sums: &'a [f32],
     /// `x` quantized to int8, when the 4-bit rows are to use it (an inexact, opt-in mode:
     /// [`crate::Activations::Int8`]); Q8_0 rows read the f32 `x` either way.
     pub int8: Option<Int8X<'a>>,
 }
 
-/// `x` quantized to int8 per block of 32: `x[i] ~ q[i] * scales[i / 32]`.
+/// `x` quantized to int8 per block of 32: `x[i] ~ q[i] * scales[i / 32]` ([`quantize`]).
 #[derive(Clone, Copy)]
 pub struct Int8X<'a> {
     /// The quantized values, 32 per block.
@@ -252,31 +250,64 @@ pub struct Int8X<'a> {
     /// Each block's scale: its largest magnitude over 127 (0 for a block of zeros; NaN if
     /// the block holds a NaN or an infinity).
     pub scales: &'a [f32],
-    /// Each quantized block's sum, `scale * sum(q)` (the Q4_1 minimum's and the Q4_0
-    /// offset's factor).
-    pub sums: &'a [f32],
 }
 
-impl Int8X<'_> {
-    /// Quantizes `x` (whole blocks of 32; a tail is left alone) into `q`, `scales` and
-    /// `sums`: each block's values divided by its scale and rounded to the nearest integer,
-    /// so `|q| <= 127` and the error of each value is at most half its block's scale.
-    pub fn quantize(x: &[f32], q: &mut [i8], scales: &mut [f32], sums: &mut [f32]) {
-        let blocks = x.chunks_exact(QK).zip(q.chunks_exact_mut(QK));
-        for (((xb, qb), d), sum) in blocks.zip(scales.iter_mut()).zip(sums.iter_mut()) {
-            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-            // A NaN or infinity makes the block's scale NaN, so every dot product over it is
-            // NaN, as in the f32 kernel, not a silently finite result.
-            let finite = xb.iter().all(|v| v.is_finite());
-            *d = if finite { amax / 127.0 } else { f32::NAN };
-            for (o, &v) in qb.iter_mut().zip(xb) {
-                // `|v * inv| <= 127` up to rounding; the clamp keeps NaN's cast (0) and any
-                // rounding excess inside i8.
-                *o = (v * inv).round().clamp(-127.0, 127.0) as i8;
-            }
-            *sum = *d * qb.iter().map(|&v| i32::from(v)).sum::<i32>() as f32;
+/// `sums[b] = sum(x[32 b .. 32 b + 32])` for the whole blocks of `x` that `sums` holds.
+#[inline(always)]
+fn block_sums_body<S: Simd>(s: S, x: &[f32], sums: &mut [f32]) {
+    for (xb, o) in x.chunks_exact(QK).zip(sums.iter_mut()) {
+        let mut acc = s.zero();
+        for v in xb.chunks_exact(S::LANES) {
+            // SAFETY: `v` holds LANES floats (LANES divides 32 on every level).
+            acc = s.add(acc, unsafe { s.load(v.as_ptr()) });
         }
+        *o = s.reduce_sum(acc);
+    }
+}
+
+/// Quantizes the whole blocks of `x` (as many as `q`, `scales` and `sums` hold) for the int8
+/// kernels: each block's values divided by its scale (its largest magnitude over 127) and
+/// rounded to the nearest integer (ties to even), so `|q| <= 127` and each value moves by at
+/// most half its block's scale; `sums[b]` is the quantized block's sum, `scale * sum(q)`. A
+/// block holding a NaN or an infinity gets the scale NaN, so every dot product over it is
+/// NaN, as in the f32 kernel, not a silently finite result.
+#[inline(always)]
+fn quantize_body<S: Simd>(s: S, x: &[f32], q: &mut [i8], scales: &mut [f32], sums: &mut [f32]) {
+    let l = S::LANES;
+    let blocks = x.chunks_exact(QK).zip(q.chunks_exact_mut(QK));
+    for (((xb, qb), d), sum) in blocks.zip(scales.iter_mut()).zip(sums.iter_mut()) {
+        // A block in registers: 32 / LANES vectors, at most 8 (4 lanes).
+        let mut v = [s.zero(); 8];
+        for (i, vi) in v.iter_mut().enumerate().take(QK / l) {
+            // SAFETY: `(i + 1) * LANES <= 32`: inside the block.
+            *vi = unsafe { s.load(xb.as_ptr().add(i * l)) };
+        }
+        let (mut m, mut bad) = (s.zero(), s.zero());
+        for &vi in v.iter().take(QK / l) {
+            m = s.max(m, kernel_simd::abs(s, vi));
+            bad = s.add(bad, kernel_simd::non_finite(s, vi));
+        }
+        let amax = s.reduce_max(m);
+        let inv = s.splat(if amax > 0.0 { 127.0 / amax } else { 0.0 });
+        *d = if s.reduce_sum(bad).is_nan() {
+            f32::NAN
+        } else {
+            amax / 127.0
+        };
+        let mut ints = [0i32; QK];
+        let mut isum = s.splat_i32(0);
+        for (i, &vi) in v.iter().enumerate().take(QK / l) {
+            let r = kernel_simd::round_small(s, s.mul(vi, inv));
+            isum = s.add_i32(isum, r);
+            // SAFETY: `(i + 1) * LANES <= 32`: inside `ints`.
+            unsafe { s.store_i32(ints.as_mut_ptr().add(i * l), r) };
+        }
+        for (o, &r) in qb.iter_mut().zip(&ints) {
+            // `|r| <= 127` for finite blocks; the clamp keeps a non-finite block's values
+            // (unspecified, its scale is NaN) inside i8.
+            *o = r.clamp(-127, 127) as i8;
+        }
+        *sum = *d * s.reduce_sum_i32(isum) as f32;
     }
 }
 
@@ -312,6 +343,10 @@ fn swiglu_body<S: Simd>(s: S, gate: Groups<'_>, up: Groups<'_>, x: Activation<'_
 }
 
 kernel_simd::instantiate! {
+    /// Sums of `x` per block of 32, for the f32 kernels.
+    pub fn block_sums(x: &[f32], sums: &mut [f32]) = block_sums_body;
+    /// `x` quantized to int8 per block of 32, with its scales and quantized sums.
+    pub fn quantize(x: &[f32], q: &mut [i8], scales: &mut [f32], sums: &mut [f32]) = quantize_body;
     /// The decode matvec over a run of groups.
     pub fn matvec(w: Groups<'_>, x: Activation<'_>, o: &mut [f32], output: Output) = matvec_body;
     /// The decode MLP's gate/up matvecs and SwiGLU over a run of groups.
@@ -321,8 +356,8 @@ kernel_simd::instantiate! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::check_row_kernels;
     use crate::kernels::test_data::data;
+    use crate::kernels::{self, check_row_kernels};
     use crate::quant_format::quantize_row;
     use kernel_simd::available_levels;
 
@@ -387,10 +422,9 @@ mod tests {
                 let w = QTensor::from_bytes(t, rows, k, &bytes).unwrap();
                 let exact = w.to_f32();
                 let x = data(k, 7 + blocks as u32);
-                let xsum: Vec<f32> = x.chunks_exact(QK).map(|b| b.iter().sum()).collect();
                 let (mut q, mut scales) = (vec![0i8; k], vec![0f32; blocks]);
                 let mut sums = vec![0f32; blocks];
-                Int8X::quantize(&x, &mut q, &mut scales, &mut sums);
+                quantize::run(kernels::isa(), &x, &mut q, &mut scales, &mut sums);
                 let xq: Vec<f64> = (0..k)
                     .map(|i| f64::from(q[i]) * f64::from(scales[i / QK]))
                     .collect();
@@ -414,11 +448,10 @@ mod tests {
                 let int8 = Some(Int8X {
                     q: &q,
                     scales: &scales,
-                    sums: &sums,
                 });
                 let xa = Activation {
                     x: &x,
-                    sums: &xsum,
+                    sums: &sums,
                     int8,
                 };
                 for level in available_levels() {
@@ -433,6 +466,51 @@ mod tests {
         }
     }
 
+    /// Every level's block sums and int8 quantization against a scalar definition: sums
+    /// within f32 rounding, the quantized values exact (round to nearest, ties to even), the
+    /// scales exact, and a block of zeros quantized to zeros with scale 0.
+    #[test]
+    fn block_sums_and_quantize_match_scalar_on_every_level() {
+        let mut x = data(4 * QK, 5);
+        x[QK..2 * QK].fill(0.0);
+        x[2 * QK + 3] = -3.0 * x.iter().fold(0f32, |m, v| m.max(v.abs())); // an extreme
+        x[3 * QK + 7] = 0.0;
+        for level in available_levels() {
+            let mut sums = [f32::NAN; 4];
+            block_sums::run(level, &x, &mut sums);
+            let (mut q, mut scales, mut qsums) = ([0i8; 4 * QK], [0f32; 4], [0f32; 4]);
+            quantize::run(level, &x, &mut q, &mut scales, &mut qsums);
+            for b in 0..4 {
+                let xb = &x[b * QK..][..QK];
+                let want: f64 = xb.iter().map(|&v| f64::from(v)).sum();
+                let size: f64 = xb.iter().map(|&v| f64::from(v.abs())).sum();
+                assert!(
+                    (f64::from(sums[b]) - want).abs() <= 1e-6 * size,
+                    "{level} sum {b}"
+                );
+                let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+                assert_eq!(scales[b], amax / 127.0, "{level} scale {b}");
+                let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+                let want_q: Vec<i8> = xb
+                    .iter()
+                    .map(|&v| (v * inv).round_ties_even() as i8)
+                    .collect();
+                assert_eq!(q[b * QK..][..QK], want_q[..], "{level} q {b}");
+                let isum: i32 = want_q.iter().map(|&v| i32::from(v)).sum();
+                assert_eq!(
+                    qsums[b],
+                    scales[b] * isum as f32,
+                    "{level} quantized sum {b}"
+                );
+            }
+            assert!(
+                q[QK..2 * QK].iter().all(|&v| v == 0) && scales[1] == 0.0,
+                "{level}"
+            );
+            assert!(q.contains(&-127), "{level}: the extreme maps to -127");
+        }
+    }
+
     /// A NaN or infinity in `x` makes the int8 kernel's rows NaN, not a finite guess.
     #[test]
     fn int8_activations_keep_non_finite_inputs_visible() {
@@ -441,16 +519,14 @@ mod tests {
         for bad in [f32::NAN, f32::INFINITY] {
             let mut x = data(64, 4);
             x[40] = bad;
-            let (mut q, mut scales, mut qsums) = (vec![0i8; 64], vec![0f32; 2], vec![0f32; 2]);
-            Int8X::quantize(&x, &mut q, &mut scales, &mut qsums);
-            let sums = [1.0, 1.0];
+            let (mut q, mut scales, mut sums) = (vec![0i8; 64], vec![0f32; 2], vec![0f32; 2]);
+            quantize::run(kernels::isa(), &x, &mut q, &mut scales, &mut sums);
             let xa = Activation {
                 x: &x,
                 sums: &sums,
                 int8: Some(Int8X {
                     q: &q,
                     scales: &scales,
-                    sums: &qsums,
                 }),
             };
             for level in available_levels() {
