@@ -11,7 +11,9 @@
 //!
 //! The soak counts the bytes it holds itself (requested sizes, summed over threads): their
 //! high-water mark is the true peak live, against which the allocator's peak reserved (bytes
-//! taken from the system: live, rounding, canaries and cache) is reported as a ratio.
+//! taken from the system: live, rounding, canaries and cache) is reported as a ratio. Its
+//! allocator runs the memory policy for traffic of many blocks live at once: peak-bound
+//! growth (`Config::evict_before_new_peak`) and best fit up to [`SOAK_MAX_OVERSIZE`].
 //!
 //! Every block gets a tag (thread and sequence number) written over all of it, checked before
 //! it is released: a block handed to two holders at once shows up as a mismatch. Debug checks
@@ -33,6 +35,10 @@ use crate::report::{fig, goal, TargetCheck};
 
 /// Idle bytes the soak's allocator may keep.
 const CAP: usize = 32 << 20;
+/// Best fit's bound in the soak (`Config::max_oversize`): with peak-bound growth, the waste
+/// of larger blocks handed to smaller requests is most of what reserved bytes hold above the
+/// bytes requested.
+const SOAK_MAX_OVERSIZE: f64 = 1.25;
 /// Raw blocks a thread keeps at most.
 const MAX_HELD: usize = 32;
 
@@ -545,7 +551,14 @@ impl Thread<'_> {
 /// Runs the soak for about `seconds` on `threads` threads (at least one) and reports.
 pub fn run(seconds: f64, threads: usize) -> SoakReport {
     let threads = threads.max(1);
-    let config = Config::default().max_cached_bytes(CAP).debug_checks(true);
+    // Many blocks of varied sizes live at once and come and go on their own: the policy for
+    // such traffic bounds reserved bytes by their live peak (evict before a new peak, tight
+    // best fit) rather than by live bytes plus the cap.
+    let config = Config::default()
+        .max_cached_bytes(CAP)
+        .evict_before_new_peak(true)
+        .max_oversize(SOAK_MAX_OVERSIZE)
+        .debug_checks(true);
     let sh = Shared::new(CachingAllocator::with_config(config));
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(seconds.max(0.0));

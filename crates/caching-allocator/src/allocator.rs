@@ -985,14 +985,34 @@ impl CachingAllocator {
         }
     }
 
-    /// Counts `class.size()` more bytes as taken from the system. Past `limit_bytes`, evicts
-    /// least recently used idle blocks first, but only if that can make room: a request that
-    /// would not fit with every idle block gone fails before anything is evicted.
+    /// Counts `class.size()` more bytes as taken from the system. With peak-bound growth
+    /// (`Config::evict_before_new_peak`), while they would pass the peak of reserved bytes,
+    /// evicts least recently used idle blocks first, until nothing is idle. Past
+    /// `limit_bytes`, evicts them too, but only if that can make room: a request that would
+    /// not fit with every idle block gone fails before anything is evicted.
     fn reserve(&self, class: SizeClass, req: &Request) -> Result<(), AllocError> {
         let size = class.size();
         let mut chunks_parked = false;
+        let mut hold_peak = self.config.evict_before_new_peak;
+        // Another thread may take the block chosen for eviction first (then 0 bytes are
+        // freed): after a few such races the block goes ahead and the peak grows.
+        let mut races = 0;
         loop {
             let mut shared = lock(&self.shared);
+            // Checked and counted under one lock, so threads missing at once do not all pass
+            // the peak on the strength of the same idle bytes.
+            if hold_peak && shared.reserved().saturating_add(size) > shared.peak_reserved() {
+                drop(shared);
+                match self.evict_oldest_bytes() {
+                    None => hold_peak = false, // nothing idle: the peak grows
+                    Some(0) => {
+                        races += 1;
+                        hold_peak = races < 4;
+                    }
+                    Some(_) => {}
+                }
+                continue;
+            }
             if shared.try_reserve(size, self.limit) {
                 return Ok(());
             }

@@ -26,6 +26,7 @@ pub struct Config {
     pub(crate) arena_max_bytes: usize,
     pub(crate) max_oversize: f64,
     pub(crate) working_set_slack: Option<f64>,
+    pub(crate) evict_before_new_peak: bool,
     pub(crate) huge_page_min_bytes: Option<usize>,
     pub(crate) system: Arc<dyn GlobalAlloc + Send + Sync>,
 }
@@ -65,6 +66,7 @@ impl Default for Config {
             arena_max_bytes: DEFAULT_ARENA_MAX_BYTES,
             max_oversize: 2.0,
             working_set_slack: None,
+            evict_before_new_peak: false,
             huge_page_min_bytes: Some(2 << 20),
             system: Arc::new(System),
         }
@@ -139,6 +141,33 @@ impl Config {
     pub fn working_set_slack(mut self, slack: Option<f64>) -> Self {
         self.working_set_slack = slack.map(|s| if s >= 1.0 { s } else { 1.0 });
         self
+    }
+
+    /// Peak-bound growth: before a block from the system would raise reserved bytes (live +
+    /// idle) past their peak so far, idle blocks are evicted, least recently used first, until
+    /// the block fits under that peak or nothing is idle. Reserved bytes then reach a new
+    /// peak only when nothing is idle, so their peak stays near the peak of live bytes (the
+    /// blocks' class sizes, best-fit waste and canaries included) instead of live bytes plus
+    /// up to `max_cached_bytes` of idle ones. Hits are untouched: only a miss that would grow
+    /// reserved bytes past the peak evicts, and below the peak idle blocks stay cached up to
+    /// the cap as before. Evictions it makes count in `Stats::evictions`.
+    ///
+    /// It suits traffic where many blocks of varied sizes live at once and come and go on their
+    /// own (allocator-API collections, blocks kept across kernel calls): `allocbench soak`
+    /// turns it on (with `max_oversize(1.25)`; its figures are in the bench crate's
+    /// `RESULTS.md`). It does not suit a temp allocator whose kernels take blocks of very
+    /// different sizes in turn: kernels of 1 MiB and 4 MiB (more than `max_oversize` apart),
+    /// reset after each, would evict each other's block at every call, where the cap alone keeps
+    /// both. There [`Config::working_set_slack`] serves the small kernel from the large block.
+    /// Off by default.
+    pub fn evict_before_new_peak(mut self, on: bool) -> Self {
+        self.evict_before_new_peak = on;
+        self
+    }
+
+    /// Whether peak-bound growth is on (see [`Config::evict_before_new_peak`]).
+    pub fn get_evict_before_new_peak(&self) -> bool {
+        self.evict_before_new_peak
     }
 
     /// Blocks of at least `min_bytes` are taken from the system 2 MiB-aligned and, on Linux,
@@ -239,6 +268,7 @@ impl fmt::Debug for Config {
             .field("arena_max_bytes", &self.arena_max_bytes)
             .field("max_oversize", &self.max_oversize)
             .field("working_set_slack", &self.working_set_slack)
+            .field("evict_before_new_peak", &self.evict_before_new_peak)
             .field("huge_page_min_bytes", &self.huge_page_min_bytes)
             .finish_non_exhaustive()
     }

@@ -3,7 +3,8 @@
 //! When a release does not fit its cache's credit, [`CachingAllocator::make_room`] reclaims
 //! the spare credit of every thread, then evicts the oldest idle block of the whole allocator
 //! (by the stamps of `clock`), one at a time, until the cap has room. The working-set budget
-//! (`working_set`) evicts the same way, before and after a block comes from the system.
+//! (`working_set`) evicts the same way, before and after a block comes from the system, and
+//! so does peak-bound growth (`Config::evict_before_new_peak`, in `reserve`), before.
 
 use crate::allocator::CachingAllocator;
 use crate::sync::{lock, Arc};

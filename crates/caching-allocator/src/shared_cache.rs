@@ -256,6 +256,11 @@ impl SharedCache {
         self.reserved
     }
 
+    /// The most bytes ever taken from the system at once.
+    pub(crate) fn peak_reserved(&self) -> usize {
+        self.peak_reserved
+    }
+
     /// Records a block the system handed over (its bytes were reserved before the call), of
     /// which `huge_page_bytes` were advised huge pages.
     pub(crate) fn allocated(&mut self, huge_page_bytes: usize) {

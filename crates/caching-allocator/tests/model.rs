@@ -179,7 +179,7 @@ fn no_chunk_in_use(held: &[Held]) -> bool {
     !held.iter().any(|h| h.in_arena)
 }
 
-fn run(ops: Vec<Op>, cap: usize, debug: bool, arena: usize) {
+fn run(ops: Vec<Op>, cap: usize, debug: bool, arena: usize, peak_bound: bool) {
     let mut alloc =
         // Scope requests as blocks of their own (chunks off): what the model books.
         CachingAllocator::with_config(
@@ -187,6 +187,7 @@ fn run(ops: Vec<Op>, cap: usize, debug: bool, arena: usize) {
                 .arena_max_bytes(arena)
                 .scope_chunk_bytes(0)
                 .max_cached_bytes(cap)
+                .evict_before_new_peak(peak_bound)
                 .debug_checks(debug),
         );
     let mut held: Vec<Held> = Vec::new();
@@ -283,7 +284,8 @@ proptest! {
     fn model_holds(ops in prop::collection::vec(op(), 1..if cfg!(miri) { 12 } else { 60 }),
                    cap in prop_oneof![Just(0usize), 1usize..200_000, Just(64 << 20)],
                    debug in any::<bool>(),
-                   arena in prop_oneof![Just(0usize), Just(256), Just(DEFAULT_ARENA_MAX_BYTES)]) {
-        run(ops, cap, debug, arena);
+                   arena in prop_oneof![Just(0usize), Just(256), Just(DEFAULT_ARENA_MAX_BYTES)],
+                   peak_bound in any::<bool>()) {
+        run(ops, cap, debug, arena, peak_bound);
     }
 }

@@ -133,6 +133,14 @@ fn no_block_is_held_by_two_holders() {
 }
 
 #[test]
+fn no_block_is_held_by_two_holders_with_peak_bound_growth() {
+    // Misses evict before reserved bytes pass their peak, racing the other threads' frees.
+    run(Config::default()
+        .max_cached_bytes(1 << 20)
+        .evict_before_new_peak(true));
+}
+
+#[test]
 fn no_block_is_held_by_two_holders_with_a_small_cap_and_debug_checks() {
     run(Config::default()
         .max_cached_bytes(64 << 10)
