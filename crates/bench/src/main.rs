@@ -68,6 +68,11 @@ enum Command {
         /// How long to run, in seconds.
         #[arg(long, default_value_t = 10.0, value_name = "S")]
         seconds: f64,
+        /// The allocator's memory policy beside its 32 MiB cap: `peak-bound` (evict before
+        /// reserved bytes pass their peak, best fit up to 1.25x: the policy for many blocks
+        /// live at once) or `cap` (the allocator's defaults).
+        #[arg(long, default_value = "peak-bound", value_name = "POLICY")]
+        policy: allocbench::soak::Policy,
     },
     /// The attention kernel (crate sdpa) over a 32-layer model, decode and prefill, with its
     /// scratch from every source; and its efficiency against a streaming read and sgemm.
@@ -164,7 +169,7 @@ struct Common {
 }
 
 /// `allocbench soak`: the arguments checked, then [`allocbench::soak::command`].
-fn soak(seconds: f64, c: &Common) -> Result<ExitCode, String> {
+fn soak(seconds: f64, policy: allocbench::soak::Policy, c: &Common) -> Result<ExitCode, String> {
     if !(seconds.is_finite() && seconds >= 0.0) {
         return Err(format!(
             "--seconds must be a non-negative number, got {seconds}"
@@ -177,6 +182,7 @@ fn soak(seconds: f64, c: &Common) -> Result<ExitCode, String> {
     Ok(allocbench::soak::command(
         seconds,
         c.threads,
+        policy,
         json.transpose()?,
     ))
 }
@@ -285,8 +291,8 @@ fn dispatch(cli: &Cli) -> Result<ExitCode, String> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    if let Some(Command::Soak { seconds }) = &cli.command {
-        return soak(*seconds, c);
+    if let Some(Command::Soak { seconds, policy }) = &cli.command {
+        return soak(*seconds, *policy, c);
     }
     let what = cli
         .command

@@ -12,8 +12,9 @@
 //! The soak counts the bytes it holds itself (requested sizes, summed over threads): their
 //! high-water mark is the true peak live, against which the allocator's peak reserved (bytes
 //! taken from the system: live, rounding, canaries and cache) is reported as a ratio. Its
-//! allocator runs the memory policy for traffic of many blocks live at once: peak-bound
-//! growth (`Config::evict_before_new_peak`) and best fit up to [`SOAK_MAX_OVERSIZE`].
+//! allocator runs the memory policy for traffic of many blocks live at once by default:
+//! peak-bound growth (`Config::evict_before_new_peak`) and best fit up to
+//! [`SOAK_MAX_OVERSIZE`] ([`Policy`]; `--policy cap` runs the allocator's defaults instead).
 //!
 //! Every block gets a tag (thread and sequence number) written over all of it, checked before
 //! it is released: a block handed to two holders at once shows up as a mismatch. Debug checks
@@ -35,10 +36,54 @@ use crate::report::{fig, goal, TargetCheck};
 
 /// Idle bytes the soak's allocator may keep.
 const CAP: usize = 32 << 20;
-/// Best fit's bound in the soak (`Config::max_oversize`): with peak-bound growth, the waste
-/// of larger blocks handed to smaller requests is most of what reserved bytes hold above the
-/// bytes requested.
+/// Best fit's bound under [`Policy::PeakBound`] (`Config::max_oversize`): with peak-bound
+/// growth, the waste of larger blocks handed to smaller requests is most of what reserved
+/// bytes hold above the bytes requested.
 const SOAK_MAX_OVERSIZE: f64 = 1.25;
+
+/// The memory policy of the soak's allocator, beside its 32 MiB cap.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Policy {
+    /// The policy for traffic of many blocks live at once (the default): peak-bound growth
+    /// (`Config::evict_before_new_peak`) and best fit up to [`SOAK_MAX_OVERSIZE`].
+    #[default]
+    PeakBound,
+    /// The allocator's defaults: idle blocks kept up to the cap, best fit up to 2x.
+    Cap,
+}
+
+impl Policy {
+    /// Its name on the command line (`peak-bound`, `cap`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::PeakBound => "peak-bound",
+            Policy::Cap => "cap",
+        }
+    }
+
+    /// The soak allocator's configuration (debug checks on).
+    fn config(self) -> Config {
+        let config = Config::default().max_cached_bytes(CAP).debug_checks(true);
+        match self {
+            Policy::PeakBound => config
+                .evict_before_new_peak(true)
+                .max_oversize(SOAK_MAX_OVERSIZE),
+            Policy::Cap => config,
+        }
+    }
+}
+
+impl core::str::FromStr for Policy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "peak-bound" => Ok(Policy::PeakBound),
+            "cap" => Ok(Policy::Cap),
+            _ => Err(format!("unknown soak policy {s:?}: use peak-bound or cap")),
+        }
+    }
+}
 /// Raw blocks a thread keeps at most.
 const MAX_HELD: usize = 32;
 
@@ -49,6 +94,8 @@ pub struct SoakReport {
     pub seconds: f64,
     /// How many threads shared the allocator.
     pub threads: usize,
+    /// The allocator's memory policy.
+    pub policy: Policy,
     /// Allocator calls made (allocations, releases, scope allocations, trims).
     pub ops: u64,
     /// `ops` per second.
@@ -73,12 +120,16 @@ pub struct SoakReport {
 pub fn command(
     seconds: f64,
     threads: Option<usize>,
+    policy: Policy,
     json: Option<crate::output::Output>,
 ) -> std::process::ExitCode {
     let machine = crate::measure::Machine::detect();
     let threads = threads.unwrap_or(machine.cores).max(1);
-    println!("# allocbench soak: {seconds} s on {threads} threads; {machine}");
-    let section = run(seconds, threads).section(machine);
+    println!(
+        "# allocbench soak: {seconds} s on {threads} threads, policy {}; {machine}",
+        policy.name()
+    );
+    let section = run(seconds, threads, policy).section(machine);
     println!("{}", section.blocks.join("\n"));
     let mut ok = section.errors.is_empty();
     for e in &section.errors {
@@ -135,6 +186,7 @@ impl SoakReport {
         info.elapsed_s = self.seconds;
         let held = "bytes (requested, held by the soak's threads at once)";
         let fields = json!({
+            "policy": self.policy.name(),
             "ops": fig(self.ops, "allocator calls"),
             "ops_per_second": fig(self.ops_per_sec, "ops/s (all threads)"),
             "peak_live_bytes": fig(self.peak_live_bytes, "bytes"),
@@ -174,11 +226,12 @@ impl fmt::Display for SoakReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "soak: {:.1} s on {} threads: {} ops ({:.2} M ops/s), peak live {:.1} MiB \
-             (held by the soak {:.1} MiB), peak reserved {:.1} MiB ({:.2}x the held peak), \
+            "soak: {:.1} s on {} threads, policy {}: {} ops ({:.2} M ops/s), peak live {:.1} \
+             MiB (held by the soak {:.1} MiB), peak reserved {:.1} MiB ({:.2}x the held peak), \
              {} violations",
             self.seconds,
             self.threads,
+            self.policy.name(),
             self.ops,
             self.ops_per_sec / 1e6,
             mib(self.peak_live_bytes),
@@ -548,18 +601,11 @@ impl Thread<'_> {
     }
 }
 
-/// Runs the soak for about `seconds` on `threads` threads (at least one) and reports.
-pub fn run(seconds: f64, threads: usize) -> SoakReport {
+/// Runs the soak for about `seconds` on `threads` threads (at least one), the allocator
+/// configured by `policy`, and reports.
+pub fn run(seconds: f64, threads: usize, policy: Policy) -> SoakReport {
     let threads = threads.max(1);
-    // Many blocks of varied sizes live at once and come and go on their own: the policy for
-    // such traffic bounds reserved bytes by their live peak (evict before a new peak, tight
-    // best fit) rather than by live bytes plus the cap.
-    let config = Config::default()
-        .max_cached_bytes(CAP)
-        .evict_before_new_peak(true)
-        .max_oversize(SOAK_MAX_OVERSIZE)
-        .debug_checks(true);
-    let sh = Shared::new(CachingAllocator::with_config(config));
+    let sh = Shared::new(CachingAllocator::with_config(policy.config()));
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(seconds.max(0.0));
     let ops: u64 = std::thread::scope(|s| {
@@ -602,6 +648,7 @@ pub fn run(seconds: f64, threads: usize) -> SoakReport {
     SoakReport {
         seconds: elapsed,
         threads,
+        policy,
         ops,
         ops_per_sec: ops as f64 / elapsed.max(1e-9),
         peak_live_bytes: stats.peak_live_bytes,

@@ -15,6 +15,7 @@ fn short_soak_passes_and_reports() {
     assert!(stdout.contains("peak live bytes:"), "{stdout}");
     // The JSON has the header every run has, and the soak's own figures.
     assert_eq!(j["subcommand"], "soak");
+    assert_eq!(j["policy"], "peak-bound", "the default policy");
     assert_eq!(
         (j["threads"].as_u64(), j["violations"].as_u64()),
         (Some(2), Some(0))
@@ -38,6 +39,15 @@ fn refused(args: &[&str]) -> (String, String) {
 fn soak_rejects_a_negative_duration() {
     let (_, stderr) = refused(&["soak", "--seconds=-1"]);
     assert!(stderr.contains("--seconds"), "{stderr}");
+}
+
+#[test]
+fn soak_rejects_an_unknown_policy_naming_the_choices() {
+    let (_, stderr) = refused(&["soak", "--policy", "lru"]);
+    assert!(
+        stderr.contains("peak-bound") && stderr.contains("cap"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -361,7 +361,7 @@ fn llm_runs_on_a_tiny_model() {
 
 #[test]
 fn short_soak_has_no_violations() {
-    let report = allocbench::soak::run(0.2, 2);
+    let report = allocbench::soak::run(0.2, 2, allocbench::soak::Policy::default());
     assert!(report.passed(), "{report}");
     assert!(report.ops > 0, "{report}");
     assert!(report.peak_live_bytes > 0, "{report}");
