@@ -157,7 +157,8 @@ struct DecodeX<'a> {
     pair_level: Level,
     /// `x` de-interleaved into pair blocks at `pair_level` (empty without bf16 rows).
     pairs: &'a [f32],
-    /// Sums of `x` per block of 32 (empty without quantized rows).
+    /// Sums of `x` per block of 32, of the quantized `x` when `int8` is set (empty without
+    /// quantized rows).
     sums: &'a [f32],
     /// `x` quantized to int8, with [`Activations::Int8`] and 4-bit rows.
     int8: Option<Int8X<'a>>,
