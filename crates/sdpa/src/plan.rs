@@ -12,8 +12,19 @@ pub(crate) const BQ: usize = 192;
 pub(crate) const BK: usize = 64;
 /// Largest KV tile (positions scored before a softmax update) of the row path.
 pub(crate) const ROW_TILE: usize = 32;
-/// Work items per thread the row path aims for (so rayon can balance uneven progress).
+/// Work items per thread the row path aims for when its work is long (so rayon can balance
+/// uneven progress).
 const ROW_ITEMS_PER_THREAD: usize = 4;
+/// K and V elements each work item must still read for the row path to split a thread's share
+/// of a sequence into several items: below that (and always on one thread) a thread gets one
+/// item. Every extra item costs a cold start of its K/V streams, a partial state to merge and,
+/// on one thread, buys nothing. SmolLM2-135M's decode (3 KV heads of 64: 384 elements per
+/// position, 100-200 positions) took 4 chunks per thread of 32-50 positions; one chunk per
+/// thread made llm's decode attention calls about 0.91x as long at 1 thread (3 of 4
+/// alternated runs faster) and 0.95x at 2 (5 of 5), on a shared 2-core AMD EPYC whose K/V
+/// reads come from DRAM. Models with long rows keep their split (32 KV heads of 128 reach
+/// this at 8 positions).
+const ROW_BALANCE_MIN_ELEMS: usize = 1 << 16;
 /// Fewest positions in a row-path chunk.
 const ROW_MIN_CHUNK: usize = 32;
 /// Floats per 64-byte line: every scratch region starts on a line.
@@ -319,8 +330,20 @@ impl Plan {
         let flag_bytes = round_up(threads.saturating_mul(4), 64);
         if shape.q_len <= ROW_PATH_MAX_Q_LEN {
             let max_chunks = kv_len.div_ceil(ROW_MIN_CHUNK).max(1);
+            // K and V elements of one thread's share of the positions.
+            let share = shape
+                .batch
+                .saturating_mul(kv_len)
+                .saturating_mul(2 * shape.kv_heads)
+                .saturating_mul(shape.head_dim)
+                / threads;
+            let per_thread = if threads == 1 {
+                1
+            } else {
+                (share / ROW_BALANCE_MIN_ELEMS).clamp(1, ROW_ITEMS_PER_THREAD)
+            };
             let want = threads
-                .saturating_mul(ROW_ITEMS_PER_THREAD)
+                .saturating_mul(per_thread)
                 .div_ceil(shape.batch.max(1));
             let chunks_per_batch = want.clamp(1, max_chunks);
             let chunk_len = kv_len.div_ceil(chunks_per_batch).max(1);
@@ -376,5 +399,46 @@ impl Plan {
                 conv,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(kv_heads: usize, head_dim: usize, kv_len: usize) -> Shape {
+        Shape {
+            batch: 1,
+            q_len: 1,
+            heads: kv_heads * 3,
+            kv_heads,
+            head_dim,
+            kv_capacity: kv_len,
+            start_pos: kv_len - 1,
+        }
+    }
+
+    fn chunks(shape: &Shape, threads: usize) -> usize {
+        match Plan::for_shape(shape, threads).unwrap().path {
+            Path::Rows {
+                chunks_per_batch, ..
+            } => chunks_per_batch,
+            Path::Tiled { .. } => unreachable!("a decode shape"),
+        }
+    }
+
+    /// Short rows (SmolLM2-135M: 3 KV heads of 64) get one chunk per thread, and one chunk on
+    /// one thread; long rows (32 KV heads of 128) and long caches are split into up to 4 items
+    /// per thread, never into chunks under 32 positions.
+    #[test]
+    fn row_path_splits_only_long_work() {
+        for kv in [100, 200] {
+            assert_eq!(chunks(&decode(3, 64, kv), 1), 1, "kv {kv}");
+            assert_eq!(chunks(&decode(3, 64, kv), 2), 2, "kv {kv}");
+        }
+        assert_eq!(chunks(&decode(3, 64, 4096), 1), 1);
+        assert_eq!(chunks(&decode(3, 64, 4096), 2), 8);
+        assert_eq!(chunks(&decode(32, 128, 1024), 2), 8);
+        assert_eq!(chunks(&decode(32, 128, 64), 2), 2);
     }
 }

@@ -255,7 +255,9 @@ pub(crate) fn head_weights<E: Lane>(
     if pw == [0.0; 4] {
         return None;
     }
-    let sz = v.map(|r| r.head(g));
+    // An array literal, not `v.map(..)`: the map was compiled as an out-of-line call per head
+    // (`try_map`, with a `vzeroupper`) whose result was read back through the stack.
+    let sz = [v[0].head(g), v[1].head(g), v[2].head(g), v[3].head(g)];
     let wu: [f32; 4] = core::array::from_fn(|u| pw[u] * sz[u].0);
     Some((wu, (0..4).map(|u| wu[u] * sz[u].1 as f32).sum()))
 }
@@ -391,7 +393,10 @@ fn axpy_body<S: Simd, E: Lane>(
             }
             j += l;
         }
-        axpy_tail(acc, h, g, d, d1, wu, &v);
+        if d1 < d {
+            // Not a call per head when there is no tail (it stayed out of line).
+            axpy_tail(acc, h, g, d, d1, wu, &v);
+        }
     }
 }
 
