@@ -14,7 +14,7 @@
 //! taken from the system: live, rounding, canaries and cache) is reported as a ratio. Its
 //! allocator runs the memory policy for traffic of many blocks live at once by default:
 //! peak-bound growth (`Config::evict_before_new_peak`) and best fit up to
-//! [`SOAK_MAX_OVERSIZE`] ([`Policy`]; `--policy cap` runs the allocator's defaults instead).
+//! 1.25x ([`Policy`]; `--policy cap` runs the allocator's defaults instead).
 //!
 //! Every block gets a tag (thread and sequence number) written over all of it, checked before
 //! it is released: a block handed to two holders at once shows up as a mismatch. Debug checks
@@ -45,7 +45,7 @@ const SOAK_MAX_OVERSIZE: f64 = 1.25;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Policy {
     /// The policy for traffic of many blocks live at once (the default): peak-bound growth
-    /// (`Config::evict_before_new_peak`) and best fit up to [`SOAK_MAX_OVERSIZE`].
+    /// (`Config::evict_before_new_peak`) and best fit up to 1.25x (`SOAK_MAX_OVERSIZE`).
     #[default]
     PeakBound,
     /// The allocator's defaults: idle blocks kept up to the cap, best fit up to 2x.

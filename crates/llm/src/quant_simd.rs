@@ -102,20 +102,51 @@ unsafe fn group_dots<S: Simd>(
             let xs = *xsum.add(b);
             for (v, (cv, av)) in c.iter().zip(acc.iter_mut()).enumerate().take(vecs) {
                 let qx = s.add(s.add(cv[0], cv[1]), s.add(cv[2], cv[3]));
-                let d = s.load_f16(gb.cast::<u16>().add(v * l));
-                *av = match t {
-                    QType::Q4_0 => s.fma(d, s.sub(qx, s.splat(8.0 * xs)), *av),
-                    QType::Q4_1 => {
-                        let m = s.load_f16(gb.add(2 * GROUP).cast::<u16>().add(v * l));
-                        s.fma(m, s.splat(xs), s.fma(d, qx, *av))
-                    }
-                    QType::Q8_0 => s.fma(d, qx, *av),
-                };
+                *av = add_block(s, t, gb, v, qx, xs, *av);
             }
         }
     }
+    group_rows(s, &acc)
+}
+
+/// `acc` plus vector `v`'s rows of group-block `gb` (of `t`): `d * qx` and the format's
+/// minimum (Q4_1: `m * xs`) or offset (Q4_0: `-8 d * xs`), where `qx` holds the rows' `q .
+/// x` and `xs` is the block's sum of `x`.
+///
+/// # Safety
+/// `gb` is readable for a group-block of `t` and `(v + 1) * LANES <= GROUP`.
+#[inline(always)]
+unsafe fn add_block<S: Simd>(
+    s: S,
+    t: QType,
+    gb: *const u8,
+    v: usize,
+    qx: S::F32,
+    xs: f32,
+    acc: S::F32,
+) -> S::F32 {
+    let l = S::LANES;
+    // SAFETY: the scales (and Q4_1's minimums) of the group-block's rows `v * LANES ..
+    // (v + 1) * LANES` (caller).
+    unsafe {
+        let d = s.load_f16(gb.cast::<u16>().add(v * l));
+        match t {
+            QType::Q4_0 => s.fma(d, s.sub(qx, s.splat(8.0 * xs)), acc),
+            QType::Q4_1 => {
+                let m = s.load_f16(gb.add(2 * GROUP).cast::<u16>().add(v * l));
+                s.fma(m, s.splat(xs), s.fma(d, qx, acc))
+            }
+            QType::Q8_0 => s.fma(d, qx, acc),
+        }
+    }
+}
+
+/// The group's 16 rows from the accumulators' lanes.
+#[inline(always)]
+fn group_rows<S: Simd>(s: S, acc: &[S::F32; MAX_VECS]) -> [f32; GROUP] {
+    let l = S::LANES;
     let mut out = [0f32; GROUP];
-    for (v, av) in acc.iter().enumerate().take(vecs) {
+    for (v, av) in acc.iter().enumerate().take(GROUP / l) {
         // SAFETY: `(v + 1) * LANES <= GROUP`: inside `out`.
         unsafe { s.store(out.as_mut_ptr().add(v * l), *av) };
     }
@@ -126,6 +157,11 @@ unsafe fn group_dots<S: Simd>(
 /// the integer dots of the 16 rows ([`Simd::dot_nibbles16_i8`]) times the block's scale of
 /// `x`, then the format's scale and minimum (or offset) against the quantized block's sum,
 /// so each row meets one and the same quantized `x`. Q8_0 rows never come here.
+///
+/// The walk over the blocks is written out here as in [`group_dots`], not shared through a
+/// closure: a closure is compiled without the target features of the function it is
+/// written in, so its intrinsics become calls (a version that shared it decoded at 2.4 tok/s
+/// instead of 118).
 ///
 /// # Safety
 /// As [`group_dots`]; `x8` is readable for `32 * blocks` bytes, `xscale` and `xsum` for
@@ -155,23 +191,11 @@ unsafe fn group_dots_i8<S: Simd>(
             let (dx, xs) = (s.splat(*xscale.add(b)), *xsum.add(b));
             for (v, (dv, av)) in dots.iter().zip(acc.iter_mut()).enumerate().take(vecs) {
                 let qx = s.mul(s.i32_to_f32(*dv), dx);
-                let d = s.load_f16(gb.cast::<u16>().add(v * l));
-                *av = match t {
-                    QType::Q4_1 => {
-                        let m = s.load_f16(gb.add(2 * GROUP).cast::<u16>().add(v * l));
-                        s.fma(m, s.splat(xs), s.fma(d, qx, *av))
-                    }
-                    _ => s.fma(d, s.sub(qx, s.splat(8.0 * xs)), *av),
-                };
+                *av = add_block(s, t, gb, v, qx, xs, *av);
             }
         }
     }
-    let mut out = [0f32; GROUP];
-    for (v, av) in acc.iter().enumerate().take(vecs) {
-        // SAFETY: `(v + 1) * LANES <= GROUP`: inside `out`.
-        unsafe { s.store(out.as_mut_ptr().add(v * l), *av) };
-    }
-    out
+    group_rows(s, &acc)
 }
 
 /// A run of groups of one quantized matrix, as the group kernels read it.
@@ -361,6 +385,37 @@ mod tests {
     use crate::quant_format::quantize_row;
     use kernel_simd::available_levels;
 
+    /// A `rows x 32 blocks` matrix of `t` quantized from seeded data, and its rows exactly
+    /// dequantized.
+    fn quantized(t: QType, rows: usize, blocks: usize, seed: u32) -> (QTensor, Vec<f32>) {
+        let k = blocks * QK;
+        let bytes: Vec<u8> = data(rows * k, seed)
+            .chunks_exact(k)
+            .flat_map(|r| quantize_row(t, r))
+            .collect();
+        let w = QTensor::from_bytes(t, rows, k, &bytes).unwrap();
+        let exact = w.to_f32();
+        (w, exact)
+    }
+
+    /// Every level's matvec and SwiGLU over `w` and `xa` against f64 dot products of the
+    /// `exact` rows with `x`.
+    fn check_every_level(w: &QTensor, exact: &[f32], x: &[f64], xa: Activation<'_>, what: &str) {
+        let want: Vec<f64> = exact
+            .chunks_exact(x.len())
+            .map(|r| r.iter().zip(x).map(|(&a, b)| f64::from(a) * b).sum())
+            .collect();
+        let wg = Groups::of(w, 0, w.rows());
+        for level in available_levels() {
+            check_row_kernels(
+                &want,
+                &format!("{what} {level} {:?} rows {}", w.qtype(), w.rows()),
+                |o| matvec::run(level, wg, xa, o, Output::AddTo),
+                |o| swiglu::run(level, wg, wg, xa, o),
+            );
+        }
+    }
+
     /// Every level's group matvec and SwiGLU, in every format, against f64 dot products of
     /// the exactly dequantized rows, for row counts around a group (padding rows) and
     /// several block counts.
@@ -368,39 +423,16 @@ mod tests {
     fn group_kernels_match_f64_on_every_level() {
         for t in [QType::Q4_0, QType::Q4_1, QType::Q8_0] {
             for (rows, blocks) in [(1, 1), (5, 2), (16, 1), (21, 3), (33, 4)] {
-                let k = blocks * QK;
-                let wf = data(rows * k, (rows * 31 + blocks) as u32);
-                let bytes: Vec<u8> = wf
-                    .chunks_exact(k)
-                    .flat_map(|r| quantize_row(t, r))
-                    .collect();
-                let w = QTensor::from_bytes(t, rows, k, &bytes).unwrap();
-                let exact = w.to_f32();
-                let x = data(k, 99 + blocks as u32);
+                let (w, exact) = quantized(t, rows, blocks, (rows * 31 + blocks) as u32);
+                let x = data(blocks * QK, 99 + blocks as u32);
                 let xsum: Vec<f32> = x.chunks_exact(QK).map(|b| b.iter().sum()).collect();
-                let want: Vec<f64> = exact
-                    .chunks_exact(k)
-                    .map(|r| {
-                        r.iter()
-                            .zip(&x)
-                            .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                            .sum()
-                    })
-                    .collect();
-                let wg = Groups::of(&w, 0, rows);
                 let xa = Activation {
                     x: &x,
                     sums: &xsum,
                     int8: None,
                 };
-                for level in available_levels() {
-                    check_row_kernels(
-                        &want,
-                        &format!("{level} {t:?} rows {rows} blocks {blocks}"),
-                        |o| matvec::run(level, wg, xa, o, Output::AddTo),
-                        |o| swiglu::run(level, wg, wg, xa, o),
-                    );
-                }
+                let x64: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+                check_every_level(&w, &exact, &x64, xa, &format!("blocks {blocks}"));
             }
         }
     }
@@ -413,14 +445,8 @@ mod tests {
     fn int8_group_kernels_match_f64_of_the_quantized_x() {
         for t in [QType::Q4_0, QType::Q4_1, QType::Q8_0] {
             for (rows, blocks) in [(1, 1), (16, 1), (21, 3), (33, 4)] {
+                let (w, exact) = quantized(t, rows, blocks, (rows * 17 + blocks) as u32);
                 let k = blocks * QK;
-                let wf = data(rows * k, (rows * 17 + blocks) as u32);
-                let bytes: Vec<u8> = wf
-                    .chunks_exact(k)
-                    .flat_map(|r| quantize_row(t, r))
-                    .collect();
-                let w = QTensor::from_bytes(t, rows, k, &bytes).unwrap();
-                let exact = w.to_f32();
                 let x = data(k, 7 + blocks as u32);
                 let (mut q, mut scales) = (vec![0i8; k], vec![0f32; blocks]);
                 let mut sums = vec![0f32; blocks];
@@ -440,11 +466,6 @@ mod tests {
                     QType::Q8_0 => x.iter().map(|&v| f64::from(v)).collect(),
                     _ => xq,
                 };
-                let want: Vec<f64> = exact
-                    .chunks_exact(k)
-                    .map(|r| r.iter().zip(&x_used).map(|(&a, b)| f64::from(a) * b).sum())
-                    .collect();
-                let wg = Groups::of(&w, 0, rows);
                 let int8 = Some(Int8X {
                     q: &q,
                     scales: &scales,
@@ -454,14 +475,7 @@ mod tests {
                     sums: &sums,
                     int8,
                 };
-                for level in available_levels() {
-                    check_row_kernels(
-                        &want,
-                        &format!("int8 {level} {t:?} rows {rows} blocks {blocks}"),
-                        |o| matvec::run(level, wg, xa, o, Output::AddTo),
-                        |o| swiglu::run(level, wg, wg, xa, o),
-                    );
-                }
+                check_every_level(&w, &exact, &x_used, xa, &format!("int8 blocks {blocks}"));
             }
         }
     }
