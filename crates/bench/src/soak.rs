@@ -77,11 +77,10 @@ impl core::str::FromStr for Policy {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "peak-bound" => Ok(Policy::PeakBound),
-            "cap" => Ok(Policy::Cap),
-            _ => Err(format!("unknown soak policy {s:?}: use peak-bound or cap")),
-        }
+        [Policy::PeakBound, Policy::Cap]
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("unknown soak policy {s:?}: use peak-bound or cap"))
     }
 }
 /// Raw blocks a thread keeps at most.

@@ -53,13 +53,12 @@ impl core::str::FromStr for Activations {
     type Err = LlmError;
 
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "f32" => Ok(Activations::F32),
-            "int8" => Ok(Activations::Int8),
-            _ => Err(LlmError::InvalidArgument {
+        [Activations::F32, Activations::Int8]
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| LlmError::InvalidArgument {
                 message: format!("activations {s:?}: use f32 (exact, the default) or int8"),
-            }),
-        }
+            })
     }
 }
 
