@@ -453,14 +453,26 @@ impl CachingAllocator {
     /// Takes the chunks of other threads' arenas whose epoch is behind the allocator's (a
     /// reset took their blocks and their owners have not called since) into their caches'
     /// idle blocks, where a trim reaches them. The lock orders this with the owner's rewind.
+    ///
+    /// The allocator's epoch is read under each cache's lock, after the arena's: an owner
+    /// rewinds under that lock to an epoch it read from the allocator, so the read here sees
+    /// that epoch or a later one, and the arena is never *ahead* of it. Only an arena strictly
+    /// behind is revoked. (Reading the epoch once before the walk revoked arenas that had
+    /// rewound past that stale value meanwhile: a chunk in use in the current interval, then
+    /// freed by the trim under its owner's blocks.)
     fn revoke_stale_chunks(&self) {
-        let epoch = self.epoch.load(Ordering::Acquire);
         self.registry.for_each(|cache| {
             if !cache.owned() {
                 return;
             }
             let mut state = cache.lock();
-            if state.arena_chunk.is_some() && cache.arena.shared.epoch() != epoch {
+            let arena_epoch = cache.arena.shared.epoch();
+            let epoch = self.epoch.load(Ordering::Acquire);
+            debug_assert!(
+                !crate::arena::epoch_behind(epoch, arena_epoch),
+                "an arena rewound to epoch {arena_epoch}, ahead of the allocator's {epoch}"
+            );
+            if state.arena_chunk.is_some() && crate::arena::epoch_behind(arena_epoch, epoch) {
                 self.chunk_to_idle(&mut state);
                 cache.publish(&state);
             }

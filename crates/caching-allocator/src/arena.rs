@@ -97,6 +97,13 @@ pub(crate) fn first_chunk(size: usize) -> usize {
     grown_chunk(granules(size), 0).unwrap_or(MIN_CHUNK)
 }
 
+/// Whether epoch `a` is strictly behind epoch `b`. Epochs only grow (`fetch_add`), one a
+/// reset; the difference is read as signed, so the order holds across a wrap of the counter.
+#[inline]
+pub(crate) fn epoch_behind(a: usize, b: usize) -> bool {
+    (b.wrapping_sub(a) as isize) > 0
+}
+
 /// See [`next_chunk`]: the chunk keeps 1/16 of itself free for growth.
 const HEADROOM: usize = 16;
 
@@ -224,6 +231,20 @@ struct Foreign {
     slot: usize,
     serial: usize,
     requested: usize,
+}
+
+impl Foreign {
+    /// Whether this entry still names a live block: its slot is among the first `count`
+    /// records and holds its serial, unreleased. Serials never repeat, so an entry that
+    /// matched once and no longer does never matches again.
+    fn matches(&self, records: &Records, count: usize) -> bool {
+        if self.slot >= count.min(RECORDS) {
+            return false;
+        }
+        let record = records.at(self.slot);
+        let addr = record.addr.load(Ordering::Acquire);
+        addr & RELEASED == 0 && Record::serial(record.meta.load(Ordering::Relaxed)) == self.serial
+    }
 }
 
 /// The gate of an arena no fast path may enter: a shared cache's, or one whose inbox holds
@@ -554,14 +575,9 @@ impl Arena {
             core::mem::take(&mut *inbox)
         };
         for e in entries {
-            if e.slot >= sh.owner_count() {
-                continue;
-            }
-            let record = sh.records.at(e.slot);
-            let addr = record.addr.load(Ordering::Relaxed);
             // The very block the releasing thread saw, still live.
-            let serial = Record::serial(record.meta.load(Ordering::Relaxed));
-            if serial == e.serial && addr & RELEASED == 0 {
+            if e.matches(&sh.records, sh.owner_count()) {
+                let addr = sh.records.at(e.slot).addr.load(Ordering::Relaxed);
                 Self::forget(sh, e.slot, addr);
             }
         }
@@ -762,11 +778,18 @@ impl ArenaShared {
     /// this arena in the allocator's current epoch `epoch` (then it is queued for the owner),
     /// `false` if not (nothing changes).
     pub(crate) fn release_foreign(&self, epoch: &AtomicUsize, addr: usize) -> bool {
+        self.find_foreign(epoch, addr)
+            .is_some_and(|entry| self.queue_foreign(entry))
+    }
+
+    /// The live record of `addr` in the allocator's current epoch, as a release from another
+    /// thread would queue it; `None` if there is none.
+    fn find_foreign(&self, epoch: &AtomicUsize, addr: usize) -> Option<Foreign> {
         loop {
             let seen = self.epoch.load(Ordering::Acquire);
             if seen != epoch.load(Ordering::Acquire) {
                 // A reset took the arena's blocks back (its owner has not rewound yet).
-                return false;
+                return None;
             }
             let count = self.count.load(Ordering::Acquire);
             let mut found = None;
@@ -787,18 +810,30 @@ impl ArenaShared {
             if self.epoch.load(Ordering::Acquire) != seen {
                 continue; // the owner rewound during the scan: look again
             }
-            let Some(entry) = found else {
-                return false;
-            };
-            let mut inbox = lock(&self.inbox);
-            if inbox.iter().any(|e| e.serial == entry.serial) {
-                return false; // already released by another thread
-            }
-            inbox.push(entry);
-            self.inbox_pending.store(true, Ordering::Release);
-            self.gate.store(CLOSED, Ordering::Release);
-            return true;
+            return found;
         }
+    }
+
+    /// Queues `entry` for the owner: `false` if it is no longer live (the owner rewound or
+    /// reused its slot since it was found) or another thread queued it already.
+    ///
+    /// The owner does not take the inbox's lock to rewind or bump, so an entry can still go
+    /// stale once queued (found, then a reset and a rewind, then queued). That is harmless by
+    /// construction: an entry counts as a release only while its slot holds its serial, live
+    /// ([`Foreign::matches`]), which the owner's apply and `figures` both check, and serials
+    /// are never reused.
+    fn queue_foreign(&self, entry: Foreign) -> bool {
+        let mut inbox = lock(&self.inbox);
+        if !entry.matches(&self.records, self.count.load(Ordering::Acquire)) {
+            return false;
+        }
+        if inbox.iter().any(|e| e.serial == entry.serial) {
+            return false; // already released by another thread
+        }
+        inbox.push(entry);
+        self.inbox_pending.store(true, Ordering::Release);
+        self.gate.store(CLOSED, Ordering::Release);
+        true
     }
 
     /// The arena's figures as of the allocator's epoch `epoch`: an arena whose epoch is behind
@@ -854,7 +889,12 @@ impl ArenaShared {
             };
         }
         if self.inbox_pending.load(Ordering::Acquire) {
-            for e in lock(&self.inbox).iter() {
+            // Only entries that still name a live record: a stale one (its block taken by a
+            // reset, its slot reused) must not hide the later block in that slot.
+            for e in lock(&self.inbox)
+                .iter()
+                .filter(|e| e.matches(&self.records, count))
+            {
                 bytes = bytes.saturating_sub(granules(e.requested));
                 blocks = blocks.saturating_sub(1);
                 requested = requested.saturating_sub(e.requested);
@@ -869,5 +909,117 @@ impl ArenaShared {
             last_peak: self.last_peak.load(Ordering::Relaxed),
             max_peak,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::alloc::{alloc, dealloc, Layout};
+
+    /// An owned arena over a fresh chunk of `MIN_CHUNK` bytes, in epoch 0.
+    struct Fixture {
+        cell: ArenaCell,
+        layout: Layout,
+        base: *mut u8,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            let layout = Layout::from_size_align(MIN_CHUNK, ARENA_MAX_ALIGN).unwrap();
+            // SAFETY: the layout has a non-zero size.
+            let base = unsafe { alloc(layout) };
+            assert!(!base.is_null());
+            let cell = ArenaCell::new(true);
+            let fixture = Fixture { cell, layout, base };
+            fixture
+                .owner()
+                .set_chunk(&fixture.cell.shared, base, MIN_CHUNK);
+            fixture
+        }
+
+        /// The owner's arena, as the allocator's owner thread reaches it.
+        #[allow(clippy::mut_from_ref)] // as `ArenaCell::owner`: one thread, one borrow at a time
+        fn owner(&self) -> &mut Arena {
+            // SAFETY: one thread, and each test keeps one borrow at a time.
+            unsafe { self.cell.owner() }
+        }
+
+        fn bump(&self, size: usize) -> usize {
+            let ptr = self.owner().bump(&self.cell.shared, size, 64).unwrap();
+            ptr.as_ptr().addr()
+        }
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            // SAFETY: allocated in `new` with this layout; the arena is dropped with it.
+            unsafe { dealloc(self.base, self.layout) };
+        }
+    }
+
+    /// A release from another thread that found its block before a reset and queues it after
+    /// the owner rewound and handed the same slot (and address) to a later block: the stale
+    /// entry must release nothing and must not count the later block as released (else an
+    /// exited owner's cache would look empty and its chunk would go to the pool under a live
+    /// block).
+    #[test]
+    fn a_stale_foreign_entry_never_counts_against_a_later_block() {
+        let f = Fixture::new();
+        let sh = &f.cell.shared;
+        let epoch = AtomicUsize::new(0);
+        let b1 = f.bump(256);
+        let stale = sh.find_foreign(&epoch, b1).expect("b1 is live");
+        // A reset; the owner rewinds and bumps the next block into the same slot.
+        epoch.store(1, Ordering::Release);
+        assert_eq!(f.owner().rewind(sh, 1), None);
+        let b2 = f.bump(256);
+        assert_eq!(b1, b2, "the later block reuses the slot and the address");
+        // Queued now, the entry is refused.
+        assert!(!sh.queue_foreign(stale));
+        // Queued just before the rewind (the window the check above cannot close): it sits
+        // in the inbox, and neither the books nor the owner take it as b2's release.
+        lock(&sh.inbox).push(stale);
+        sh.inbox_pending.store(true, Ordering::Release);
+        assert_eq!(sh.figures(1).live_blocks, 1);
+        f.owner().apply_inbox(sh);
+        assert_eq!(sh.figures(1).live_blocks, 1);
+        assert!(
+            f.owner().release(sh, b2),
+            "b2 is still live, its own to release"
+        );
+        assert_eq!(sh.figures(1).live_blocks, 0);
+    }
+
+    /// The live entry of the same scenario, for contrast: queued before any reset, it
+    /// counts at once and the owner applies it.
+    #[test]
+    fn a_foreign_entry_counts_while_its_block_is_live() {
+        let f = Fixture::new();
+        let sh = &f.cell.shared;
+        let epoch = AtomicUsize::new(0);
+        let b1 = f.bump(256);
+        let _b2 = f.bump(128);
+        assert!(sh.release_foreign(&epoch, b1));
+        assert!(
+            !sh.release_foreign(&epoch, b1),
+            "a second release is refused"
+        );
+        assert_eq!(sh.figures(0).live_blocks, 1);
+        f.owner().apply_inbox(sh);
+        assert_eq!(sh.figures(0).live_blocks, 1);
+        assert!(
+            !f.owner().release(sh, b1),
+            "already released by the other thread"
+        );
+    }
+
+    #[test]
+    fn epochs_order_across_a_wrap() {
+        assert!(epoch_behind(3, 4));
+        assert!(!epoch_behind(4, 4));
+        assert!(!epoch_behind(5, 4));
+        assert!(epoch_behind(usize::MAX, 0));
+        assert!(!epoch_behind(0, usize::MAX));
     }
 }

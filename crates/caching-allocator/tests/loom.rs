@@ -432,3 +432,88 @@ fn reset_spilling_into_a_cache_that_a_new_thread_forgets() {
         unsafe { alloc.reset_unchecked() };
     });
 }
+
+/// A trim races a reset and the owner's first allocation after it (the owner resets, then
+/// allocates: the block is live until the next reset). The trim may take an arena's chunk
+/// only while the arena is strictly behind the allocator's epoch; a trim that read the epoch
+/// before the reset and then saw the rewound arena once freed the chunk under the new block.
+#[test]
+fn trim_racing_a_reset_never_frees_a_current_chunk() {
+    model(1 << 20, 1024, |alloc, counting| {
+        let owner = spawn(alloc, move |alloc| {
+            round_trip(&alloc, 256); // the arena takes its chunk
+                                     // SAFETY: nothing handed out before this reset is used after it.
+            unsafe { alloc.reset_unchecked() };
+            block(&alloc, 256)
+        });
+        alloc.trim(0);
+        let p = owner.join().unwrap();
+        assert!(
+            counting.holds(p, 256),
+            "the trim gave the chunk of a live block back to the system"
+        );
+        tag(p, 256, 7);
+        let s = alloc.stats();
+        assert_eq!(s.live_blocks, 1, "{s:?}");
+        check_books(alloc, &s, counting);
+        alloc.free_cached();
+        assert!(
+            counting.holds(p, 256),
+            "free_cached freed a live block's chunk"
+        );
+        assert!(tagged(p, 256, 7));
+        // SAFETY: released once; nothing uses it after.
+        unsafe { release_at(alloc, p) }.unwrap();
+    });
+}
+
+/// A release from another thread races a reset on the owner's thread; the owner then bumps
+/// a new block, hands it on, and exits; a new thread registers, which forgets exited threads
+/// whose caches hold nothing live. A release entry that went stale during the reset (found
+/// before it, queued after the owner's rewind) must not count against the new block: the
+/// exited owner's cache must stay, with its chunk, while that block is live.
+///
+/// The released block is the arena's second, so no block of the new interval has its address:
+/// a release that *begins* after the reset and finds a new block at its pointer's address
+/// would release that block, which no pointer-based API can tell apart from a valid release;
+/// the contract rules it out (nothing handed out before a reset is used after it).
+#[test]
+fn foreign_release_racing_a_reset_then_the_owner_exits() {
+    model(1 << 20, 1024, |alloc, counting| {
+        let (handed, inbox) = loom::sync::mpsc::channel();
+        let releaser = spawn(alloc, move |alloc| {
+            let b1 = inbox.recv().unwrap();
+            // Nothing writes to `b1`: the reset may take it at any moment.
+            // SAFETY: `b1` was handed to this thread; nothing uses it after.
+            match unsafe { release_at(&alloc, b1) } {
+                Ok(()) | Err(AllocError::UnknownPointer { .. }) => {}
+                Err(e) => panic!("release racing a reset: {e}"),
+            }
+        });
+        let owner = spawn(alloc, move |alloc| {
+            let _b0 = block(&alloc, 256);
+            handed.send(block(&alloc, 256)).unwrap();
+            // SAFETY: nothing handed out before this reset is used after it (`b1`'s release
+            // is checked and writes nothing).
+            unsafe { alloc.reset_unchecked() };
+            let b2 = block(&alloc, 64);
+            tag(b2, 64, 9);
+            b2
+        });
+        let b2 = owner.join().unwrap();
+        releaser.join().unwrap();
+        // A new thread registers: exited threads' caches that hold nothing live are forgotten.
+        spawn(alloc, |alloc| round_trip(&alloc, 64)).join().unwrap();
+        let s = alloc.stats();
+        assert_eq!(s.live_blocks, 1, "the exited owner's live block: {s:?}");
+        alloc.free_cached();
+        assert!(
+            counting.holds(b2, 64),
+            "a live block's chunk went back to the system"
+        );
+        assert!(tagged(b2, 64, 9), "a live block was overwritten");
+        check_books(alloc, &alloc.stats(), counting);
+        // SAFETY: released once; nothing uses it after.
+        unsafe { release_at(alloc, b2) }.unwrap();
+    });
+}

@@ -5,6 +5,7 @@
 #![allow(dead_code)] // each test uses the part it needs
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -27,6 +28,8 @@ pub struct Counting {
     /// Refused requests that have arrived so far.
     pub arrived: AtomicUsize,
     freed: Mutex<Vec<usize>>,
+    /// What is held now: each block's address and size.
+    held_blocks: Mutex<BTreeMap<usize, usize>>,
     refuse_from: usize,
     rendezvous: usize,
 }
@@ -54,6 +57,7 @@ impl Counting {
             fail_all: AtomicBool::new(false),
             arrived: AtomicUsize::new(0),
             freed: Mutex::new(Vec::new()),
+            held_blocks: Mutex::new(BTreeMap::new()),
             refuse_from,
             rendezvous,
         }
@@ -62,6 +66,15 @@ impl Counting {
     /// (bytes, blocks) held now.
     pub fn held(&self) -> (usize, usize) {
         (self.bytes.load(SeqCst), self.blocks.load(SeqCst))
+    }
+
+    /// Whether the `len` bytes at `addr` lie inside one block this allocator holds now (so
+    /// nothing gave that memory back to the system under whoever holds it).
+    pub fn holds(&self, addr: usize, len: usize) -> bool {
+        let held = self.held_blocks.lock().unwrap_or_else(|e| e.into_inner());
+        held.range(..=addr)
+            .next_back()
+            .is_some_and(|(&base, &size)| addr + len <= base + size)
     }
 
     /// The addresses freed so far, in order.
@@ -92,6 +105,10 @@ unsafe impl GlobalAlloc for Counting {
             self.allocs.fetch_add(1, SeqCst);
             self.bytes.fetch_add(layout.size(), SeqCst);
             self.blocks.fetch_add(1, SeqCst);
+            self.held_blocks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(p as usize, layout.size());
         }
         p
     }
@@ -104,6 +121,10 @@ unsafe impl GlobalAlloc for Counting {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(ptr as usize);
+        self.held_blocks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(ptr as usize));
         // SAFETY: the caller's contract is `System::dealloc`'s.
         unsafe { System.dealloc(ptr, layout) }
     }
