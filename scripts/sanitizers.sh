@@ -34,7 +34,7 @@ rustup component add --toolchain nightly rust-src >/dev/null
 # `reset_races_with_allocations_through_the_c_abi`) runs in `cargo test` only: under the
 # sanitizers its dev-dependencies (cbindgen and its parser) doubled the cold build time, and
 # the core code it drives is the one `reset_races` runs here.
-tests=(--test stress --test fault_injection --test fuzz_ops --test bad_input --test regressions
+tests=(--test stress --test contract_races --test fault_injection --test fuzz_ops --test bad_input --test regressions
     --test reset_races --test arena)
 
 for san in "${sanitizers[@]}"; do
