@@ -16,6 +16,12 @@
 # --json FILE writes the records (program, allocator, outputs_equal, heap_calls_per_execute,
 # page_faults_per_execute, time_per_execute_ns {median, min, max}, temp_peak_bytes, ...).
 #
+# Then the temp plan (the C ABI's ca_plan_*, through ExecuTorchTempAllocator): the scratch
+# high-water mark of every kernel call, printed and written to target/executorch-programs/
+# plan-<program>.json, the decode program's compared with op_sdpa_impl.h's formula at the
+# largest KV length; each program then runs on a fixed buffer of exactly the plan's maximum
+# (no failed allocate_temp, same outputs) and fails cleanly on one byte less.
+#
 # Fails if outputs differ, a result is wrong, an allocate_temp failed, or
 # ExecuTorchTempAllocator ("caching") makes a heap call or a page fault per execute after
 # warm-up. --quick: fewer executes (CI). Needs cmake-free python3 with venv, g++, and network
@@ -97,6 +103,45 @@ for program in topk_49152 topk_262144 sdpa_decode; do
     done
 done
 
+step "temp plan: per kernel call, then a fixed buffer of exactly its maximum, and one byte less"
+for program in topk_49152 topk_262144 sdpa_decode; do
+    plan="$work/plan-$program.json"
+    "$runner" --allocator caching --rounds 1 "${quick[@]}" --plan "$plan" \
+        "$work/programs/$program.pte" >"$work/plan.out" 2>"$work/run.log" \
+        || { echo "executorch-programs.sh: the temp plan of $program failed:" >&2; cat "$work/plan.out" "$work/run.log" >&2; exit 1; }
+    grep -v '^{' "$work/plan.out" | cut -c1-160
+    max=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["max_bytes"])' "$plan")
+    caching_hash=$(grep '^{' "$work/plan.out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["outputs_hash"])')
+    # Exactly the plan's maximum: runs, no failed allocate_temp, the same outputs.
+    "$runner" --allocator fixed --fixed-bytes "$max" --rounds 1 "${quick[@]}" \
+        "$work/programs/$program.pte" >"$work/fixed.out" 2>"$work/run.log" \
+        || { echo "executorch-programs.sh: $program on a fixed buffer of the plan's $max bytes failed:" >&2; cat "$work/run.log" >&2; exit 1; }
+    python3 - "$work/fixed.out" "$caching_hash" "$max" <<'PY' || exit 1
+import json, sys
+r = json.load(open(sys.argv[1]))
+ok = r["failed_allocate_temp"] == 0 and r["outputs_hash"] == sys.argv[2] and r["outputs_correct"]
+print(f"  fixed buffer of {sys.argv[3]} bytes: {r['failed_allocate_temp']} failed allocate_temp, "
+      f"outputs {'equal' if ok else 'DIFFERENT'}")
+sys.exit(0 if ok else 1)
+PY
+    # One byte less: a clean failure. The decode kernel and (in 1.5.1) the portable top-k fail
+    # the execute with MemoryAllocationFailed; a kernel that falls back to the heap instead
+    # shows as failed allocate_temp calls.
+    rc=0
+    "$runner" --allocator fixed --fixed-bytes "$((max - 1))" --rounds 1 "${quick[@]}" \
+        "$work/programs/$program.pte" >"$work/fixed.out" 2>"$work/run.log" || rc=$?
+    if [[ $rc == 1 ]] && grep -q "execute failed: Error::MemoryAllocationFailed" "$work/run.log"; then
+        echo "  one byte less: execute fails cleanly: $(sed -n 's/.*execute failed: //p' "$work/run.log")"
+    elif [[ $rc == 0 ]] && python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["failed_allocate_temp"] > 0 else 1)' "$work/fixed.out"; then
+        echo "  one byte less: every allocate_temp refused ($(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["failed_allocate_temp"])' "$work/fixed.out") calls); top-k fell back to the heap, outputs still checked"
+    else
+        echo "executorch-programs.sh: $program on $((max - 1)) bytes did not fail cleanly (exit $rc):" >&2
+        cat "$work/run.log" >&2
+        exit 1
+    fi
+done
+
+step "table"
 python3 - "$records" "$json" <<'PY'
 import json, sys
 records = [json.loads(line) for line in open(sys.argv[1])]

@@ -75,13 +75,14 @@ struct Options {
   int rounds = 5;
   bool quick = false;
   size_t fixed_bytes = 8 << 20;
+  std::string plan;  // --plan FILE: the temp plan of the warm-up round (allocator "caching")
 };
 
 [[noreturn]] void usage_error(const char* what) {
   std::fprintf(stderr,
                "executorch_programs: %s\nusage: executorch_programs --allocator "
                "malloc|platform|exact-cache|caching|fixed [--rounds N] [--quick] "
-               "[--fixed-bytes N] PROGRAM.pte\n",
+               "[--fixed-bytes N] [--plan FILE] PROGRAM.pte\n",
                what);
   std::exit(2);
 }
@@ -100,6 +101,8 @@ Options parse(int argc, char** argv) {
       o.rounds = std::atoi(value());
     } else if (a == "--quick") {
       o.quick = true;
+    } else if (a == "--plan") {
+      o.plan = value();
     } else if (a == "--fixed-bytes") {
       o.fixed_bytes = std::strtoull(value(), nullptr, 10);
     } else if (!a.empty() && a[0] == '-') {
@@ -112,6 +115,7 @@ Options parse(int argc, char** argv) {
   }
   if (o.program.empty()) usage_error("give a program (.pte)");
   if (o.rounds < 1) usage_error("--rounds must be at least 1");
+  if (!o.plan.empty() && o.allocator != "caching") usage_error("--plan needs --allocator caching");
   return o;
 }
 
@@ -139,10 +143,12 @@ bool make_temp_allocator(const Options& o, TempAllocator& t) {
     t.inner = std::move(a);
   } else if (o.allocator == "fixed") {
     if (o.fixed_bytes > UINT32_MAX) usage_error("--fixed-bytes must fit in 32 bits");
-    // Touched once now, so that executes find it mapped: the floor.
-    t.fixed_buffer.assign(o.fixed_bytes, 0);
-    t.inner = std::make_unique<MemoryAllocator>(static_cast<uint32_t>(o.fixed_bytes),
-                                                t.fixed_buffer.data());
+    // Touched once now, so that executes find it mapped: the floor. The allocator's base is
+    // 64-byte aligned, so that a buffer sized from the temp plan fits to the byte.
+    t.fixed_buffer.assign(o.fixed_bytes + 64, 0);
+    const uintptr_t raw = reinterpret_cast<uintptr_t>(t.fixed_buffer.data());
+    auto* base = reinterpret_cast<uint8_t*>((raw + 63) & ~uintptr_t{63});
+    t.inner = std::make_unique<MemoryAllocator>(static_cast<uint32_t>(o.fixed_bytes), base);
   } else {
     usage_error(("unknown allocator '" + o.allocator + "'").c_str());
   }
@@ -172,6 +178,53 @@ struct InputTensor {
 };
 
 enum class Workload { TopK, Decode };
+
+constexpr size_t kPlanCapacity = 1 << 16;
+
+// The temp plan of one round: prints the scratch of every kernel call of the round's last
+// execute and the maximum, writes them all as JSON, and for the decode program compares the
+// entry at the largest KV length with op_sdpa's formula. Returns the maximum (0 on failure).
+size_t write_temp_plan(const Options& o, const caching_allocator::ExecuTorchTempAllocator& a,
+                       int executes, int64_t formula_bytes) {
+  std::vector<size_t> peaks(kPlanCapacity);
+  const CaPlanInfo info = a.read_temp_plan(peaks.data(), peaks.size());
+  peaks.resize(info.stored);
+  if (info.dropped != 0 || info.stored == 0 || info.stored % executes != 0) {
+    std::fprintf(stderr, "executorch_programs: temp plan: %zu entries for %d executes, %llu "
+                         "dropped\n", info.stored, executes,
+                 static_cast<unsigned long long>(info.dropped));
+    return 0;
+  }
+  // Method::execute resets the temp allocator before it runs and after every instruction:
+  // each execute is one (empty) interval before its first kernel, then one per kernel call.
+  const size_t per_execute = info.stored / executes;
+  std::printf("temp plan of %s: %llu reset intervals over %d executes (%zu per execute: the "
+              "reset before the first kernel, then one per kernel call)\n",
+              o.program.c_str(), static_cast<unsigned long long>(info.intervals), executes,
+              per_execute);
+  std::printf("  last execute, bytes per kernel call:");
+  for (size_t i = info.stored - per_execute + 1; i < info.stored; i++) std::printf(" %zu", peaks[i]);
+  std::printf("\n  max over all kernel calls: %zu bytes\n", info.max_bytes);
+  bool matches = true;
+  if (formula_bytes >= 0) {
+    matches = static_cast<int64_t>(info.max_bytes) == formula_bytes;
+    std::printf("  op_sdpa_impl.h's formula at the largest KV length: %lld bytes: %s\n",
+                static_cast<long long>(formula_bytes), matches ? "equal" : "DIFFERENT");
+  }
+  FILE* f = std::fopen(o.plan.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "executorch_programs: cannot write %s\n", o.plan.c_str());
+    return 0;
+  }
+  std::fprintf(f, "{\"program\": \"%s\", \"executes\": %d, \"intervals_per_execute\": %zu, "
+                  "\"max_bytes\": %zu, \"formula_bytes\": %lld, \"peaks\": [",
+               o.program.c_str(), executes, per_execute, info.max_bytes,
+               static_cast<long long>(formula_bytes));
+  for (size_t i = 0; i < peaks.size(); i++) std::fprintf(f, "%s%zu", i ? ", " : "", peaks[i]);
+  std::fprintf(f, "]}\n");
+  std::fclose(f);
+  return matches ? info.max_bytes : 0;
+}
 
 }  // namespace
 
@@ -302,7 +355,24 @@ int main(int argc, char** argv) {
     return h;
   };
 
+  auto* caching = dynamic_cast<caching_allocator::ExecuTorchTempAllocator*>(temp.inner.get());
+  if (!o.plan.empty() && !caching->start_temp_plan(kPlanCapacity)) {
+    std::fprintf(stderr, "executorch_programs: start_temp_plan: %s\n", caching->last_error().message);
+    return 1;
+  }
   const uint64_t warm_hash = round();  // warm-up: not measured
+  size_t plan_max = 0;
+  if (!o.plan.empty()) {
+    caching->stop_temp_plan();
+    int64_t formula = -1;
+    if (workload == Workload::Decode) {
+      // sdpa_decode.pte's threads and head_dim (scripts/executorch-pte.py), at the largest KV.
+      const auto s = ca_example::sdpa_decode_scratch_bytes(kv_lengths.back(), 8, 64);
+      formula = static_cast<int64_t>(s.accum_bytes + s.dequant_bytes);
+    }
+    plan_max = write_temp_plan(o, *caching, executes_per_round, formula);
+    if (plan_max == 0) return 1;
+  }
   std::vector<double> ns_per_execute;
   ns_per_execute.reserve(static_cast<size_t>(o.rounds));  // no heap call while counting
   bool hashes_agree = true;
@@ -336,12 +406,12 @@ int main(int argc, char** argv) {
       "\"heap_calls_per_execute\": %.3f, \"page_faults_per_execute\": %.3f, "
       "\"time_per_execute_ns\": {\"median\": %.0f, \"min\": %.0f, \"max\": %.0f}, "
       "\"temp_peak_bytes\": %zu, \"temp_calls_per_execute\": %.3f, "
-      "\"failed_allocate_temp\": %" PRIu64 "}\n",
+      "\"failed_allocate_temp\": %" PRIu64 ", \"plan_max_bytes\": %zu}\n",
       name.c_str(), o.allocator.c_str(), warm_hash, (correct && hashes_agree) ? "true" : "false",
       o.rounds, executes_per_round, heap_calls / executes, faults / executes,
       sorted[sorted.size() / 2], sorted.front(), sorted.back(),
       temp.counting->peak_interval_bytes(),
       static_cast<double>(temp.counting->calls()) / (executes + executes_per_round),
-      temp.counting->failed());
+      temp.counting->failed(), plan_max);
   return correct && hashes_agree ? 0 : 1;
 }
