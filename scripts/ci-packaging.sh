@@ -12,11 +12,14 @@
 #      each temp allocator, outputs equal, bad program files refused, and
 #      ExecuTorchTempAllocator at 0 heap calls and 0 page faults per execute after warm-up
 #      (scripts/executorch-programs.sh --quick: its table);
-#   6. `cargo package` of the publishable crates with no warning, then each packaged crate's
+#   6. the static library cross-built for aarch64-apple-ios, aarch64-apple-ios-sim and
+#      aarch64-linux-android, each checked to define the header's functions, sizes printed
+#      (scripts/cross-capi.sh; a target rustup cannot install is reported, not built);
+#   7. `cargo package` of the publishable crates with no warning, then each packaged crate's
 #      own tests run from its unpacked .crate (scripts/test-packaged-crates.sh).
 #
 #   scripts/ci-packaging.sh            # all
-#   scripts/ci-packaging.sh install cmake pkg-config executorch executorch-programs package   # any, in order
+#   scripts/ci-packaging.sh install cmake pkg-config executorch executorch-programs cross package   # any, in order
 #
 # Needs cmake, pkg-config, gcc, g++ and python3 with venv (.ci/run installs them). Called by
 # .ci/run.
@@ -24,7 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$PWD"
 
-steps=("${@:-install cmake pkg-config executorch executorch-programs package}")
+steps=("${@:-install cmake pkg-config executorch executorch-programs cross package}")
 read -r -a steps <<<"${steps[*]}"
 work=$(mktemp -d "${TMPDIR:-/tmp}/ca-packaging.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -149,8 +152,9 @@ for step in "${steps[@]}"; do
         pkg-config) timed "pkg-config consumer" pkg_config_consumer ;;
         executorch) timed "the C++ adapter in the real ExecuTorch runtime (executorch $executorch_version wheel)" executorch_consumer ;;
         executorch-programs) timed "ExecuTorch programs with each temp allocator (scripts/executorch-programs.sh --quick)" executorch_programs ;;
+        cross) timed "the static library for iOS and Android (scripts/cross-capi.sh)" scripts/cross-capi.sh ;;
         package) timed "cargo package + the packaged crates' tests" package_crates ;;
-        *) echo "ci-packaging.sh: unknown step '$step' (install, cmake, pkg-config, executorch, executorch-programs, package)" >&2
+        *) echo "ci-packaging.sh: unknown step '$step' (install, cmake, pkg-config, executorch, executorch-programs, cross, package)" >&2
            exit 2 ;;
     esac
 done
