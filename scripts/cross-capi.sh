@@ -23,11 +23,13 @@ functions=$(sed -n 's/^[a-z].* \**\(ca_[a-z_]*\)(.*/\1/p' crates/capi/include/ca
 target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 
 missing=0
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 for t in "${targets[@]}"; do
     t0=$(date +%s)
     if ! rustup target list --installed | grep -qx "$t"; then
-        if ! rustup target add "$t" >/tmp/cross-capi-rustup.log 2>&1; then
-            echo "$t: NOT BUILT: rustup could not install the target: $(grep -m1 -i 'error' /tmp/cross-capi-rustup.log || tail -n 1 /tmp/cross-capi-rustup.log)"
+        if ! rustup target add "$t" >"$log" 2>&1; then
+            echo "$t: NOT BUILT: rustup could not install the target: $(grep -m1 -i 'error' "$log" || tail -n 1 "$log")"
             missing=$((missing + 1))
             continue
         fi

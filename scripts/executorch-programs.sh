@@ -24,8 +24,8 @@
 #
 # Fails if outputs differ, a result is wrong, an allocate_temp failed, or
 # ExecuTorchTempAllocator ("caching") makes a heap call or a page fault per execute after
-# warm-up. --quick: fewer executes (CI). Needs cmake-free python3 with venv, g++, and network
-# access to PyPI the first time.
+# warm-up. --quick: fewer executes (CI). Needs python3 with venv, g++ (glibc: the heap
+# counter interposes glibc's malloc) and PyPI the first time (cmake comes from there too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$PWD"
