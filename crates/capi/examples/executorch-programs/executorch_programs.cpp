@@ -360,7 +360,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "executorch_programs: start_temp_plan: %s\n", caching->last_error().message);
     return 1;
   }
+  const uint64_t warm_heap0 = heap_count::calls();
   const uint64_t warm_hash = round();  // warm-up: not measured
+  const uint64_t warmup_heap_calls = heap_count::calls() - warm_heap0;
   size_t plan_max = 0;
   if (!o.plan.empty()) {
     caching->stop_temp_plan();
@@ -406,12 +408,13 @@ int main(int argc, char** argv) {
       "\"heap_calls_per_execute\": %.3f, \"page_faults_per_execute\": %.3f, "
       "\"time_per_execute_ns\": {\"median\": %.0f, \"min\": %.0f, \"max\": %.0f}, "
       "\"temp_peak_bytes\": %zu, \"temp_calls_per_execute\": %.3f, "
-      "\"failed_allocate_temp\": %" PRIu64 ", \"plan_max_bytes\": %zu}\n",
+      "\"failed_allocate_temp\": %" PRIu64 ", \"plan_max_bytes\": %zu, "
+      "\"warmup_heap_calls\": %" PRIu64 "}\n",
       name.c_str(), o.allocator.c_str(), warm_hash, (correct && hashes_agree) ? "true" : "false",
       o.rounds, executes_per_round, heap_calls / executes, faults / executes,
       sorted[sorted.size() / 2], sorted.front(), sorted.back(),
       temp.counting->peak_interval_bytes(),
       static_cast<double>(temp.counting->calls()) / (executes + executes_per_round),
-      temp.counting->failed(), plan_max);
+      temp.counting->failed(), plan_max, warmup_heap_calls);
   return correct && hashes_agree ? 0 : 1;
 }
