@@ -362,8 +362,10 @@ void trim_to_shrinks_to_the_target_and_keeps_live_blocks() {
   CHECK(temp.trim_to(kMiB) == temp.stats().live_bytes);
   CHECK(temp.stats().cached_bytes == 0 && temp.stats().live_blocks == 1);
   CHECK(live[live_size / 2] == 0x5A);
+  CHECK(temp.allocate(1000) != nullptr);  // a small block: the thread's arena
   temp.reset();
-  CHECK(temp.trim_to(0) == 0);
+  CHECK(temp.trim_to(0) == 0);  // between kernels, everything goes back, arena chunks too
+  CHECK(temp.stats().arena_chunks == 0);
 }
 
 // The temp plan through the adapter: every reset interval's peak, in order; off by default.
