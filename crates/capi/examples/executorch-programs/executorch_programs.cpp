@@ -182,10 +182,12 @@ enum class Workload { TopK, Decode };
 constexpr size_t kPlanCapacity = 1 << 16;
 
 // The temp plan of one round: prints the scratch of every kernel call of the round's last
-// execute and the maximum, writes them all as JSON, and for the decode program compares the
-// entry at the largest KV length with op_sdpa's formula. Returns the maximum (0 on failure).
+// execute and the maximum, writes them all as JSON, checks the maximum equals the largest
+// interval peak the allocator's stats showed after a reset (stats_max), and for the decode
+// program that it equals op_sdpa's formula at the largest KV length. Returns the maximum, 0 if
+// a check failed.
 size_t write_temp_plan(const Options& o, const caching_allocator::ExecuTorchTempAllocator& a,
-                       int executes, int64_t formula_bytes) {
+                       int executes, int64_t formula_bytes, size_t stats_max) {
   std::vector<size_t> peaks(kPlanCapacity);
   const CaPlanInfo info = a.read_temp_plan(peaks.data(), peaks.size());
   peaks.resize(info.stored);
@@ -205,11 +207,14 @@ size_t write_temp_plan(const Options& o, const caching_allocator::ExecuTorchTemp
   std::printf("  last execute, bytes per kernel call:");
   for (size_t i = info.stored - per_execute + 1; i < info.stored; i++) std::printf(" %zu", peaks[i]);
   std::printf("\n  max over all kernel calls: %zu bytes\n", info.max_bytes);
-  bool matches = true;
+  bool matches = info.max_bytes == stats_max;
+  std::printf("  the largest last_interval_peak_bytes the stats showed after a reset: %zu: %s\n",
+              stats_max, matches ? "equal" : "DIFFERENT");
   if (formula_bytes >= 0) {
-    matches = static_cast<int64_t>(info.max_bytes) == formula_bytes;
+    matches &= static_cast<int64_t>(info.max_bytes) == formula_bytes;
     std::printf("  op_sdpa_impl.h's formula at the largest KV length: %lld bytes: %s\n",
-                static_cast<long long>(formula_bytes), matches ? "equal" : "DIFFERENT");
+                static_cast<long long>(formula_bytes),
+                static_cast<int64_t>(info.max_bytes) == formula_bytes ? "equal" : "DIFFERENT");
   }
   FILE* f = std::fopen(o.plan.c_str(), "w");
   if (f == nullptr) {
@@ -356,6 +361,7 @@ int main(int argc, char** argv) {
   };
 
   auto* caching = dynamic_cast<caching_allocator::ExecuTorchTempAllocator*>(temp.inner.get());
+  if (!o.plan.empty()) temp.counting->watch_interval_peaks(caching);
   if (!o.plan.empty() && !caching->start_temp_plan(kPlanCapacity)) {
     std::fprintf(stderr, "executorch_programs: start_temp_plan: %s\n", caching->last_error().message);
     return 1;
@@ -372,7 +378,9 @@ int main(int argc, char** argv) {
       const auto s = ca_example::sdpa_decode_scratch_bytes(kv_lengths.back(), 8, 64);
       formula = static_cast<int64_t>(s.accum_bytes + s.dequant_bytes);
     }
-    plan_max = write_temp_plan(o, *caching, executes_per_round, formula);
+    temp.counting->watch_interval_peaks(nullptr);
+    plan_max = write_temp_plan(o, *caching, executes_per_round, formula,
+                               temp.counting->stats_max_interval_peak());
     if (plan_max == 0) return 1;
   }
   std::vector<double> ns_per_execute;

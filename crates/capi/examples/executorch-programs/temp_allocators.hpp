@@ -9,6 +9,7 @@
 #ifndef CA_EXAMPLE_TEMP_ALLOCATORS_HPP
 #define CA_EXAMPLE_TEMP_ALLOCATORS_HPP
 
+#include <caching_allocator_executorch.hpp>
 #include <executorch/runtime/core/memory_allocator.h>
 
 #include <algorithm>
@@ -97,7 +98,16 @@ class Counting final : public executorch::runtime::MemoryAllocator {
   void reset() override {
     inner_.reset();
     interval_bytes_ = 0;
+    if (watched_ != nullptr) {
+      stats_max_interval_peak_ =
+          std::max(stats_max_interval_peak_, watched_->stats().last_interval_peak_bytes);
+    }
   }
+
+  // After every reset, reads the caching allocator's last_interval_peak_bytes and keeps the
+  // largest: what the temp plan's maximum must equal (the runner's --plan mode).
+  void watch_interval_peaks(const caching_allocator::ExecuTorchTempAllocator* a) { watched_ = a; }
+  size_t stats_max_interval_peak() const { return stats_max_interval_peak_; }
 
   uint64_t calls() const { return calls_; }
   uint64_t failed() const { return failed_; }
@@ -105,6 +115,8 @@ class Counting final : public executorch::runtime::MemoryAllocator {
 
  private:
   MemoryAllocator& inner_;
+  const caching_allocator::ExecuTorchTempAllocator* watched_ = nullptr;
+  size_t stats_max_interval_peak_ = 0;
   uint64_t calls_ = 0;
   uint64_t failed_ = 0;
   size_t interval_bytes_ = 0;
