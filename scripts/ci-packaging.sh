@@ -8,11 +8,18 @@
 #      venv (target/executorch-venv), crates/capi/examples/executorch built with its CMake
 #      package (find_package(executorch) + find_package(caching_allocator)) and, the same
 #      program, with plain g++ and the flags the README gives; both run;
-#   5. `cargo package` of the publishable crates with no warning, then each packaged crate's
+#   5. ExecuTorch programs (.pte written with the wheel's flatc) run by ExecuTorch's Method with
+#      each temp allocator, outputs equal, bad program files refused, and
+#      ExecuTorchTempAllocator at 0 heap calls and 0 page faults per execute after warm-up
+#      (scripts/executorch-programs.sh --quick: its table);
+#   6. the static library cross-built for aarch64-apple-ios, aarch64-apple-ios-sim and
+#      aarch64-linux-android, each checked to define the header's functions, sizes printed
+#      (scripts/cross-capi.sh; a target rustup cannot install is reported, not built);
+#   7. `cargo package` of the publishable crates with no warning, then each packaged crate's
 #      own tests run from its unpacked .crate (scripts/test-packaged-crates.sh).
 #
 #   scripts/ci-packaging.sh            # all
-#   scripts/ci-packaging.sh install cmake pkg-config executorch package   # any, in order
+#   scripts/ci-packaging.sh install cmake pkg-config executorch executorch-programs cross package   # any, in order
 #
 # Needs cmake, pkg-config, gcc, g++ and python3 with venv (.ci/run installs them). Called by
 # .ci/run.
@@ -20,7 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$PWD"
 
-steps=("${@:-install cmake pkg-config executorch package}")
+steps=("${@:-install cmake pkg-config executorch executorch-programs cross package}")
 read -r -a steps <<<"${steps[*]}"
 work=$(mktemp -d "${TMPDIR:-/tmp}/ca-packaging.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -129,6 +136,11 @@ executorch_consumer() {
     grep -q "checks, 0 failed" "$work/executorch-plain.log"
 }
 
+# Quick mode and 3 rounds: the table is printed, the checks hold; the timing is only indicative.
+executorch_programs() {
+    scripts/executorch-programs.sh --quick --rounds 3
+}
+
 package_crates() {
     scripts/test-packaged-crates.sh
 }
@@ -139,8 +151,10 @@ for step in "${steps[@]}"; do
         cmake) timed "CMake consumer: find_package(caching_allocator)" cmake_consumer ;;
         pkg-config) timed "pkg-config consumer" pkg_config_consumer ;;
         executorch) timed "the C++ adapter in the real ExecuTorch runtime (executorch $executorch_version wheel)" executorch_consumer ;;
+        executorch-programs) timed "ExecuTorch programs with each temp allocator (scripts/executorch-programs.sh --quick)" executorch_programs ;;
+        cross) timed "the static library for iOS and Android (scripts/cross-capi.sh)" scripts/cross-capi.sh ;;
         package) timed "cargo package + the packaged crates' tests" package_crates ;;
-        *) echo "ci-packaging.sh: unknown step '$step' (install, cmake, pkg-config, executorch, package)" >&2
+        *) echo "ci-packaging.sh: unknown step '$step' (install, cmake, pkg-config, executorch, executorch-programs, cross, package)" >&2
            exit 2 ;;
     esac
 done

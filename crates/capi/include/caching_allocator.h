@@ -7,9 +7,9 @@
  * last failure without a handle, e.g. ca_create).
  *
  * Threads: any thread may call ca_allocate, ca_release, ca_reset, ca_free_cached, ca_trim,
- * ca_stats and ca_last_error concurrently on one handle. No block handed out before a ca_reset
- * may be used or released after it (a block allocated while it runs may or may not be reset:
- * order such allocations after the reset). ca_destroy needs exclusive access.
+ * ca_stats, ca_last_error and ca_plan_* concurrently on one handle. No block handed out before
+ * a ca_reset may be used or released after it (a block allocated while it runs may or may
+ * not be reset: order such allocations after the reset). ca_destroy needs exclusive access.
  *
  * Semantics to know (see ca_allocate): alignments above CA_MAX_ALIGN (2 MiB) are refused;
  * ca_allocate(a, 0, align) returns a non-NULL pointer that must not be dereferenced and may be
@@ -133,6 +133,33 @@ typedef struct CaConfig {
      */
     size_t arena_max_bytes;
 } CaConfig;
+
+/**
+ * What a temp plan holds, from `ca_plan_read`.
+ */
+typedef struct CaPlanInfo {
+    /**
+     * Entries stored in the plan's buffer (at most the capacity given to `ca_plan_start`).
+     */
+    size_t stored;
+    /**
+     * Reset intervals recorded since `ca_plan_start`, stored or not.
+     */
+    uint64_t intervals;
+    /**
+     * Intervals not stored because the buffer was full (they still count in `max_bytes`).
+     */
+    uint64_t dropped;
+    /**
+     * The largest interval peak recorded: the temp memory the program needs at most, in the
+     * allocator's block bytes (`CaStats::last_interval_peak_bytes`).
+     */
+    size_t max_bytes;
+    /**
+     * Whether resets are being recorded now.
+     */
+    bool recording;
+} CaPlanInfo;
 
 /**
  * A snapshot of an allocator's counters, from `ca_stats`. Byte counts of blocks are class
@@ -335,6 +362,46 @@ enum CaStatus ca_release(struct CaAllocator *a, void *ptr);
  * used or released after it.
  */
 enum CaStatus ca_reset(struct CaAllocator *a);
+
+/**
+ * Starts a temp plan: from the next `ca_reset` on, the high-water mark of every reset
+ * interval (`CaStats::last_interval_peak_bytes`; with ExecuTorch, whose runtime resets the
+ * temp allocator after every kernel: the scratch of every kernel call) is recorded, in the
+ * order of the resets, keeping the first `capacity` entries (later ones count in
+ * `CaPlanInfo::max_bytes` and `dropped`). Clears an earlier plan. The buffer is allocated
+ * here, once: recording allocates nothing. `CA_STATUS_OUT_OF_MEMORY` if it cannot be.
+ *
+ * Off by default; `ca_allocate` is never affected, and while no plan records, `ca_reset`
+ * costs one atomic load more. With resets on several threads at once, entries follow the
+ * order the resets finished in.
+ *
+ * # Safety
+ * `a` is NULL or a live handle from `ca_create`.
+ */
+enum CaStatus ca_plan_start(struct CaAllocator *a, size_t capacity);
+
+/**
+ * Stops recording the temp plan; what it holds stays readable with `ca_plan_read`.
+ *
+ * # Safety
+ * `a` is NULL or a live handle from `ca_create`.
+ */
+enum CaStatus ca_plan_stop(struct CaAllocator *a);
+
+/**
+ * Reads the temp plan: fills `*info`, and copies the first `min(peaks_len, info->stored)`
+ * interval peaks (bytes, in the order run) into `peaks`. `peaks` may be NULL when
+ * `peaks_len` is 0 (to read `info` only). `CA_STATUS_NULL_ARGUMENT` if `info` is NULL, or
+ * `peaks` is NULL with `peaks_len` > 0. Thread-safe.
+ *
+ * # Safety
+ * `a` is NULL or a live handle from `ca_create`; `info` is NULL or valid for writing a
+ * `CaPlanInfo`; `peaks` is NULL or valid for writing `peaks_len` `size_t`s.
+ */
+enum CaStatus ca_plan_read(const struct CaAllocator *a,
+                           size_t *peaks,
+                           size_t peaks_len,
+                           struct CaPlanInfo *info);
 
 /**
  * Gives every idle cached block back to the system. Thread-safe.

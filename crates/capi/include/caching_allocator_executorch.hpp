@@ -33,7 +33,9 @@
  *   first (CPUCachingAllocator frees everything at reset once its total passes the cap);
  * - sizes are rounded to size classes (under 12.5% waste from 1 KiB), so scratch that grows a
  *   little every call (attention decode) hits the cache instead of missing on every token;
- * - stats() gives hits, misses, live/cached/peak bytes; last_error() says why a call failed.
+ * - stats() gives hits, misses, live/cached/peak bytes; last_error() says why a call failed;
+ * - a temp plan (start_temp_plan, read_temp_plan) reports the scratch of every kernel call,
+ *   to size a fixed temp buffer from; trim_to(bytes) shrinks it on an OS memory warning.
  */
 #ifndef CACHING_ALLOCATOR_EXECUTORCH_HPP
 #define CACHING_ALLOCATOR_EXECUTORCH_HPP
@@ -124,6 +126,39 @@ class ExecuTorchTempAllocator : public executorch::runtime::MemoryAllocator {
 
   /* Keeps at most keep_bytes of idle blocks, giving back the least recently used. */
   void trim(size_t keep_bytes) { ca_trim(a_, keep_bytes); }
+
+  /* On memory pressure (iOS didReceiveMemoryWarning, Android onTrimMemory): gives idle cached
+   * blocks back to the system, least recently used first, until the bytes held (live + idle,
+   * CaStats::reserved_bytes) are at most target_bytes. Live blocks, those handed out since the
+   * last reset, are never touched: if they alone exceed target_bytes, every idle block goes
+   * and the allocator holds just the live ones. Returns the bytes held afterwards (<=
+   * target_bytes unless the live ones exceed it). Thread-safe; blocks other threads allocate
+   * meanwhile may leave it above the target. trim_to(0) is free_cached() between kernels. */
+  size_t trim_to(size_t target_bytes) {
+    const size_t live = stats().live_bytes;
+    ca_trim(a_, target_bytes > live ? target_bytes - live : 0);
+    return stats().reserved_bytes;
+  }
+
+  /* Temp plan: from the next reset on, records the scratch high-water mark of every reset
+   * interval, which under ExecuTorch's Method (it resets the temp allocator after every
+   * instruction, and once before execute) is every kernel call, in the order run; the first
+   * `capacity` entries are kept, the maximum covers all. Clears an earlier plan. The buffer is
+   * allocated here: recording allocates nothing, and allocate() is the same with or without a
+   * plan. Returns false if the buffer could not be allocated (last_error() says why). */
+  bool start_temp_plan(size_t capacity) { return ca_plan_start(a_, capacity) == CA_STATUS_OK; }
+
+  /* Stops recording; the plan stays readable. */
+  void stop_temp_plan() { ca_plan_stop(a_); }
+
+  /* The plan's summary (entries stored, intervals, dropped, the maximum: the temp bytes the
+   * program needs, in the allocator's block bytes), with its first peaks_len entries copied
+   * into peaks (which may be nullptr when peaks_len is 0). */
+  CaPlanInfo read_temp_plan(size_t* peaks = nullptr, size_t peaks_len = 0) const {
+    CaPlanInfo info{};
+    ca_plan_read(a_, peaks, peaks_len, &info);
+    return info;
+  }
 
   /* Whether the allocator was created; false only after a failed ca_create. */
   bool ok() const { return a_ != nullptr; }

@@ -14,10 +14,16 @@
 //!   checks found an overrun during `ca_reset`), and print nothing unless the program opts in
 //!   (`ca_set_panic_output`, `panic_output.rs`).
 //!
+//! # Temp plan
+//! `ca_plan_start` records the scratch high-water mark of every reset interval (every kernel
+//! call, under ExecuTorch) into a bounded buffer that `ca_plan_read` returns, with the maximum:
+//! the temp memory a program needs, to size a fixed buffer from (`temp_plan.rs`). Off by
+//! default; it never touches `ca_allocate`.
+//!
 //! # Threads
 //! Any thread may call `ca_allocate`, `ca_release`, `ca_reset`, `ca_free_cached`, `ca_trim`,
-//! `ca_stats` and `ca_last_error` at the same time as other threads call them on the same
-//! handle, as ExecuTorch's own thread-safety test does with its allocator's `reset()`. A block
+//! `ca_stats`, `ca_last_error` and the temp plan's `ca_plan_start`, `ca_plan_stop` and
+//! `ca_plan_read` at the same time as other threads call them on the same handle, as ExecuTorch's own thread-safety test does with its allocator's `reset()`. A block
 //! may be released on another thread than the one that allocated it.
 //!
 //! No block handed out before a `ca_reset` may be used or released after it; a block allocated
@@ -36,6 +42,7 @@ use ca::{CachingAllocator, Config, Stats};
 mod last_error;
 mod messages;
 mod panic_output;
+mod temp_plan;
 #[cfg(test)]
 mod tests;
 
@@ -255,6 +262,24 @@ impl From<Stats> for CaStats {
 pub struct CaAllocator {
     inner: CachingAllocator,
     errors: last_error::PerThread,
+    plan: temp_plan::TempPlan,
+}
+
+/// What a temp plan holds, from `ca_plan_read`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CaPlanInfo {
+    /// Entries stored in the plan's buffer (at most the capacity given to `ca_plan_start`).
+    pub stored: usize,
+    /// Reset intervals recorded since `ca_plan_start`, stored or not.
+    pub intervals: u64,
+    /// Intervals not stored because the buffer was full (they still count in `max_bytes`).
+    pub dropped: u64,
+    /// The largest interval peak recorded: the temp memory the program needs at most, in the
+    /// allocator's block bytes (`CaStats::last_interval_peak_bytes`).
+    pub max_bytes: usize,
+    /// Whether resets are being recorded now.
+    pub recording: bool,
 }
 
 /// Why a call failed, before it is recorded.
@@ -378,6 +403,7 @@ pub unsafe extern "C" fn ca_create(config: *const CaConfig) -> *mut CaAllocator 
         Ok(Box::new(CaAllocator {
             inner: CachingAllocator::with_config(config.into()),
             errors: last_error::PerThread::default(),
+            plan: temp_plan::TempPlan::default(),
         }))
     }) {
         Ok(handle) => Box::into_raw(handle),
@@ -516,8 +542,121 @@ pub unsafe extern "C" fn ca_reset(a: *mut CaAllocator) -> CaStatus {
         // `Corrupted`, after every other block was reset.
         unsafe { inner.try_reset_unchecked() }.map_err(|e| messages::failure(&e, inner, FUNCTION))
     };
+    // SAFETY: by this function's contract a non-null `a` points to a live `CaAllocator`, which
+    // is `Sync`, so a shared borrow is sound while other threads use it too.
+    let Some(handle) = (unsafe { a.cast_const().as_ref() }) else {
+        return null_handle(FUNCTION);
+    };
+    let result = handle.call(FUNCTION, reset);
+    // The temp plan (off by default: then this is one relaxed load). The interval ended even
+    // if debug checks found an overrun, so it is recorded either way.
+    if handle.plan.is_recording() {
+        let _ = handle.call(FUNCTION, |inner| {
+            handle.plan.record(inner.stats().last_interval_peak_bytes);
+            Ok(())
+        });
+    }
+    status(result)
+}
+
+/// Starts a temp plan: from the next `ca_reset` on, the high-water mark of every reset
+/// interval (`CaStats::last_interval_peak_bytes`; with ExecuTorch, whose runtime resets the
+/// temp allocator after every kernel: the scratch of every kernel call) is recorded, in the
+/// order of the resets, keeping the first `capacity` entries (later ones count in
+/// `CaPlanInfo::max_bytes` and `dropped`). Clears an earlier plan. The buffer is allocated
+/// here, once: recording allocates nothing. `CA_STATUS_OUT_OF_MEMORY` if it cannot be.
+///
+/// Off by default; `ca_allocate` is never affected, and while no plan records, `ca_reset`
+/// costs one atomic load more. With resets on several threads at once, entries follow the
+/// order the resets finished in.
+///
+/// # Safety
+/// `a` is NULL or a live handle from `ca_create`.
+#[no_mangle]
+pub unsafe extern "C" fn ca_plan_start(a: *mut CaAllocator, capacity: usize) -> CaStatus {
+    const FUNCTION: &str = "ca_plan_start";
     // SAFETY: `a` is NULL or live, by this function's contract.
-    status(unsafe { call_on(a, FUNCTION, reset) })
+    let Some(handle) = (unsafe { a.cast_const().as_ref() }) else {
+        return null_handle(FUNCTION);
+    };
+    status(handle.call(FUNCTION, |_| {
+        handle.plan.start(capacity).map_err(|_| {
+            Failure::new(
+                CaStatus::OutOfMemory,
+                format!(
+                    "no memory for a plan of {capacity} entries: pass a smaller capacity \
+                     (the maximum is kept whatever the capacity)"
+                ),
+            )
+        })
+    }))
+}
+
+/// Stops recording the temp plan; what it holds stays readable with `ca_plan_read`.
+///
+/// # Safety
+/// `a` is NULL or a live handle from `ca_create`.
+#[no_mangle]
+pub unsafe extern "C" fn ca_plan_stop(a: *mut CaAllocator) -> CaStatus {
+    const FUNCTION: &str = "ca_plan_stop";
+    // SAFETY: `a` is NULL or live, by this function's contract.
+    let Some(handle) = (unsafe { a.cast_const().as_ref() }) else {
+        return null_handle(FUNCTION);
+    };
+    status(handle.call(FUNCTION, |_| {
+        handle.plan.stop();
+        Ok(())
+    }))
+}
+
+/// Reads the temp plan: fills `*info`, and copies the first `min(peaks_len, info->stored)`
+/// interval peaks (bytes, in the order run) into `peaks`. `peaks` may be NULL when
+/// `peaks_len` is 0 (to read `info` only). `CA_STATUS_NULL_ARGUMENT` if `info` is NULL, or
+/// `peaks` is NULL with `peaks_len` > 0. Thread-safe.
+///
+/// # Safety
+/// `a` is NULL or a live handle from `ca_create`; `info` is NULL or valid for writing a
+/// `CaPlanInfo`; `peaks` is NULL or valid for writing `peaks_len` `size_t`s.
+#[no_mangle]
+pub unsafe extern "C" fn ca_plan_read(
+    a: *const CaAllocator,
+    peaks: *mut usize,
+    peaks_len: usize,
+    info: *mut CaPlanInfo,
+) -> CaStatus {
+    const FUNCTION: &str = "ca_plan_read";
+    // SAFETY: `a` is NULL or live, by this function's contract.
+    let Some(handle) = (unsafe { a.as_ref() }) else {
+        return null_handle(FUNCTION);
+    };
+    status(handle.call(FUNCTION, |_| {
+        if info.is_null() || (peaks.is_null() && peaks_len > 0) {
+            return Err(Failure::new(
+                CaStatus::NullArgument,
+                "info is NULL, or peaks is NULL with peaks_len > 0: pass a CaPlanInfo to fill \
+                 (and an array of peaks_len size_t, or peaks_len 0)",
+            ));
+        }
+        let out: &mut [usize] = if peaks_len == 0 {
+            &mut []
+        } else {
+            // SAFETY: non-null, and the caller guarantees it is valid for writing `peaks_len`
+            // `size_t`s (`usize` has `size_t`'s size and alignment: `usize_is_size_t`).
+            unsafe { core::slice::from_raw_parts_mut(peaks, peaks_len) }
+        };
+        let s = handle.plan.read(out);
+        let filled = CaPlanInfo {
+            stored: s.stored,
+            intervals: s.intervals,
+            dropped: s.dropped,
+            max_bytes: s.max_bytes,
+            recording: s.recording,
+        };
+        // SAFETY: non-null, and the caller guarantees it is valid for writing a `CaPlanInfo`;
+        // `write_unaligned` needs no alignment and drops nothing (plain data).
+        unsafe { info.write_unaligned(filled) };
+        Ok(())
+    }))
 }
 
 /// Gives every idle cached block back to the system. Thread-safe.

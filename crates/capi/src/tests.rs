@@ -709,3 +709,122 @@ fn stats_report_the_last_calls_high_water_mark_and_the_arena() {
         ca_destroy(a);
     }
 }
+
+fn plan(a: *mut CaAllocator, peaks: &mut [usize]) -> CaPlanInfo {
+    let mut info = CaPlanInfo::default();
+    // SAFETY: `a` is live, `peaks` and `info` are valid for writing.
+    let status = unsafe { ca_plan_read(a, peaks.as_mut_ptr(), peaks.len(), &mut info) };
+    assert_eq!(status, CaStatus::Ok);
+    info
+}
+
+/// Kernel calls of changing scratch, as a decode step's attention asks: arena-sized blocks,
+/// blocks of their own, and an empty interval.
+const PLAN_CALLS: [&[usize]; 6] = [
+    &[1000, 3000],
+    &[18_496, 1 << 20],
+    &[],
+    &[200_000],
+    &[64, 64, 64, 5 << 20],
+    &[30_000, 30_000],
+];
+
+#[test]
+fn temp_plan_records_every_intervals_peak_and_its_max_is_the_largest_the_stats_saw() {
+    let a = create(ca_config_default());
+    let mut seen = Vec::new();
+    // SAFETY: `a` is live; blocks are not used after the reset that ends their interval.
+    unsafe {
+        assert!(!ca_allocate(a, 4096, 64).is_null());
+        assert_eq!(ca_reset(a), CaStatus::Ok); // before the plan: not recorded
+        assert_eq!(plan(a, &mut []), CaPlanInfo::default());
+        assert_eq!(ca_plan_start(a, 64), CaStatus::Ok);
+        for _ in 0..3 {
+            for call in PLAN_CALLS {
+                for &size in call {
+                    assert!(!ca_allocate(a, size, 64).is_null());
+                }
+                assert_eq!(ca_reset(a), CaStatus::Ok);
+                seen.push(stats(a).last_interval_peak_bytes);
+            }
+        }
+    }
+    let mut peaks = vec![0; 64];
+    let info = plan(a, &mut peaks);
+    assert_eq!(&peaks[..seen.len()], &seen[..], "in the order run");
+    assert_eq!(
+        (info.stored, info.intervals, info.dropped, info.recording),
+        (seen.len(), seen.len() as u64, 0, true)
+    );
+    assert_eq!(info.max_bytes, *seen.iter().max().unwrap());
+    assert!(info.max_bytes >= (5 << 20) + 3 * 64, "{info:?}");
+    assert_eq!(seen[2], 0, "the empty interval");
+    // SAFETY: `a` is live and not used afterwards.
+    unsafe {
+        assert_eq!(ca_plan_stop(a), CaStatus::Ok);
+        assert_eq!(ca_reset(a), CaStatus::Ok);
+        assert_eq!(plan(a, &mut []).intervals, seen.len() as u64, "stopped");
+        ca_destroy(a);
+    }
+}
+
+#[test]
+fn temp_plan_keeps_its_capacity_and_still_counts_the_max_of_what_it_dropped() {
+    let a = create(ca_config_default());
+    let mut seen = Vec::new();
+    // SAFETY: `a` is live; blocks are not used after the reset that ends their interval.
+    unsafe {
+        assert_eq!(ca_plan_start(a, 2), CaStatus::Ok);
+        for call in PLAN_CALLS {
+            for &size in call {
+                assert!(!ca_allocate(a, size, 64).is_null());
+            }
+            assert_eq!(ca_reset(a), CaStatus::Ok);
+            seen.push(stats(a).last_interval_peak_bytes);
+        }
+    }
+    let mut peaks = [0; 4];
+    let info = plan(a, &mut peaks);
+    assert_eq!(&peaks[..2], &seen[..2]);
+    assert_eq!(peaks[2..], [0, 0], "nothing past what is stored");
+    assert_eq!((info.stored, info.dropped), (2, seen.len() as u64 - 2));
+    assert_eq!(
+        info.max_bytes,
+        *seen.iter().max().unwrap(),
+        "the max of dropped entries too"
+    );
+    // SAFETY: `a` is live and not used afterwards.
+    unsafe { ca_destroy(a) };
+}
+
+#[test]
+fn temp_plan_calls_refuse_null_arguments_with_a_message() {
+    let a = create(ca_config_default());
+    // SAFETY: NULL handles and NULL outputs are what is tested; `a` is live.
+    unsafe {
+        assert_eq!(ca_plan_start(null_mut(), 4), CaStatus::NullHandle);
+        assert_eq!(ca_plan_stop(null_mut()), CaStatus::NullHandle);
+        let mut info = CaPlanInfo::default();
+        assert_eq!(
+            ca_plan_read(null_mut(), null_mut(), 0, &mut info),
+            CaStatus::NullHandle
+        );
+        assert_eq!(
+            ca_plan_read(a, null_mut(), 0, null_mut()),
+            CaStatus::NullArgument
+        );
+        assert_eq!(
+            ca_plan_read(a, null_mut(), 3, &mut info),
+            CaStatus::NullArgument
+        );
+        assert!(message(ca_last_error(a)).contains("ca_plan_read: info is NULL"));
+        assert_eq!(ca_plan_read(a, null_mut(), 0, &mut info), CaStatus::Ok);
+        assert_eq!(
+            ca_plan_start(a, usize::MAX),
+            CaStatus::OutOfMemory,
+            "a capacity that cannot be reserved"
+        );
+        assert!(message(ca_last_error(a)).contains("smaller capacity"));
+        ca_destroy(a);
+    }
+}

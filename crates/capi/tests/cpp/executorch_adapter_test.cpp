@@ -336,6 +336,65 @@ void reset_races_with_allocations() {
   CHECK(s.cached_bytes <= 4 * kMiB);
 }
 
+// Memory pressure: trim_to(target) leaves at most target bytes held, never touching live
+// blocks; with live blocks above the target it holds just those.
+void trim_to_shrinks_to_the_target_and_keeps_live_blocks() {
+  ExecuTorchTempAllocator temp(64 * kMiB);
+  std::vector<void*> idle;
+  for (size_t i = 1; i <= 8; i++) idle.push_back(temp.allocate(i * 256 * 1024));
+  temp.reset();  // 9 MiB of idle blocks
+  const size_t live_size = 3 * kMiB;
+  auto* live = static_cast<unsigned char*>(temp.allocate(live_size));
+  CHECK(live != nullptr);
+  if (live == nullptr) return;
+  std::memset(live, 0x5A, live_size);
+  const CaStats before = temp.stats();
+  CHECK(before.cached_bytes > 4 * kMiB);
+  const size_t target = before.live_bytes + 2 * kMiB;
+  const size_t held = temp.trim_to(target);
+  const CaStats after = temp.stats();
+  CHECK(held == after.reserved_bytes);
+  CHECK(after.reserved_bytes <= target);
+  CHECK(after.cached_bytes > 0);  // it trimmed to the target, not everything
+  CHECK(after.live_blocks == before.live_blocks && after.live_bytes == before.live_bytes);
+  CHECK(live[0] == 0x5A && live[live_size - 1] == 0x5A);
+  // Below the live bytes: every idle block goes, the live one stays.
+  CHECK(temp.trim_to(kMiB) == temp.stats().live_bytes);
+  CHECK(temp.stats().cached_bytes == 0 && temp.stats().live_blocks == 1);
+  CHECK(live[live_size / 2] == 0x5A);
+  CHECK(temp.allocate(1000) != nullptr);  // a small block: the thread's arena
+  temp.reset();
+  CHECK(temp.trim_to(0) == 0);  // between kernels, everything goes back, arena chunks too
+  CHECK(temp.stats().arena_chunks == 0);
+}
+
+// The temp plan through the adapter: every reset interval's peak, in order; off by default.
+void temp_plan_reports_each_interval_and_the_max() {
+  ExecuTorchTempAllocator temp(16 * kMiB);
+  CHECK(temp.allocate(100000) != nullptr);
+  temp.reset();
+  CHECK(temp.read_temp_plan().intervals == 0);  // off by default
+  CHECK(temp.start_temp_plan(8));
+  size_t largest = 0;
+  std::vector<size_t> seen;
+  for (size_t call = 1; call <= 5; call++) {
+    CHECK(temp.allocate(call * 300000) != nullptr);
+    CHECK(temp.allocate(1000) != nullptr);
+    temp.reset();
+    seen.push_back(temp.stats().last_interval_peak_bytes);
+    largest = std::max(largest, seen.back());
+  }
+  size_t peaks[8] = {};
+  const CaPlanInfo info = temp.read_temp_plan(peaks, 8);
+  CHECK(info.stored == 5 && info.intervals == 5 && info.dropped == 0 && info.recording);
+  CHECK(info.max_bytes == largest);
+  CHECK(largest >= 5 * 300000 + 1000);
+  CHECK(std::equal(seen.begin(), seen.end(), peaks));
+  temp.stop_temp_plan();
+  temp.reset();
+  CHECK(temp.read_temp_plan().intervals == 5 && !temp.read_temp_plan().recording);
+}
+
 }  // namespace
 
 int main() {
@@ -354,6 +413,8 @@ int main() {
   runner_line_compiles_as_with_cpu_caching_allocator();
   kernels_on_four_threads_with_resets_between();
   reset_races_with_allocations();
+  trim_to_shrinks_to_the_target_and_keeps_live_blocks();
+  temp_plan_reports_each_interval_and_the_max();
   std::printf("executorch_adapter_test: %d checks, %d failed\n", checks.load(), failures.load());
   return failures.load() == 0 ? 0 : 1;
 }
