@@ -100,6 +100,7 @@ fn params() -> [Params; 2] {
         Params {
             causal: false,
             scale: None,
+            window: None,
         },
     ]
 }
