@@ -3,8 +3,8 @@
 //! window, timed in turns in one run.
 //!
 //! `cargo run --release -p sdpa --example window_decode [-- THREADS]` (default 2): prints the
-//! median and best time per call of each and their ratio. The calls cycle over enough layers'
-//! caches (256 MiB of K/V) that they come from DRAM, as in a model's decode step.
+//! median and best time per call of each and their ratio. The calls cycle over 32 layers'
+//! caches (256 MiB of K/V, more than most last-level caches), as a model's decode step does.
 //! `-- THREADS once full|window|none` makes 32 calls of one kind only (none: no call, the
 //! set-up alone, to subtract) and prints nothing, for `valgrind --tool=callgrind` instruction
 //! counts.
