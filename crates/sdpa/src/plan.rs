@@ -64,8 +64,8 @@ impl Conv {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
     /// Decode and short queries: each sequence's KV range (the positions its rows see) split
-    /// into chunks, each chunk
-    /// processing all heads of a position row together; partial results merged at the end.
+    /// into chunks, each chunk processing all heads of a position row together; partial
+    /// results merged at the end.
     Rows {
         /// Chunks per sequence (work items = `batch * chunks_per_batch`).
         chunks_per_batch: usize,
