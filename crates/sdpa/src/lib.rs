@@ -18,7 +18,7 @@
 //! local layers) defines it; the call then reads only the positions some row sees.
 //!
 //! Each call takes exactly one scratch buffer from `temp.allocate` (alignment
-//! [`SCRATCH_ALIGN`]), of [`scratch_bytes`] bytes, before it enters rayon; the buffer holds one
+//! [`SCRATCH_ALIGN`]), of [`scratch_bytes_with`] bytes, before it enters rayon; the buffer holds one
 //! slice per worker thread (and, for decode, one partial result per KV chunk). The kernel never
 //! reads scratch it has not written, so poisoned (0xFF) scratch gives the same results. The owner
 //! of `temp` calls `reset` after the call returns; the kernel never does.
@@ -462,11 +462,13 @@ pub fn scratch_bytes_with(
 ///
 /// `q` and `out` hold `batch * q_len * heads * head_dim` floats, `k` and `v`
 /// `batch * kv_capacity * kv_heads * head_dim`. Only the first `start_pos + q_len` positions of
-/// the cache are read; their values must be finite.
+/// the cache are read (under a sliding window, only those inside some row's window); their
+/// values must be finite.
 ///
-/// The call requests one buffer of [`scratch_bytes`]`(shape, rayon::current_num_threads())`
-/// bytes ([`scratch_bytes_with`] with a sliding window) from `temp` (none when there is nothing to compute) before it runs in parallel on the
-/// current rayon pool, and never resets `temp`. Call it from a worker of that pool when
+/// The call requests one buffer of [`scratch_bytes_with`]`(shape, params,
+/// rayon::current_num_threads(), Dtype::F32, KvCache::Dense)` bytes ([`scratch_bytes`] without
+/// a window) from `temp` (none when there is nothing to compute) before it runs in parallel on
+/// the current rayon pool, and never resets `temp`. Call it from a worker of that pool when
 /// latency matters (a model's forward pass inside `rayon::scope`): from any other thread each
 /// call hands its work to the pool and waits to be woken, tens of microseconds.
 ///
@@ -487,7 +489,8 @@ pub fn attention<A: TempAllocator + ?Sized>(
 
 /// [`attention`] with Q, K, V and the output in `T` ([`f32`], [`Bf16`] or [`F16`]),
 /// accumulating in f32. Non-f32 inputs are converted to f32 tile by tile in the call's one
-/// scratch buffer of [`scratch_bytes_for`]`(shape, threads, T::DTYPE, KvCache::Dense)` bytes;
+/// scratch buffer of [`scratch_bytes_with`]`(shape, params, threads, T::DTYPE, KvCache::Dense)`
+/// bytes;
 /// the output is rounded to `T` (nearest, ties to even) once, at the end.
 ///
 /// # Errors
@@ -518,7 +521,8 @@ pub fn attention_typed<T: Element, A: TempAllocator + ?Sized>(
 /// [`attention_typed`] over an int8-quantized KV cache ([`QuantizedKv`], filled by
 /// [`quantize_kv`]): each K and V position row is dequantized to f32 in scratch as the kernel
 /// reaches it, so a decode step reads about a quarter of the bytes of an f32 cache. Scratch:
-/// [`scratch_bytes_for`]`(shape, threads, T::DTYPE, KvCache::Int8)` bytes, one request.
+/// [`scratch_bytes_with`]`(shape, params, threads, T::DTYPE, KvCache::Int8)` bytes, one
+/// request.
 /// Scales of the used positions must be finite.
 ///
 /// # Errors
