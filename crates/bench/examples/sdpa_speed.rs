@@ -95,7 +95,7 @@ fn prefill(
     let mut out = vec![0f32; n];
     let p = Params {
         causal,
-        scale: None,
+        ..Params::default()
     };
     let (a, b) = (fill(2048 * 1024, 5), fill(1024 * 2048, 6));
     let mut c = vec![0f32; 2048 * 2048];

@@ -51,11 +51,12 @@ pub(crate) fn run<T: Element>(a: &Args<'_, T>, plan: &Plan, scratch: &Scratch, o
     };
     let sh = a.shape;
     let lay = RowsLayout::new(&sh, tile, plan.conv);
-    let kv_len = sh.kv_len();
+    // The positions some query row sees (all of them, or the sliding window's).
+    let span = a.mask.span(sh.q_len);
     let run_item = |item: usize| {
         let b = item / cpb;
-        let c0 = (item % cpb) * chunk_len;
-        let c1 = kv_len.min(c0 + chunk_len);
+        let c0 = span.start + (item % cpb) * chunk_len;
+        let c1 = span.end.min(c0 + chunk_len);
         let mut slot = scratch.claim();
         // SAFETY: chunk `item` belongs to this work item alone during this parallel pass, and
         // `chunk` writes every float of it (m, l, acc) before reading any.
@@ -277,7 +278,7 @@ fn chunk<T: Element>(
         // Online softmax per query row; P overwrites the scores.
         for r in 0..nq {
             let srow = &mut s[r * tile..r * tile + nb];
-            let vis = a.visible(r / heads, t0, nb);
+            let vis = a.mask.in_tile(r / heads, t0, nb);
             let acc_r = &mut acc[r * d..(r + 1) * d];
             kern.softmax_update(srow, vis, a.c, &mut m[r], &mut l[r], acc_r);
         }

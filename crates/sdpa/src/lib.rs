@@ -12,10 +12,13 @@
 //! head_dim]`, `k` and `v` are a KV cache `[batch, kv_capacity, kv_heads, head_dim]` of which the
 //! first `start_pos + q_len` positions are used. Causal attention lets query row `i` see the
 //! positions `0..=start_pos + i`; non-causal attention lets every row see all
-//! `start_pos + q_len` positions.
+//! `start_pos + q_len` positions. A sliding window of `w` positions ([`Params::window`],
+//! causal only) narrows row `i` to the last `w` of them: positions in
+//! `(start_pos + i - w, start_pos + i]`, as llama.cpp's standard sliding window (Gemma 3's
+//! local layers) defines it; the call then reads only the positions some row sees.
 //!
 //! Each call takes exactly one scratch buffer from `temp.allocate` (alignment
-//! [`SCRATCH_ALIGN`]), of [`scratch_bytes`] bytes, before it enters rayon; the buffer holds one
+//! [`SCRATCH_ALIGN`]), of [`scratch_bytes_with`] bytes, before it enters rayon; the buffer holds one
 //! slice per worker thread (and, for decode, one partial result per KV chunk). The kernel never
 //! reads scratch it has not written, so poisoned (0xFF) scratch gives the same results. The owner
 //! of `temp` calls `reset` after the call returns; the kernel never does.
@@ -31,6 +34,7 @@
 //!   aarch64; a portable scalar fallback is used on other CPUs).
 
 use core::fmt;
+use core::num::NonZeroUsize;
 
 pub use caching_allocator::{AllocError, TempAllocator};
 
@@ -39,6 +43,7 @@ mod dynamic;
 mod elem;
 mod inputs;
 mod kernels;
+mod mask;
 mod plan;
 mod prefill;
 mod quant;
@@ -53,6 +58,7 @@ pub use quant::{quantize_kv, QuantizedKv, QuantizedKvMut};
 pub use simd::{available_simd_levels, set_max_simd, simd_level, with_max_simd, SimdLevel};
 
 use inputs::Kv;
+use mask::Mask;
 
 /// How K and V are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -157,14 +163,50 @@ pub struct Params {
     pub causal: bool,
     /// Multiplier of the scores; `None` means `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
+    /// Sliding-window attention: `Some(w)` lets query row `i` (at position `p = start_pos + i`)
+    /// see only the last `w` positions up to its own, `(p - w, p]` (`max(0, p + 1 - w)..=p`);
+    /// `None` (the default) sets no limit. This is llama.cpp's standard sliding window
+    /// (`LLAMA_SWA_TYPE_STANDARD`: key `p0` is masked for query `p1` when `p1 - p0 >= w`),
+    /// used by Gemma 3's local layers with `w = gemma3.attention.sliding_window` (512). A
+    /// window needs `causal`; a window of at least `start_pos + q_len` changes nothing.
+    /// Positions before the first row's window are never read, and the scratch request is
+    /// sized to the positions the window reads ([`scratch_bytes_with`]).
+    pub window: Option<NonZeroUsize>,
 }
 
 impl Default for Params {
-    /// Causal, scale `1 / sqrt(head_dim)`.
+    /// Causal, scale `1 / sqrt(head_dim)`, no window.
     fn default() -> Self {
         Params {
             causal: true,
             scale: None,
+            window: None,
+        }
+    }
+}
+
+impl Params {
+    /// These options with a sliding window of `window` positions (see [`Params::window`]);
+    /// `0` means no window.
+    pub fn with_window(self, window: usize) -> Params {
+        Params {
+            window: NonZeroUsize::new(window),
+            ..self
+        }
+    }
+
+    /// Checks the options on their own, returning the error [`attention`] would return, or
+    /// the scale the call uses (`1 / sqrt(head_dim)` when none is given).
+    fn checked_scale(&self, head_dim: usize) -> Result<f32, SdpaError> {
+        if let Some(window) = self.window.filter(|_| !self.causal) {
+            return Err(SdpaError::WindowNotCausal {
+                window: window.get(),
+            });
+        }
+        match self.scale {
+            Some(s) if !s.is_finite() => Err(SdpaError::InvalidScale { scale: s }),
+            Some(s) => Ok(s),
+            None => Ok(1.0 / (head_dim as f32).sqrt()),
         }
     }
 }
@@ -268,6 +310,12 @@ pub enum SdpaError {
         /// The scale that was passed.
         scale: f32,
     },
+    /// A sliding window was given for non-causal attention (the window is defined for causal
+    /// attention only).
+    WindowNotCausal {
+        /// The window that was passed.
+        window: usize,
+    },
     /// A tensor passed to [`attention_dyn`] has another dtype than `q` (or one of K and V is
     /// an int8 cache and the other is not).
     DtypeMismatch {
@@ -325,6 +373,11 @@ impl fmt::Display for SdpaError {
             SdpaError::InvalidScale { scale } => {
                 write!(f, "sdpa: scale {scale} is not a finite number")
             }
+            SdpaError::WindowNotCausal { window } => write!(
+                f,
+                "sdpa: a sliding window ({window}) needs causal attention: set `causal: true` \
+                 or `window: None`"
+            ),
             SdpaError::DtypeMismatch {
                 tensor,
                 expected,
@@ -365,10 +418,11 @@ impl From<AllocError> for SdpaError {
     }
 }
 
-/// Bytes of scratch an f32 call with this shape requests from its temp allocator when it runs
-/// on a rayon pool of `threads` threads (see [`attention`]; the kernel uses
-/// `rayon::current_num_threads()`). Zero when the call has nothing to compute (`batch` or
-/// `q_len` is 0): then no scratch is requested at all.
+/// Bytes of scratch an f32 call with this shape and no sliding window requests from its temp
+/// allocator when it runs on a rayon pool of `threads` threads (see [`attention`]; the kernel
+/// uses `rayon::current_num_threads()`). Zero when the call has nothing to compute (`batch` or
+/// `q_len` is 0): then no scratch is requested at all. A call with a window:
+/// [`scratch_bytes_with`].
 pub fn scratch_bytes(shape: &Shape, threads: usize) -> Result<usize, SdpaError> {
     scratch_bytes_for(shape, threads, Dtype::F32, KvCache::Dense)
 }
@@ -386,16 +440,35 @@ pub fn scratch_bytes_for(
     Ok(Plan::for_call(shape, threads, dtype, kv)?.total_bytes)
 }
 
+/// [`scratch_bytes_for`] for a call with the options `params`: with a sliding window
+/// ([`Params::window`]) the decode path splits, and sizes its scratch for, only the positions
+/// the window reads.
+///
+/// # Errors
+/// The shape's or the options' error (see [`Shape::validate`], [`SdpaError::InvalidScale`],
+/// [`SdpaError::WindowNotCausal`]).
+pub fn scratch_bytes_with(
+    shape: &Shape,
+    params: &Params,
+    threads: usize,
+    dtype: Dtype,
+    kv: KvCache,
+) -> Result<usize, SdpaError> {
+    Ok(Plan::for_params(shape, params, threads, dtype, kv)?.total_bytes)
+}
+
 /// Computes scaled dot-product attention in f32; see the [crate documentation](crate) for the
 /// layouts and the masking rule. Same as [`attention_typed`] with `T = f32`.
 ///
 /// `q` and `out` hold `batch * q_len * heads * head_dim` floats, `k` and `v`
 /// `batch * kv_capacity * kv_heads * head_dim`. Only the first `start_pos + q_len` positions of
-/// the cache are read; their values must be finite.
+/// the cache are read (under a sliding window, only those inside some row's window); their
+/// values must be finite.
 ///
-/// The call requests one buffer of [`scratch_bytes`]`(shape, rayon::current_num_threads())`
-/// bytes from `temp` (none when there is nothing to compute) before it runs in parallel on the
-/// current rayon pool, and never resets `temp`. Call it from a worker of that pool when
+/// The call requests one buffer of [`scratch_bytes_with`]`(shape, params,
+/// rayon::current_num_threads(), Dtype::F32, KvCache::Dense)` bytes ([`scratch_bytes`] without
+/// a window) from `temp` (none when there is nothing to compute) before it runs in parallel on
+/// the current rayon pool, and never resets `temp`. Call it from a worker of that pool when
 /// latency matters (a model's forward pass inside `rayon::scope`): from any other thread each
 /// call hands its work to the pool and waits to be woken, tens of microseconds.
 ///
@@ -416,7 +489,8 @@ pub fn attention<A: TempAllocator + ?Sized>(
 
 /// [`attention`] with Q, K, V and the output in `T` ([`f32`], [`Bf16`] or [`F16`]),
 /// accumulating in f32. Non-f32 inputs are converted to f32 tile by tile in the call's one
-/// scratch buffer of [`scratch_bytes_for`]`(shape, threads, T::DTYPE, KvCache::Dense)` bytes;
+/// scratch buffer of [`scratch_bytes_with`]`(shape, params, threads, T::DTYPE, KvCache::Dense)`
+/// bytes;
 /// the output is rounded to `T` (nearest, ties to even) once, at the end.
 ///
 /// # Errors
@@ -447,7 +521,8 @@ pub fn attention_typed<T: Element, A: TempAllocator + ?Sized>(
 /// [`attention_typed`] over an int8-quantized KV cache ([`QuantizedKv`], filled by
 /// [`quantize_kv`]): each K and V position row is dequantized to f32 in scratch as the kernel
 /// reaches it, so a decode step reads about a quarter of the bytes of an f32 cache. Scratch:
-/// [`scratch_bytes_for`]`(shape, threads, T::DTYPE, KvCache::Int8)` bytes, one request.
+/// [`scratch_bytes_with`]`(shape, params, threads, T::DTYPE, KvCache::Int8)` bytes, one
+/// request.
 /// Scales of the used positions must be finite.
 ///
 /// # Errors
@@ -501,16 +576,14 @@ fn run<T: Element, A: TempAllocator + ?Sized>(
             });
         }
     }
-    let scale = match params.scale {
-        Some(s) if !s.is_finite() => return Err(SdpaError::InvalidScale { scale: s }),
-        Some(s) => s,
-        None => 1.0 / (shape.head_dim as f32).sqrt(),
-    };
+    let scale = params.checked_scale(shape.head_dim)?;
     if shape.batch == 0 || shape.q_len == 0 {
         return Ok(());
     }
+    let mask = Mask::new(shape, params.causal, params.window);
     let plan = Plan::new(
         shape,
+        &mask,
         rayon::current_num_threads().max(1),
         plan::Conv::of(T::DTYPE, kv),
     );
@@ -527,7 +600,7 @@ fn run<T: Element, A: TempAllocator + ?Sized>(
         k,
         v,
         shape: *shape,
-        causal: params.causal,
+        mask,
         // Scores are kept in the log2 domain: exp(x * scale) = exp2(x * scale * log2(e)).
         c: scale * core::f32::consts::LOG2_E,
         kernels,
@@ -551,21 +624,9 @@ struct Args<'a, T> {
     k: Kv<'a, T>,
     v: Kv<'a, T>,
     shape: Shape,
-    causal: bool,
+    /// Which positions each query row sees.
+    mask: Mask,
     /// `scale * log2(e)`: the multiplier taking a raw dot product to the exp2 domain.
     c: f32,
     kernels: kernels::Kernels,
-}
-
-impl<T> Args<'_, T> {
-    /// Number of positions query row `i` sees among `0..kv_len`, clipped to a tile starting at
-    /// `t0` of `n` positions: the count of visible columns of that tile (a prefix).
-    #[inline]
-    fn visible(&self, i: usize, t0: usize, n: usize) -> usize {
-        if self.causal {
-            (self.shape.start_pos + i + 1).saturating_sub(t0).min(n)
-        } else {
-            n
-        }
-    }
 }

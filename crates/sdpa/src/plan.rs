@@ -1,6 +1,7 @@
 //! How a call splits its work and lays out its one scratch buffer.
 
-use crate::{Dtype, KvCache, SdpaError, Shape, ROW_PATH_MAX_Q_LEN};
+use crate::mask::Mask;
+use crate::{Dtype, KvCache, Params, SdpaError, Shape, ROW_PATH_MAX_Q_LEN};
 
 /// Rows of the register-blocked micro-kernels (query rows per strip).
 pub(crate) const MR: usize = 6;
@@ -62,8 +63,9 @@ impl Conv {
 /// Which code path a call takes, with its blocking.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
-    /// Decode and short queries: each sequence's KV range split into chunks, each chunk
-    /// processing all heads of a position row together; partial results merged at the end.
+    /// Decode and short queries: each sequence's KV range (the positions its rows see) split
+    /// into chunks, each chunk processing all heads of a position row together; partial
+    /// results merged at the end.
     Rows {
         /// Chunks per sequence (work items = `batch * chunks_per_batch`).
         chunks_per_batch: usize,
@@ -146,11 +148,12 @@ pub(crate) struct TiledLayout {
 }
 
 impl TiledLayout {
-    pub(crate) fn new(shape: &Shape, conv: Conv) -> Self {
+    /// The layout of a call whose rows together read `span` positions.
+    pub(crate) fn new(shape: &Shape, span: usize, conv: Conv) -> Self {
         let d = shape.head_dim;
         let bq_pad = round_up(shape.q_len.min(BQ), MR);
         let d_pad = round_up(d, NR);
-        let bk = round_up(shape.kv_len().min(BK), NR);
+        let bk = round_up(span.min(BK), NR);
         let mut at = 0usize;
         let mut take = |n: usize| {
             let o = at;
@@ -318,22 +321,41 @@ impl Plan {
         dtype: Dtype,
         kv: KvCache,
     ) -> Result<Plan, SdpaError> {
+        Plan::for_params(shape, &Params::default(), threads, dtype, kv)
+    }
+
+    /// The plan of a call with this shape, these options (of which the sliding window
+    /// matters), element type and KV cache kind on a pool of `threads` threads.
+    ///
+    /// # Errors
+    /// The shape's error, if it is invalid (see [`Shape::validate`]), else the options' (see
+    /// [`Params`]).
+    pub fn for_params(
+        shape: &Shape,
+        params: &Params,
+        threads: usize,
+        dtype: Dtype,
+        kv: KvCache,
+    ) -> Result<Plan, SdpaError> {
         shape.validate()?;
-        Ok(Plan::new(shape, threads.max(1), Conv::of(dtype, kv)))
+        params.checked_scale(shape.head_dim)?;
+        let mask = Mask::new(shape, params.causal, params.window);
+        Ok(Plan::new(shape, &mask, threads.max(1), Conv::of(dtype, kv)))
     }
 
     /// Assumes a validated shape and `threads >= 1`. Sizes saturate instead of overflowing
     /// (a saturated request then fails in the allocator, never here).
-    pub(crate) fn new(shape: &Shape, threads: usize, conv: Conv) -> Plan {
-        let kv_len = shape.kv_len();
+    pub(crate) fn new(shape: &Shape, mask: &Mask, threads: usize, conv: Conv) -> Plan {
+        // The positions the call reads: all `kv_len`, or fewer under a sliding window.
+        let span = mask.span(shape.q_len).len();
         let empty = shape.batch == 0 || shape.q_len == 0;
         let flag_bytes = round_up(threads.saturating_mul(4), 64);
         if shape.q_len <= ROW_PATH_MAX_Q_LEN {
-            let max_chunks = kv_len.div_ceil(ROW_MIN_CHUNK).max(1);
+            let max_chunks = span.div_ceil(ROW_MIN_CHUNK).max(1);
             // K and V elements of one thread's share of the positions.
             let share = shape
                 .batch
-                .saturating_mul(kv_len)
+                .saturating_mul(span)
                 .saturating_mul(2 * shape.kv_heads)
                 .saturating_mul(shape.head_dim)
                 / threads;
@@ -346,8 +368,8 @@ impl Plan {
                 .saturating_mul(per_thread)
                 .div_ceil(shape.batch.max(1));
             let chunks_per_batch = want.clamp(1, max_chunks);
-            let chunk_len = kv_len.div_ceil(chunks_per_batch).max(1);
-            let chunks_per_batch = kv_len.div_ceil(chunk_len).max(1);
+            let chunk_len = span.div_ceil(chunks_per_batch).max(1);
+            let chunks_per_batch = span.div_ceil(chunk_len).max(1);
             let tile = chunk_len.min(ROW_TILE);
             let lay = RowsLayout::new(shape, tile, conv);
             let thread_bytes = lay.thread_floats.saturating_mul(4);
@@ -375,7 +397,7 @@ impl Plan {
                 conv,
             }
         } else {
-            let lay = TiledLayout::new(shape, conv);
+            let lay = TiledLayout::new(shape, span, conv);
             let q_block = lay.bq_pad.min(BQ);
             let q_blocks = shape.q_len.div_ceil(q_block);
             let thread_bytes = lay.floats.saturating_mul(4);

@@ -19,7 +19,7 @@ pub(crate) fn run<T: Element>(a: &Args<'_, T>, plan: &Plan, scratch: &Scratch, o
         unreachable!("prefill::run called with a row plan")
     };
     let sh = a.shape;
-    let lay = TiledLayout::new(&sh, plan.conv);
+    let lay = TiledLayout::new(&sh, a.mask.span(sh.q_len).len(), plan.conv);
     let out = SharedOut::new(out);
     let items = sh.batch * sh.heads * q_blocks;
     let block_of = |item: usize| {
@@ -65,13 +65,9 @@ fn prefetch_start<T: Element>(a: &Args<'_, T>, lay: &TiledLayout, blk: Block) {
     let (kern, d) = (&a.kernels, sh.head_dim);
     let kvh = blk.h / (sh.heads / sh.kv_heads);
     let q_off = ((blk.b * sh.q_len + blk.i0) * sh.heads + blk.h) * d;
-    let kv_off = (blk.b * sh.kv_capacity * sh.kv_heads + kvh) * d;
-    let kv_rows = if a.causal {
-        sh.start_pos + blk.i0 + blk.rows
-    } else {
-        sh.kv_len()
-    }
-    .min(lay.bk);
+    let seen = a.mask.rows(blk.i0, blk.i0 + blk.rows);
+    let kv_off = ((blk.b * sh.kv_capacity + seen.start) * sh.kv_heads + kvh) * d;
+    let kv_rows = seen.len().min(lay.bk);
     let stride = sh.kv_heads * d;
     let z = size_of::<T>();
     // SAFETY: a hint only, for addresses the kernel checks lie inside `q` (passed with its
@@ -121,11 +117,10 @@ fn block<T: Element>(
     let o = &mut o[..rows_p * dp];
     let s = &mut s[..rows_p * bk];
 
-    let kv_hi = if a.causal {
-        sh.start_pos + i0 + rows
-    } else {
-        sh.kv_len()
-    };
+    // The positions some row of the block sees: tiles start at the first (under a sliding
+    // window, positions before it are never read).
+    let seen = a.mask.rows(i0, i0 + rows);
+    let kv_hi = seen.end;
     let kv_row = |t: usize| ((b * sh.kv_capacity + t) * sh.kv_heads + kvh) * d;
     let stride = sh.kv_heads * d;
     let q_off = |i: usize| ((b * sh.q_len + i) * sh.heads + h) * d;
@@ -163,7 +158,7 @@ fn block<T: Element>(
     m[..rows_p].fill(f32::NEG_INFINITY);
     l[..rows_p].fill(0.0);
 
-    let mut t0 = 0;
+    let mut t0 = seen.start;
     while t0 < kv_hi {
         let nk = bk.min(kv_hi - t0);
         let nkp = round_up(nk, NR);
@@ -218,13 +213,19 @@ fn block<T: Element>(
             dst[d..].fill(0.0);
         }
 
-        // Positions of this tile visible to some row of each strip: a prefix (causal), so
-        // panels and P columns past it are skipped (they would be all masked).
-        let strip_vis = |st: usize| a.visible(i0 + (st * MR + MR).min(rows) - 1, t0, nk);
+        // Columns of this tile visible to some row of each strip: one interval (a prefix when
+        // causal, narrower under a sliding window), so panels and P columns outside it are
+        // skipped (they would be all masked).
+        let strip_vis = |st: usize| {
+            let r0 = i0 + st * MR;
+            a.mask
+                .rows_in_tile(r0, i0 + (st * MR + MR).min(rows), t0, nk)
+        };
 
         // S = Q . K^T over the tile: every (strip, panel) pair is one micro-kernel call.
         for st in 0..strips {
-            for p in 0..strip_vis(st).div_ceil(NR) {
+            let cols = strip_vis(st);
+            for p in cols.start / NR..cols.end.div_ceil(NR) {
                 let qs = &qp[st * d * MR..(st + 1) * d * MR];
                 let kpan = &kp[p * d * NR..(p + 1) * d * NR];
                 let dst = &mut s[st * MR * bk + p * NR..];
@@ -241,9 +242,9 @@ fn block<T: Element>(
         for r in 0..rows_p {
             let srow = &mut s[r * bk..r * bk + nk];
             let vis = if r < rows {
-                a.visible(i0 + r, t0, nk)
+                a.mask.in_tile(i0 + r, t0, nk)
             } else {
-                0
+                0..0
             };
             let o_r = &mut o[r * dp..(r + 1) * dp];
             kern.softmax_update(srow, vis, a.c, &mut m[r], &mut l[r], o_r);
@@ -251,20 +252,21 @@ fn block<T: Element>(
 
         // O += P . V: every (strip, 16-lane column block) is one micro-kernel call.
         for st in 0..strips {
-            // Columns past `strip_vis` are zero in every row of the strip: skip them.
-            let nk = strip_vis(st);
+            // Columns outside `strip_vis` are zero in every row of the strip: skip them.
+            let cols = strip_vis(st);
+            let nk = cols.len();
             if nk == 0 {
                 continue;
             }
-            let ps = &s[st * MR * bk..];
+            let ps = &s[st * MR * bk + cols.start..];
             assert!(ps.len() >= (MR - 1) * bk + nk);
             for dc in 0..dp / NR {
-                let vs = &vp[dc * NR..];
+                let vs = &vp[cols.start * dp + dc * NR..];
                 assert!(vs.len() >= (nk - 1) * dp + NR);
                 let os = &mut o[st * MR * dp + dc * NR..];
                 assert!(os.len() >= (MR - 1) * dp + NR);
-                // SAFETY: the asserts show P rows r < MR have nk floats at stride bk, V rows
-                // t < nk have 16 floats at stride dp, O rows r < MR have 16 floats at stride
+                // SAFETY: the asserts show P rows r < MR have nk floats at stride bk (from the
+                // strip's first visible column), V rows t < nk (from the same column) have 16 floats at stride dp, O rows r < MR have 16 floats at stride
                 // dp; O is a region of `ws` disjoint from S and V. Kernel set from `detect`.
                 unsafe {
                     let (p, v) = (Strided(ps.as_ptr(), bk), Strided(vs.as_ptr(), dp));

@@ -31,6 +31,7 @@ fn non_causal() -> Params {
     Params {
         causal: false,
         scale: None,
+        window: None,
     }
 }
 
@@ -112,12 +113,14 @@ fn prefill_sharp_softmax_and_custom_scale() {
     let p = Params {
         causal: true,
         scale: Some(0.3),
+        window: None,
     };
     check(shape(1, 33, 4, 4, 72, 5), p, 22, 1.0);
     check(shape(1, 1, 4, 4, 72, 90), p, 23, 1.0);
     let neg = Params {
         causal: false,
         scale: Some(-0.05),
+        window: None,
     };
     check(shape(1, 20, 2, 2, 64, 3), neg, 24, 1.0);
     check(shape(1, 2, 2, 2, 64, 40), neg, 25, 1.0);

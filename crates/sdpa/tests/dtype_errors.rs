@@ -162,6 +162,7 @@ fn bad_shapes_and_lengths_on_typed_paths() {
     let bad_scale = Params {
         causal: true,
         scale: Some(f32::NAN),
+        window: None,
     };
     let e = attention_typed(&q, &k, &v, &mut out, &sh, &bad_scale, &temp).unwrap_err();
     assert!(matches!(e, SdpaError::InvalidScale { .. }), "{e:?}");

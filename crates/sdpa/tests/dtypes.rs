@@ -1,5 +1,5 @@
-//! Every dtype (f32, bf16, f16, and the int8 KV cache under each) x {causal, non-causal} x
-//! {GQA, MHA} x {decode, prefill, start_pos > 0}, at every SIMD level this CPU runs, on
+//! Every dtype (f32, bf16, f16, and the int8 KV cache under each) x {causal, non-causal,
+//! causal with a sliding window of 5} x {GQA, MHA} x {decode, prefill, start_pos > 0}, at every SIMD level this CPU runs, on
 //! 0xFF-poisoned scratch, against the f64 reference computed from the same rounded (or
 //! dequantized) inputs.
 //!
@@ -31,7 +31,7 @@ mod common;
 
 use common::*;
 use sdpa::{
-    attention_quantized, attention_typed, available_simd_levels, quantize_kv, scratch_bytes_for,
+    attention_quantized, attention_typed, available_simd_levels, quantize_kv, scratch_bytes_with,
     with_max_simd, Bf16, Dtype, Element, KvCache, Params, QuantizedKv, QuantizedKvMut, Shape, F16,
     SCRATCH_ALIGN,
 };
@@ -94,12 +94,14 @@ fn shapes() -> Vec<(String, Shape)> {
     v
 }
 
-fn params() -> [Params; 2] {
+fn params() -> [Params; 3] {
     [
         Params::default(),
+        Params::default().with_window(5),
         Params {
             causal: false,
             scale: None,
+            window: None,
         },
     ]
 }
@@ -120,8 +122,15 @@ fn each_level(mut f: impl FnMut(&str)) {
 }
 
 /// The call asked `temp` for one buffer, of the documented scratch size.
-fn assert_one_request(temp: &PoisonAlloc, sh: &Shape, dtype: Dtype, cache: KvCache, what: &str) {
-    let bytes = scratch_bytes_for(sh, rayon::current_num_threads(), dtype, cache).unwrap();
+fn assert_one_request(
+    temp: &PoisonAlloc,
+    (sh, p): (&Shape, &Params),
+    dtype: Dtype,
+    cache: KvCache,
+    what: &str,
+) {
+    let threads = rayon::current_num_threads();
+    let bytes = scratch_bytes_with(sh, p, threads, dtype, cache).unwrap();
     assert_eq!(
         *temp.requests.lock().unwrap(),
         vec![(bytes, SCRATCH_ALIGN)],
@@ -139,9 +148,14 @@ fn dense<T: Element>() {
                 let mut out = vec![T::from_f32(f32::NAN); want.len()];
                 let temp = PoisonAlloc::default();
                 attention_typed(&q, &k, &v, &mut out, &sh, &p, &temp).unwrap();
-                let what = format!("{} {level} {name} causal={}", T::DTYPE, p.causal);
+                let what = format!(
+                    "{} {level} {name} causal={} window={:?}",
+                    T::DTYPE,
+                    p.causal,
+                    p.window
+                );
                 check_out(&out, &want, &what);
-                assert_one_request(&temp, &sh, T::DTYPE, KvCache::Dense, &what);
+                assert_one_request(&temp, (&sh, &p), T::DTYPE, KvCache::Dense, &what);
             }
         }
     });
@@ -299,10 +313,15 @@ fn quantized<T: Element>() {
                 let mut out = vec![T::from_f32(f32::NAN); want.len()];
                 let temp = PoisonAlloc::default();
                 attention_quantized(&q, kc.view(), vc.view(), &mut out, &sh, &p, &temp).unwrap();
-                let what = format!("int8 kv, {} {level} {name} causal={}", T::DTYPE, p.causal);
+                let what = format!(
+                    "int8 kv, {} {level} {name} causal={} window={:?}",
+                    T::DTYPE,
+                    p.causal,
+                    p.window
+                );
                 let extra = q16_bound(&widen(&q), &kc, &vd, &sh, &p) + pv16_bound(&vc, &sh);
                 check_out_plus(&out, &want, &what, extra);
-                assert_one_request(&temp, &sh, T::DTYPE, KvCache::Int8, &what);
+                assert_one_request(&temp, (&sh, &p), T::DTYPE, KvCache::Int8, &what);
                 // The quantized cache is close to the f32 one it came from (half a step).
                 let kv_len = sh.kv_len() * sh.kv_heads * sh.head_dim;
                 for (a, b) in kd[..kv_len].iter().zip(&k[..kv_len]) {

@@ -157,6 +157,7 @@ fn invalid_scale() {
         let p = Params {
             causal: true,
             scale: Some(s),
+            window: None,
         };
         let e = run_err(good(), good(), p);
         assert!(matches!(e, SdpaError::InvalidScale { .. }), "{e:?}");

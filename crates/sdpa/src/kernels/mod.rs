@@ -167,25 +167,28 @@ impl Kernels {
         }
     }
 
-    /// One online-softmax step of a query row over a tile: raw scores `srow` (the first `vis`
-    /// visible; none visible leaves only zeros) become `P`, and the row's running max `m`,
-    /// running sum `l` and unnormalised accumulator `acc` are rescaled to the new max.
+    /// One online-softmax step of a query row over a tile: raw scores `srow` (those in `vis`
+    /// visible, the others masked to weight 0; none visible leaves only zeros) become `P`, and
+    /// the row's running max `m`, running sum `l` and unnormalised accumulator `acc` are
+    /// rescaled to the new max. Masked scores are never read.
     #[inline]
     pub(crate) fn softmax_update(
         &self,
         srow: &mut [f32],
-        vis: usize,
+        vis: core::ops::Range<usize>,
         c: f32,
         m: &mut f32,
         l: &mut f32,
         acc: &mut [f32],
     ) {
-        if vis == 0 {
+        if vis.is_empty() {
             srow.fill(0.0);
             return;
         }
+        let (masked, seen) = srow.split_at_mut(vis.start);
+        masked.fill(0.0);
         // SAFETY: slice-based kernel; a set is only built for a level this CPU runs.
-        let (mn, sum) = unsafe { (self.softmax_row)(srow, vis, c, *m) };
+        let (mn, sum) = unsafe { (self.softmax_row)(seen, vis.len(), c, *m) };
         let alpha = (*m - mn).exp2();
         *l = *l * alpha + sum;
         if alpha != 1.0 {

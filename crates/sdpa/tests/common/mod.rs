@@ -84,7 +84,9 @@ pub fn data(n: usize, seed: u64, amp: f32) -> Vec<f32> {
         .collect()
 }
 
-/// Naive attention in f64.
+/// Naive attention in f64, with the masking rule written out directly: row `i` (position
+/// `p = start_pos + i`) sees `..=p` (causal) or everything, and with a window `w` only
+/// positions `> p - w`.
 pub fn reference(q: &[f32], k: &[f32], v: &[f32], sh: &Shape, p: &Params) -> Vec<f32> {
     let d = sh.head_dim;
     let g = sh.heads / sh.kv_heads;
@@ -99,24 +101,28 @@ pub fn reference(q: &[f32], k: &[f32], v: &[f32], sh: &Shape, p: &Params) -> Vec
             } else {
                 kv_len
             };
+            // A sliding window keeps the last `w` positions up to the row's own.
+            let lo = p
+                .window
+                .map_or(0, |w| (sh.start_pos + i + 1).saturating_sub(w.get()));
             for h in 0..sh.heads {
                 let kvh = h / g;
                 let qo = ((b * sh.q_len + i) * sh.heads + h) * d;
                 let mut mx = f64::NEG_INFINITY;
-                for (t, wt) in w[..n].iter_mut().enumerate() {
+                for (t, wt) in w[..n].iter_mut().enumerate().skip(lo) {
                     let ko = ((b * sh.kv_capacity + t) * sh.kv_heads + kvh) * d;
                     let dot: f64 = (0..d).map(|x| q[qo + x] as f64 * k[ko + x] as f64).sum();
                     *wt = dot * scale;
                     mx = mx.max(*wt);
                 }
                 let mut sum = 0.0;
-                for wt in &mut w[..n] {
+                for wt in &mut w[lo..n] {
                     *wt = (*wt - mx).exp();
                     sum += *wt;
                 }
                 for x in 0..d {
                     let mut acc = 0.0;
-                    for (t, wt) in w[..n].iter().enumerate() {
+                    for (t, wt) in w[..n].iter().enumerate().skip(lo) {
                         let vo = ((b * sh.kv_capacity + t) * sh.kv_heads + kvh) * d;
                         acc += wt * v[vo + x] as f64;
                     }
