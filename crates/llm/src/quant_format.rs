@@ -45,7 +45,8 @@ impl QType {
 
     /// Bytes of a row of `cols` weights (`cols` a multiple of [`QK`]).
     pub fn row_bytes(self, cols: usize) -> usize {
-        cols / QK * self.block_bytes()
+        // Saturating: a size no row has fails every length check instead of wrapping.
+        (cols / QK).saturating_mul(self.block_bytes())
     }
 }
 

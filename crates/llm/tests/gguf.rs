@@ -397,6 +397,104 @@ fn bad_files_are_errors_naming_file_and_tensor() {
     assert!(e.contains("`arr`") && e.contains("claims"), "{e}");
 }
 
+// Counts and sizes a hostile file gives: each a named error rather than an allocation
+// abort, an overflow panic or a wrapped size that passes the bounds checks.
+
+/// A tiny Q4_1 model to edit.
+fn hostile_base() -> Writer {
+    g::tiny_model(&tiny_spec(false, 3), Some(QType::Q4_1)).0
+}
+
+/// A block count no file holds (it sized a `Vec` of 2.8 TB: the process aborted).
+#[test]
+fn hostile_block_count_is_an_error() {
+    let dir = TempDir::new("gguf-blocks");
+    let mut w = hostile_base();
+    w.set_meta("llama.block_count", Value::U32(u32::MAX));
+    let e = load_err(dir.path(), "blocks.gguf", &w.bytes());
+    assert!(
+        e.contains("blocks.gguf")
+            && e.contains("llama.block_count is 4294967295")
+            && e.contains("room for at most 2 blocks"),
+        "{e}"
+    );
+}
+
+/// A key length of 2^60 (`heads * head_dim` overflowed: a capacity-overflow panic), and
+/// one of 2^40 that does not overflow but that the file's matrices cannot back.
+#[test]
+fn hostile_key_length_is_an_error() {
+    let dir = TempDir::new("gguf-keylen");
+    let d = dir.path();
+    let mut w = hostile_base();
+    w.set_meta("llama.attention.key_length", Value::U64(1 << 60));
+    w.meta.retain(|(k, _)| k != "llama.rope.dimension_count");
+    let e = load_err(d, "keylen.gguf", &w.bytes());
+    assert!(
+        e.contains("keylen.gguf") && e.contains("query width") && e.contains("overflows"),
+        "{e}"
+    );
+    // A key length the file's matrices cannot back, without overflow: the q matrix's shape
+    // is refused before a row order of that size is built.
+    let mut w = hostile_base();
+    w.set_meta("llama.attention.key_length", Value::U64(1 << 40));
+    w.meta.retain(|(k, _)| k != "llama.rope.dimension_count");
+    let e = load_err(d, "keylen40.gguf", &w.bytes());
+    assert!(
+        e.contains("attn_q.weight") && e.contains("contradicts the metadata"),
+        "{e}"
+    );
+}
+
+/// A Q8_0 embedding whose row length (~1.7e19) makes `n / 32 * 34` wrap to 16 bytes (it
+/// passed the bounds check, then a slice index panicked).
+#[test]
+fn hostile_row_length_is_an_error() {
+    let dir = TempDir::new("gguf-wrap");
+    let n: u64 = 542_551_296_285_575_048 * 32;
+    assert_eq!((n / 32).wrapping_mul(34), 16);
+    let mut w = hostile_base();
+    let t = w
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "token_embd.weight")
+        .unwrap();
+    t.ggml_type = g::Q8_0;
+    t.dims[0] = n;
+    let e = load_err(dir.path(), "wrap.gguf", &w.bytes());
+    assert!(
+        e.contains("token_embd.weight") && e.contains("overflows 2^64 bytes"),
+        "{e}"
+    );
+}
+
+/// A metadata array of more values than any model uses: refused by count, before the ~32
+/// bytes a value takes are spent on each of its one-byte elements (32x the file's size).
+#[test]
+fn hostile_metadata_arrays_are_errors() {
+    let dir = TempDir::new("gguf-arrays");
+    let d = dir.path();
+    let n = llm::gguf::MAX_METADATA_VALUES as usize + 1;
+    let mut w = Writer::default();
+    w.meta("big", Value::Array(vec![Value::U8(7); n]));
+    let e = load_err(d, "bigarray.gguf", &w.bytes());
+    assert!(
+        e.contains("`big`") && e.contains("claims 4194305 elements"),
+        "{e}"
+    );
+    // The same budget across many smaller arrays.
+    let mut w = Writer::default();
+    for i in 0..5 {
+        w.meta(&format!("a{i}"), Value::Array(vec![Value::U8(1); 1 << 20]));
+    }
+    let e = load_err(d, "arrays.gguf", &w.bytes());
+    // Each array is a value itself: the fourth is past the budget.
+    assert!(
+        e.contains("`a3`") && e.contains("at most 4194304 values"),
+        "{e}"
+    );
+}
+
 /// A byte-level vocabulary in GGUF metadata: BPE merges applied in rank order, control
 /// tokens matched in the text, BOS added when asked, unknown pre-tokenizers refused.
 #[test]
