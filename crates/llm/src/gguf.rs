@@ -18,8 +18,8 @@ use std::sync::Arc;
 use crate::config::LlamaConfig;
 use crate::error::{LlmError, Result};
 use crate::matrix::Matrix;
+use crate::quant::format::{QType, QK};
 use crate::quant::QTensor;
-use crate::quant_format::{QType, QK};
 use crate::safetensors::{Backing, DType, Tensor};
 use crate::weights::{LayerWeights, Weights};
 

@@ -13,11 +13,10 @@
 //!   template (both with the feature `text`, on by default; a client that runs on token ids
 //!   can turn it off and build without `tokenizers` and `minijinja`). [`Weights::load`] takes
 //!   a `.gguf` file or a checkpoint directory.
-//! - Weight matrices are [`matrix::Matrix`]es, dense or block-quantized ([`quant`], in the
-//!   formats of [`quant_format`]), run as [`matrix::Linear`] layers whose row kernel each
-//!   matrix picks (quantized inner loops in [`quant_simd`] on the [`quant_groups`] layout,
-//!   prefill's widening in [`quant_widen`]); every kernel's result is written over or added
-//!   to its output ([`output::Output`]); activations stay f32.
+//! - Weight matrices are [`matrix::Matrix`]es, dense or block-quantized ([`quant`]: the
+//!   formats, their layout for the kernels and the kernels), run as [`matrix::Linear`]
+//!   layers whose row kernel each matrix picks; every kernel's result is written over or
+//!   added to its output ([`output::Output`]); activations stay f32.
 //! - [`Llama`] is the module: `Llama::new(weights, temp, &options)` ([`Module`], the one
 //!   constructor shape of every model type) owns the temp allocator, the KV cache and the
 //!   activation buffers. Each forward pass is a sequence of kernel calls (embed, RMSNorm,
@@ -67,11 +66,6 @@ pub mod matrix;
 pub mod model;
 pub mod output;
 pub mod quant;
-pub mod quant_format;
-pub mod quant_groups;
-pub mod quant_simd;
-pub mod quant_widen;
-mod row_kernel;
 pub mod runtime;
 pub mod safetensors;
 pub mod sample;

@@ -20,13 +20,13 @@ use caching_allocator::TempAllocator;
 
 use crate::error::{LlmError, Result};
 use crate::kernels::row_jobs::{self, RowJob, MAX_CHUNK};
+use crate::kernels::row_kernel::Kernel;
 use crate::kernels::simd::{self as dense, deinterleave, pair_block, Rows};
 use crate::kernels::{self, check_buffers, Gemm, Level};
 use crate::output::Output;
+use crate::quant::format::{QType, QK};
+use crate::quant::group_matvec::{self, Activation, Groups, Int8X};
 use crate::quant::QTensor;
-use crate::quant_format::{QType, QK};
-use crate::quant_simd::{self, Activation, Groups, Int8X};
-use crate::row_kernel::Kernel;
 use crate::runtime::{Activations, Scratch};
 use crate::safetensors::{Tensor, TensorData};
 
@@ -200,11 +200,11 @@ impl<'a> DecodeX<'a> {
         let blocks = x.len() / QK;
         if s.activations() == Activations::Int8 && readers.iter().any(four_bit) {
             let (q, scales, sums) = (s.i8s(blocks * QK)?, s.f32s(blocks)?, s.f32s(blocks)?);
-            quant_simd::quantize::run(level, x, q, scales, sums);
+            group_matvec::quantize::run(level, x, q, scales, sums);
             (d.int8, d.sums) = (Some(Int8X { q, scales }), sums);
         } else if readers.iter().any(|k| matches!(k, Kernel::Quant(_))) {
             let sums = s.f32s(blocks)?;
-            quant_simd::block_sums::run(level, x, sums);
+            group_matvec::block_sums::run(level, x, sums);
             d.sums = sums;
         }
         Ok(d)
@@ -237,7 +237,7 @@ impl<'a> DecodeX<'a> {
             }
             Kernel::Quant(q) => {
                 let g = Groups::of(q, r0, o.len());
-                quant_simd::matvec::run(level, g, self.activation(), o, output);
+                group_matvec::matvec::run(level, g, self.activation(), o, output);
             }
         }
     }
@@ -256,7 +256,7 @@ impl<'a> DecodeX<'a> {
             }
             (Kernel::Quant(g), Kernel::Quant(u)) => {
                 let (g, u) = (Groups::of(g, r0, o.len()), Groups::of(u, r0, o.len()));
-                quant_simd::swiglu::run(self.level, g, u, self.activation(), o);
+                group_matvec::swiglu::run(self.level, g, u, self.activation(), o);
             }
             _ => {
                 let mut up_rows = [0f32; MAX_CHUNK];
@@ -445,7 +445,7 @@ mod tests {
     use super::*;
     use crate::kernels::test_data::{close, data};
     use crate::model::caching_temp;
-    use crate::quant_format::{quantize_row, QType};
+    use crate::quant::format::{quantize_row, QType};
     use crate::runtime::Runtime;
     use crate::safetensors::DType;
     use crate::weights::random_tensor;

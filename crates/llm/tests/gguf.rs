@@ -13,8 +13,8 @@ use common::{prompt, rel_err, Reference, Spec, TempDir};
 use llm::gguf::{GgufFile, Value};
 use llm::matrix::{Linear, Matrix};
 use llm::output::Output;
+use llm::quant::format::QType;
 use llm::quant::QTensor;
-use llm::quant_format::QType;
 use llm::runtime::Runtime;
 use llm::{caching_temp, Activations, Llama, ModelOptions, Module, Weights};
 

@@ -40,7 +40,7 @@ fn lower_levels_match_reference() {
 /// each quantized type against the f64 reference.
 #[test]
 fn lower_levels_quantized_kernels_match_reference() {
-    use llm::quant_format::QType;
+    use llm::quant::format::QType;
     let dir = common::TempDir::new("levels-gguf");
     let levels = available_levels();
     for &level in levels.iter().skip(1) {
@@ -61,7 +61,7 @@ fn quantized_model_matches_reference(
     dir: &common::TempDir,
     level: llm::kernels::Level,
     i: usize,
-    qt: llm::quant_format::QType,
+    qt: llm::quant::format::QType,
 ) {
     let spec = Spec {
         hidden: 64,

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use llm::gguf::Value;
-use llm::quant_format::QType;
+use llm::quant::format::QType;
 use llm::safetensors::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 
 use super::Spec;
@@ -338,7 +338,7 @@ pub fn tiny_model(spec: &Spec, qt: Option<QType>) -> (Writer, NamedTensors) {
             Some(q) => (
                 qtype_id(q),
                 vals.chunks(cols)
-                    .map(|r| llm::quant_format::quantize_row(q, r))
+                    .map(|r| llm::quant::format::quantize_row(q, r))
                     .collect(),
             ),
         };

@@ -1,5 +1,5 @@
 //! The SIMD inner loops of the quantized decode kernels ([`crate::matrix::Linear`]): 16 rows
-//! at a time in the group layout ([`crate::quant_groups`]), dequantized in registers and
+//! at a time in the group layout ([`crate::quant::groups`]), dequantized in registers and
 //! multiplied (FMA) against f32 `x`. One body over `kernel_simd::Simd`, instantiated for the
 //! portable, AVX2, AVX-512 and NEON levels by `kernel_simd::instantiate!`.
 //!
@@ -12,9 +12,9 @@
 use kernel_simd::Simd;
 
 use crate::output::Output;
+use crate::quant::format::{QType, QK};
+use crate::quant::groups::{group_block_bytes, scale_bytes, GROUP};
 use crate::quant::QTensor;
-use crate::quant_format::{QType, QK};
-use crate::quant_groups::{group_block_bytes, scale_bytes, GROUP};
 
 /// The largest number of vectors a group spans (portable and NEON: 4 lanes).
 const MAX_VECS: usize = 4;
@@ -203,7 +203,7 @@ unsafe fn group_dots_i8<S: Simd>(
 pub struct Groups<'a> {
     /// The format.
     pub qtype: QType,
-    /// Whole groups ([`crate::quant_groups::RowGroups::groups`]).
+    /// Whole groups ([`crate::quant::groups::RowGroups::groups`]).
     pub bytes: &'a [u8],
     /// Blocks per row.
     pub blocks: usize,
@@ -382,7 +382,7 @@ mod tests {
     use super::*;
     use crate::kernels::test_data::data;
     use crate::kernels::{self, check_row_kernels};
-    use crate::quant_format::quantize_row;
+    use crate::quant::format::quantize_row;
     use kernel_simd::available_levels;
 
     /// A `rows x 32 blocks` matrix of `t` quantized from seeded data, and its rows exactly

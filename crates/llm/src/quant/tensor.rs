@@ -1,12 +1,12 @@
 //! A block-quantized matrix (rows of blocks in one of the formats of
-//! [`crate::quant_format`], HF `[out, in]` orientation), held in the kernels' group layout.
+//! [`crate::quant::format`], HF `[out, in]` orientation), held in the kernels' group layout.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{LlmError, Result};
-use crate::quant_format::{QType, QK};
-use crate::quant_groups::RowGroups;
+use crate::quant::format::{QType, QK};
+use crate::quant::groups::RowGroups;
 use crate::safetensors::Backing;
 
 /// A block-quantized matrix `[rows, cols]` (`cols` a multiple of [`QK`]): `rows` rows of

@@ -1,14 +1,14 @@
 //! Whole quantized blocks in the file's layout dequantized with SIMD, exactly as
-//! [`crate::quant_format`] defines each format: prefill's widening of weight rows (through
-//! [`crate::quant_groups::RowGroups::dequantize_rows`]). One body over `kernel_simd::Simd`,
+//! [`crate::quant::format`] defines each format: prefill's widening of weight rows (through
+//! [`crate::quant::groups::RowGroups::dequantize_rows`]). One body over `kernel_simd::Simd`,
 //! instantiated for the portable, AVX2, AVX-512 and NEON levels.
 
 use kernel_simd::{load_nibbles, Simd};
 
-use crate::quant_format::{f16_at, QType, QK};
+use crate::quant::format::{f16_at, QType, QK};
 
 /// `blocks` (whole file blocks of `t`, in the file's layout) dequantized, block `i` into
-/// `out[i * stride ..][..32]`, exactly as [`dequantize_block`](crate::quant_format::dequantize_block) defines the
+/// `out[i * stride ..][..32]`, exactly as [`dequantize_block`](crate::quant::format::dequantize_block) defines the
 /// format (a product and a sum per weight, rounded as the definition rounds them). Does
 /// nothing if `out` cannot hold them (the callers size it).
 #[inline(always)]

@@ -18,8 +18,8 @@ use rayon::prelude::*;
 
 use kernel_simd::Level;
 
-use crate::quant_format::{dequantize_block, QType, QK};
-use crate::quant_widen::widen_blocks;
+use crate::quant::format::{dequantize_block, QType, QK};
+use crate::quant::widen::widen_blocks;
 
 /// Rows per group.
 pub const GROUP: usize = 16;
@@ -294,7 +294,7 @@ fn gather_lane(t: QType, gb: &[u8], i: usize, blk: &mut [u8]) {
 mod tests {
     use super::*;
     use crate::kernels::test_data::data;
-    use crate::quant_format::{dequantize_row, quantize_row};
+    use crate::quant::format::{dequantize_row, quantize_row};
 
     /// Rows in the file's layout of `rows` rows of `cols` weights of `t`.
     fn file_rows(t: QType, rows: usize, cols: usize) -> Vec<u8> {

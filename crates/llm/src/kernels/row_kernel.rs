@@ -8,15 +8,15 @@ use kernel_simd::Level;
 
 use crate::kernels::row_jobs;
 use crate::kernels::simd::{self as dense, Rows};
+use crate::quant::groups::GROUP;
 use crate::quant::QTensor;
-use crate::quant_groups::GROUP;
 
 /// How a matrix's rows are read: the choice of row kernel, made once per matrix.
 #[derive(Clone, Copy)]
 pub(crate) enum Kernel<'w> {
     /// f32, bf16 or f16 rows, widened in registers.
     Dense(Rows<'w>),
-    /// Groups of 16 quantized rows ([`crate::quant_groups`]), dequantized in registers.
+    /// Groups of 16 quantized rows ([`crate::quant::groups`]), dequantized in registers.
     Quant(&'w QTensor),
 }
 
