@@ -18,7 +18,7 @@ use std::sync::Arc;
 use crate::config::LlamaConfig;
 use crate::error::{LlmError, Result};
 use crate::matrix::Matrix;
-use crate::quant::format::{QType, QK};
+use crate::quant::format::QType;
 use crate::quant::QTensor;
 use crate::safetensors::{Backing, DType, Tensor};
 use crate::weights::{LayerWeights, Weights};
@@ -197,7 +197,12 @@ impl TensorType {
             30 => TensorType::Dense(DType::BF16),
             2 => TensorType::Quant(QType::Q4_0),
             3 => TensorType::Quant(QType::Q4_1),
+            6 => TensorType::Quant(QType::Q5_0),
+            7 => TensorType::Quant(QType::Q5_1),
             8 => TensorType::Quant(QType::Q8_0),
+            12 => TensorType::Quant(QType::Q4_K),
+            13 => TensorType::Quant(QType::Q5_K),
+            14 => TensorType::Quant(QType::Q6_K),
             _ => return None,
         })
     }
@@ -210,16 +215,23 @@ impl TensorType {
             TensorType::Dense(DType::BF16) => 30,
             TensorType::Quant(QType::Q4_0) => 2,
             TensorType::Quant(QType::Q4_1) => 3,
+            TensorType::Quant(QType::Q5_0) => 6,
+            TensorType::Quant(QType::Q5_1) => 7,
             TensorType::Quant(QType::Q8_0) => 8,
+            TensorType::Quant(QType::Q4_K) => 12,
+            TensorType::Quant(QType::Q5_K) => 13,
+            TensorType::Quant(QType::Q6_K) => 14,
         }
     }
 
-    /// Bytes of `n` elements in one row (`None` when `n` does not fill whole blocks).
+    /// Bytes of `n` elements in one row (`None` when `n` does not fill whole blocks or the
+    /// size overflows).
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         match self {
             TensorType::Dense(d) => n.checked_mul(d.size() as u64),
             TensorType::Quant(q) => {
-                let blocks = n.is_multiple_of(QK as u64).then_some(n / QK as u64)?;
+                let len = q.block_len() as u64;
+                let blocks = n.is_multiple_of(len).then_some(n / len)?;
                 blocks.checked_mul(q.block_bytes() as u64)
             }
         }
@@ -517,8 +529,8 @@ impl GgufFile {
                 &t.name,
                 format!(
                     "type {} (ggml id {}) is not supported; supported: F32, F16, BF16, Q4_0, \
-                     Q4_1, Q8_0 (re-quantize the model to one of them, e.g. with llama.cpp's \
-                     llama-quantize)",
+                     Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (re-quantize the model to one of \
+                     them, e.g. with llama.cpp's llama-quantize)",
                     ggml_type_name(t.ggml_type),
                     t.ggml_type
                 ),
@@ -526,11 +538,15 @@ impl GgufFile {
         })?;
         let row_bytes = ty.row_bytes(t.dims[0]).ok_or_else(|| {
             let message = match ty {
-                TensorType::Quant(_) if !t.dims[0].is_multiple_of(QK as u64) => format!(
-                    "{} rows of {} elements do not fill whole blocks of 32",
-                    ggml_type_name(t.ggml_type),
-                    t.dims[0]
-                ),
+                TensorType::Quant(q) if !t.dims[0].is_multiple_of(q.block_len() as u64) => {
+                    format!(
+                        "{} rows of {} elements do not fill whole blocks of {} (the file is \
+                         corrupt)",
+                        q.name(),
+                        t.dims[0],
+                        q.block_len()
+                    )
+                }
                 _ => format!(
                     "a row of {} {} elements overflows 2^64 bytes: its dimensions {:?} are \
                      corrupt",

@@ -8,7 +8,8 @@
 //!   `model.safetensors.index.json`; [`Weights`] takes every tensor under its HF name and
 //!   checks dtype (f32, bf16, f16) and shape, with errors naming file and tensor.
 //! - [`gguf::GgufFile`] maps a GGUF file (v2/v3); [`gguf::load_weights`] takes a llama
-//!   model's tensors from it (F32, F16, BF16, Q4_0, Q4_1, Q8_0), restoring HF's Q/K row order;
+//!   model's tensors from it (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+//!   Q6_K), restoring HF's Q/K row order;
 //!   [`gguf_tokenizer::from_gguf`] builds its tokenizer and [`chat`] renders its chat
 //!   template (both with the feature `text`, on by default; a client that runs on token ids
 //!   can turn it off and build without `tokenizers` and `minijinja`). [`Weights::load`] takes

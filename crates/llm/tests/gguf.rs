@@ -41,8 +41,10 @@ fn one_tensor_file(
 #[test]
 fn every_type_dequantizes_bit_exactly() {
     let dir = TempDir::new("gguf-types");
-    for ty in [g::F32, g::F16, g::BF16, g::Q4_0, g::Q4_1, g::Q8_0] {
-        let (rows, cols) = (5, 96);
+    let quantized = g::BLOCKS.map(|b| b.0);
+    for ty in [g::F32, g::F16, g::BF16].into_iter().chain(quantized) {
+        // Two K-quant super-blocks a row, three blocks of the others.
+        let (rows, cols) = (5, if g::block_of_any(ty) == 256 { 512 } else { 96 });
         let (p, data) = one_tensor_file(dir.path(), ty, rows, cols, 40 + ty as u64);
         let f = GgufFile::open(&p).unwrap();
         assert_eq!(f.version(), 3);
@@ -73,8 +75,8 @@ fn every_type_dequantizes_bit_exactly() {
 /// f64 product of the dequantized weights.
 #[test]
 fn quantized_linear_matches_f64() {
-    for qt in [QType::Q4_0, QType::Q4_1, QType::Q8_0] {
-        let (n, k) = (37, 96);
+    for qt in QType::ALL {
+        let (n, k) = (37, 3 * qt.block_len());
         let bytes = g::random_tensor_bytes(g::qtype_id(qt), n, k, 7);
         let q = QTensor::from_bytes(qt, n, k, &bytes).unwrap();
         let wf: Vec<f64> = bytes
@@ -294,17 +296,20 @@ fn bad_files_are_errors_naming_file_and_tensor() {
         "{e}"
     );
 
-    // A K-quant: refused naming the tensor and its type.
+    // A type not run (Q3_K): refused naming the file, the tensor and its type.
     let mut w = g::tiny_model(&spec, Some(QType::Q4_1)).0;
     let t = w
         .tensors
         .iter_mut()
         .find(|t| t.name == "blk.1.ffn_up.weight")
         .unwrap();
-    t.ggml_type = g::Q4_K;
+    t.ggml_type = g::Q3_K;
     let e = load_err(d, "kquant.gguf", &w.bytes());
     assert!(
-        e.contains("blk.1.ffn_up.weight") && e.contains("Q4_K") && e.contains("not supported"),
+        e.contains("kquant.gguf")
+            && e.contains("blk.1.ffn_up.weight")
+            && e.contains("Q3_K")
+            && e.contains("not supported"),
         "{e}"
     );
 
@@ -395,6 +400,50 @@ fn bad_files_are_errors_naming_file_and_tensor() {
     raw.extend_from_slice(&(1u64 << 60).to_le_bytes());
     let e = load_err(d, "array.gguf", &raw);
     assert!(e.contains("`arr`") && e.contains("claims"), "{e}");
+}
+
+/// K-quant tensors whose rows do not fill whole super-blocks of 256, or whose last
+/// super-block is cut short, are errors naming the file, the tensor and the format.
+#[test]
+fn bad_k_quant_tensors_are_named_errors() {
+    let dir = TempDir::new("gguf-kbad");
+    for ty in [g::Q4_K, g::Q5_K, g::Q6_K] {
+        let name = g::BLOCKS.iter().position(|b| b.0 == ty).unwrap();
+        let qname = [
+            "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
+        ][name];
+        // 320 columns: one super-block and a quarter.
+        let mut w = Writer::default();
+        let data = g::random_tensor_bytes(ty, 2, 256, 5);
+        w.tensor("w", &[320, 2], ty, data.clone());
+        let p = dir.path().join(format!("ragged{ty}.gguf"));
+        w.write(&p);
+        let e = GgufFile::open(&p)
+            .err()
+            .expect("a ragged K-quant row")
+            .to_string();
+        assert!(
+            e.contains(&format!("ragged{ty}.gguf"))
+                && e.contains("`w`")
+                && e.contains(&format!("{qname} rows of 320 elements"))
+                && e.contains("whole blocks of 256"),
+            "{e}"
+        );
+        // Two rows of two super-blocks, the last one cut short by 10 bytes.
+        let data = g::random_tensor_bytes(ty, 2, 512, 6);
+        let mut w = Writer::default();
+        w.tensor("w", &[512, 2], ty, data[..data.len() - 10].to_vec());
+        let p = dir.path().join(format!("cut{ty}.gguf"));
+        w.write(&p);
+        let e = GgufFile::open(&p)
+            .err()
+            .expect("a truncated super-block")
+            .to_string();
+        assert!(
+            e.contains(&format!("cut{ty}.gguf")) && e.contains("`w`") && e.contains("truncated"),
+            "{e}"
+        );
+    }
 }
 
 // Counts and sizes a hostile file gives: each a named error rather than an allocation

@@ -238,7 +238,9 @@ fn decode_steps_make_no_heap_allocation_outside_the_temp_allocator() {
         let bytes: Vec<u8> = head
             .2
             .chunks(spec.hidden)
-            .flat_map(|r| llm::quant::format::quantize_row(llm::quant::format::QType::Q8_0, r))
+            .flat_map(|r| {
+                llm::quant::format::quantize_row(llm::quant::format::QType::Q8_0, r).unwrap()
+            })
             .collect();
         let t = w
             .tensors

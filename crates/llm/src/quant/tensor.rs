@@ -1,25 +1,50 @@
 //! A block-quantized matrix (rows of blocks in one of the formats of
-//! [`crate::quant::format`], HF `[out, in]` orientation), held in the kernels' group layout.
+//! [`crate::quant::format`], HF `[out, in]` orientation), held in the layout its decode
+//! kernels read: groups of rows ([`RowGroups`]) for Q4_0, Q4_1 and Q8_0, the file's rows for
+//! the others ([`super::row_matvec`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{LlmError, Result};
-use crate::quant::format::{QType, QK};
+use kernel_simd::Level;
+
+use crate::quant::format::{dequantize_row, QType};
 use crate::quant::groups::RowGroups;
 use crate::safetensors::Backing;
 
-/// A block-quantized matrix `[rows, cols]` (`cols` a multiple of [`QK`]): `rows` rows of
-/// `cols / 32` blocks, held only in the kernels' group layout ([`RowGroups`], packed when
-/// the matrix is made). Every reader (decode, prefill, embedding) reads that copy, so the
-/// file's bytes are not needed after packing: a mapped file's pages are given back then.
+/// A block-quantized matrix `[rows, cols]` (`cols` a multiple of the format's block):
+/// `rows` rows of blocks, held only in the decode kernels' layout ([`Layout`], made when the
+/// matrix is). Every reader (decode, prefill, embedding) reads that copy, so the file's
+/// bytes are not needed after it: a mapped file's pages are given back then.
 #[derive(Clone)]
 pub struct QTensor {
     qtype: QType,
     rows: usize,
     cols: usize,
     path: Arc<PathBuf>,
-    groups: RowGroups,
+    layout: Layout,
+}
+
+/// How a [`QTensor`]'s blocks are held: the one copy every reader reads.
+#[derive(Clone, Debug)]
+pub enum Layout {
+    /// Groups of 16 rows, interleaved ([`RowGroups`]): Q4_0, Q4_1, Q8_0.
+    Groups(RowGroups),
+    /// The file's rows, one after another (an owned copy): the other formats.
+    Rows(Arc<[u8]>),
+}
+
+impl Layout {
+    /// `rows` rows of `cols` weights of `t` from the file's layout (`src`, whose length the
+    /// callers check): grouped for the formats read in groups.
+    fn pack(t: QType, rows: usize, cols: usize, src: &[u8]) -> Layout {
+        if t.grouped() {
+            Layout::Groups(RowGroups::pack(t, rows, cols, src))
+        } else {
+            Layout::Rows(src.into())
+        }
+    }
 }
 
 impl std::fmt::Debug for QTensor {
@@ -46,28 +71,29 @@ impl QTensor {
         path: &Arc<PathBuf>,
     ) -> QTensor {
         let len = rows * qtype.row_bytes(cols);
-        let groups = RowGroups::pack(qtype, rows, cols, &backing.bytes()[offset..offset + len]);
+        let layout = Layout::pack(qtype, rows, cols, &backing.bytes()[offset..offset + len]);
         backing.release(offset, len);
         QTensor {
             qtype,
             rows,
             cols,
             path: path.clone(),
-            groups,
+            layout,
         }
     }
 
     /// A matrix over owned bytes (copied), e.g. written by a test or re-ordered at load.
     ///
     /// # Errors
-    /// [`LlmError::InvalidArgument`] when `cols` is not a multiple of 32 or `bytes` is not
-    /// `rows` rows of `cols / 32` blocks.
+    /// [`LlmError::InvalidArgument`] when `cols` is not a multiple of the format's block or
+    /// `bytes` is not `rows` rows of `cols` weights.
     pub fn from_bytes(qtype: QType, rows: usize, cols: usize, bytes: &[u8]) -> Result<QTensor> {
-        if !cols.is_multiple_of(QK) || rows.checked_mul(qtype.row_bytes(cols)) != Some(bytes.len())
-        {
+        let n = qtype.block_len();
+        if !cols.is_multiple_of(n) || rows.checked_mul(qtype.row_bytes(cols)) != Some(bytes.len()) {
             return Err(LlmError::InvalidArgument {
                 message: format!(
-                    "{} bytes for a {} matrix [{rows}, {cols}] (columns must be a multiple of 32)",
+                    "{} bytes for a {} matrix [{rows}, {cols}] (columns must be a multiple of \
+                     {n})",
                     bytes.len(),
                     qtype.name()
                 ),
@@ -78,7 +104,7 @@ impl QTensor {
             rows,
             cols,
             path: Arc::new(PathBuf::from("<memory>")),
-            groups: RowGroups::pack(qtype, rows, cols, bytes),
+            layout: Layout::pack(qtype, rows, cols, bytes),
         })
     }
 
@@ -97,8 +123,19 @@ impl QTensor {
                 ),
             });
         }
+        let layout = match &self.layout {
+            Layout::Groups(g) => Layout::Groups(g.permute_rows(self.qtype, self.rows, order)),
+            Layout::Rows(b) => {
+                let rb = self.row_bytes();
+                let mut out = Vec::with_capacity(b.len());
+                for &r in order {
+                    out.extend_from_slice(&b[r * rb..][..rb]);
+                }
+                Layout::Rows(out.into())
+            }
+        };
         Ok(QTensor {
-            groups: self.groups.permute_rows(self.qtype, self.rows, order),
+            layout,
             ..self.clone()
         })
     }
@@ -113,7 +150,7 @@ impl QTensor {
         self.rows
     }
 
-    /// Columns (inputs), a multiple of 32.
+    /// Columns (inputs), a multiple of the format's block.
     pub fn cols(&self) -> usize {
         self.cols
     }
@@ -126,7 +163,26 @@ impl QTensor {
     /// Row `r` (below [`QTensor::rows`]) dequantized into `out` (`cols` floats), exactly as
     /// the format defines.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        self.groups.dequantize_row(self.qtype, r, out);
+        match &self.layout {
+            Layout::Groups(g) => g.dequantize_row(self.qtype, r, out),
+            Layout::Rows(b) => {
+                let rb = self.row_bytes();
+                dequantize_row(self.qtype, &b[r * rb..][..rb], out);
+            }
+        }
+    }
+
+    /// Rows `r0 .. r0 + n` dequantized into `out` (`n * cols` floats), row after row,
+    /// exactly as the format defines (prefill's widening, on `level`).
+    pub fn dequantize_rows(&self, level: Level, r0: usize, n: usize, out: &mut [f32]) {
+        match &self.layout {
+            Layout::Groups(g) => g.dequantize_rows(level, self.qtype, r0, n, out),
+            Layout::Rows(_) => {
+                for (i, o) in out.chunks_exact_mut(self.cols.max(1)).take(n).enumerate() {
+                    self.dequantize_row(r0 + i, o);
+                }
+            }
+        }
     }
 
     /// The file the matrix comes from.
@@ -134,9 +190,17 @@ impl QTensor {
         &self.path
     }
 
-    /// The blocks in the decode kernels' group layout.
-    pub fn groups(&self) -> &RowGroups {
-        &self.groups
+    /// The blocks in the decode kernels' layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Every byte of the layout (what a decode step streams).
+    pub fn bytes(&self) -> &[u8] {
+        match &self.layout {
+            Layout::Groups(g) => g.bytes(),
+            Layout::Rows(b) => b,
+        }
     }
 
     /// Every weight dequantized, row-major (for tests and references).

@@ -46,7 +46,8 @@ fn widen_blocks_body<S: Simd>(s: S, t: QType, blocks: &[u8], out: &mut [f32], st
                     }
                 }
             }
-            QType::Q8_0 => {
+            // Q8_0 (the other formats are never packed in groups, which alone come here).
+            _ => {
                 for c in (0..QK).step_by(l) {
                     // SAFETY: `blk` has `2 + 32` bytes and `c + l <= 32`; `o` has 32 floats.
                     unsafe {
