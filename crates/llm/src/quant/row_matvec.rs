@@ -106,3 +106,92 @@ kernel_simd::instantiate! {
     /// The decode matvec over a run of rows held row by row.
     pub fn matvec(w: Rows<'_>, x: &[f32], o: &mut [f32], output: Output) = matvec_body;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::test_data::{close, data};
+    use crate::safetensors::f32_to_f16;
+    use kernel_simd::available_levels;
+
+    /// `rows` rows of `blocks` blocks of `t` from seeded data: quantized by ggml's reference
+    /// quantizer where there is one, else random bytes under small finite f16 scales.
+    fn rows_of(t: QType, rows: usize, blocks: usize, seed: u32) -> QTensor {
+        let k = blocks * t.block_len();
+        let bytes: Vec<u8> = match super::super::format::quantize_row(t, &data(k, seed)) {
+            Some(_) => data(rows * k, seed)
+                .chunks_exact(k)
+                .flat_map(|r| super::super::format::quantize_row(t, r).unwrap())
+                .collect(),
+            None => {
+                let noise = data(rows * t.row_bytes(k), seed);
+                let mut b: Vec<u8> = noise.iter().map(|v| (v.to_bits() >> 11) as u8).collect();
+                let d = f32_to_f16(0.01).to_le_bytes();
+                for blk in b.chunks_exact_mut(t.block_bytes()) {
+                    let at = if t == QType::Q6_K { 208 } else { 0 };
+                    blk[at..at + 2].copy_from_slice(&d);
+                    if t != QType::Q6_K {
+                        blk[2..4].copy_from_slice(&d);
+                    }
+                }
+                b
+            }
+        };
+        QTensor::from_bytes(t, rows, k, &bytes).unwrap()
+    }
+
+    /// Every level's row matvec, in every format held row by row, against f64 dot products
+    /// of the exactly dequantized rows, written over and added to the output.
+    #[test]
+    fn row_matvec_matches_f64_on_every_level() {
+        for t in QType::ALL.into_iter().filter(|t| !t.grouped()) {
+            for (rows, blocks) in [(1, 1), (5, 2), (17, 3)] {
+                let w = rows_of(t, rows, blocks, (rows * 13 + blocks) as u32);
+                let exact = w.to_f32();
+                let x = data(w.cols(), 77 + blocks as u32);
+                let want: Vec<f64> = exact
+                    .chunks_exact(w.cols())
+                    .map(|r| {
+                        r.iter()
+                            .zip(&x)
+                            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                            .sum()
+                    })
+                    .collect();
+                assert!(want.iter().any(|&v| v != 0.0), "{t:?}: all zero");
+                for level in available_levels() {
+                    let rw = Rows::of(&w, 0, rows).unwrap();
+                    let mut o = vec![1.0f32; rows];
+                    matvec::run(level, rw, &x, &mut o, Output::AddTo);
+                    for (r, (&got, &d)) in o.iter().zip(&want).enumerate() {
+                        close(got, 1.0 + d, &format!("{level} {t:?} add row {r}"));
+                    }
+                    let rw = Rows::of(&w, 1.min(rows - 1), rows - 1.min(rows - 1)).unwrap();
+                    let mut o = vec![f32::NAN; rw.bytes.len() / w.row_bytes()];
+                    matvec::run(level, rw, &x, &mut o, Output::Overwrite);
+                    for (r, (&got, &d)) in o.iter().zip(&want[1.min(rows - 1)..]).enumerate() {
+                        close(got, d, &format!("{level} {t:?} overwrite row {r}"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Lengths that do not fit give NaN, not a read out of bounds.
+    #[test]
+    fn row_matvec_refuses_short_inputs() {
+        let w = rows_of(QType::Q4_K, 2, 2, 3);
+        let x = data(256, 2); // one super-block of the two
+        for level in available_levels() {
+            let mut o = [0f32; 2];
+            matvec::run(
+                level,
+                Rows::of(&w, 0, 2).unwrap(),
+                &x,
+                &mut o,
+                Output::Overwrite,
+            );
+            assert!(o.iter().all(|v| v.is_nan()), "{level}");
+        }
+    }
+}
