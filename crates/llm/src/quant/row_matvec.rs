@@ -86,10 +86,42 @@ fn rows_dot<S: Simd, const N: usize, F: Fn(&[u8], &mut [f32])>(
     }
 }
 
+/// `o[i] (+)= row i . x` over rows read by the format's own dot product `dot` (NaN if the
+/// lengths do not fit).
+#[inline(always)]
+fn rows_direct<S: Simd, F: Fn(S, &[u8], &[f32]) -> f32>(
+    s: S,
+    w: Rows<'_>,
+    x: &[f32],
+    o: &mut [f32],
+    output: Output,
+    dot: F,
+) {
+    let rb = w.qtype.row_bytes(w.cols);
+    if !w.cols.is_multiple_of(w.qtype.block_len())
+        || x.len() < w.cols
+        || w.bytes.len() < o.len() * rb
+    {
+        o.fill(f32::NAN);
+        return;
+    }
+    for (oi, row) in o.iter_mut().zip(w.bytes.chunks_exact(rb.max(1))) {
+        *oi = output.apply(*oi, dot(s, row, &x[..w.cols]));
+    }
+}
+
 /// `o[i] (+)= row i . x` for the rows of `w` (NaN if the lengths do not fit; the kernels
-/// check the shapes, so this does not happen).
+/// check the shapes, so this does not happen). Q4_K, Q6_K and Q5_0 (most of a Q4_K_M
+/// model) have their own dot products over the packed bits; the others dequantize each
+/// block first.
 #[inline(always)]
 fn matvec_body<S: Simd>(s: S, w: Rows<'_>, x: &[f32], o: &mut [f32], output: Output) {
+    match w.qtype {
+        QType::Q4_K => return rows_direct(s, w, x, o, output, q4_k::dot::<S>),
+        QType::Q6_K => return rows_direct(s, w, x, o, output, q6_k::dot::<S>),
+        QType::Q5_0 => return rows_direct(s, w, x, o, output, q5_0::dot::<S>),
+        _ => {}
+    }
     match w.qtype {
         QType::Q4_0 => rows_dot::<S, QK, _>(s, w, x, o, output, q4_0::dequantize),
         QType::Q4_1 => rows_dot::<S, QK, _>(s, w, x, o, output, q4_1::dequantize),

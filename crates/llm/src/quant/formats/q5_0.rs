@@ -57,3 +57,34 @@ pub(crate) fn quantize(blk: &[f32], out: &mut Vec<u8>) {
     out.extend_from_slice(&qh.to_le_bytes());
     out.extend_from_slice(&qs);
 }
+
+/// `row . x` for a row of whole blocks (`row.len()` a multiple of [`BLOCK_BYTES`], `x` at
+/// least 32 floats for each), with f32 `x`: per block, `d` times the FMA'd `q . x` less
+/// `16 d` times the block's sum of `x` (the definition's value, summed in another order).
+/// NaN if `x` is short.
+#[inline(always)]
+pub(crate) fn dot<S: kernel_simd::Simd>(s: S, row: &[u8], x: &[f32]) -> f32 {
+    let l = S::LANES;
+    let blocks = row.len() / BLOCK_BYTES;
+    if x.len() < blocks * 32 || l > 32 {
+        return f32::NAN;
+    }
+    let (mut total, mut off) = (s.zero(), s.zero());
+    for (b, xb) in row.chunks_exact(BLOCK_BYTES).zip(x.chunks_exact(32)) {
+        let q = quants(b);
+        let (mut qx, mut xs) = (s.zero(), s.zero());
+        for c in (0..32).step_by(l) {
+            // SAFETY: `q` and `xb` hold 32 and `c + LANES <= 32` (`LANES` divides 32).
+            unsafe {
+                let w = s.i32_to_f32(s.load_u8(q.as_ptr().add(c)));
+                let xv = s.load(xb.as_ptr().add(c));
+                qx = s.fma(w, xv, qx);
+                xs = s.add(xs, xv);
+            }
+        }
+        let d = f16_at(b, 0);
+        total = s.fma(s.splat(d), qx, total);
+        off = s.fma(s.splat(16.0 * d), xs, off);
+    }
+    s.reduce_sum(s.sub(total, off))
+}
