@@ -463,7 +463,8 @@ pub fn tiny_model(spec: &Spec, qt: Option<QType>) -> (Writer, NamedTensors) {
                 qtype_id(q),
                 vals.chunks(cols)
                     .map(|r| {
-                        llm::quant::format::quantize_row(q, r).expect("a quantizer for the format")
+                        llm::quant::format::quantize_row(q, r)
+                            .unwrap_or_else(|| quantize_k(qtype_id(q), r))
                     })
                     .collect(),
             ),
@@ -511,4 +512,110 @@ pub fn hf_to_gguf_name(hf: &str) -> String {
         other => panic!("no GGUF name for {other}"),
     };
     format!("blk.{i}.{t}")
+}
+
+/// A simple K-quant quantizer (not ggml's search for the best scales; any valid bytes do, as
+/// the reference reads back what is stored): `x` (a multiple of 256) as Q4_K, Q5_K or Q6_K.
+pub fn quantize_k(t: u32, x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let f16 = |v: f32| f32_to_f16(v).to_le_bytes();
+    let h = |v: f32| f16_to_f32(f32_to_f16(v));
+    for sb in x.chunks_exact(256) {
+        match t {
+            Q4_K | Q5_K => {
+                let nmax = if t == Q4_K { 15.0 } else { 31.0 };
+                let (mut scale, mut min) = ([0f32; 8], [0f32; 8]);
+                for (j, xs) in sb.chunks_exact(32).enumerate() {
+                    let lo = xs.iter().copied().fold(0f32, f32::min);
+                    let hi = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    scale[j] = (hi - lo) / nmax;
+                    min[j] = -lo;
+                }
+                let d = h(scale.iter().copied().fold(0f32, f32::max) / 63.0);
+                let dmin = h(min.iter().copied().fold(0f32, f32::max) / 63.0);
+                let six = |v: f32, by: f32| {
+                    if by > 0.0 {
+                        (v / by).round().clamp(0.0, 63.0) as u8
+                    } else {
+                        0
+                    }
+                };
+                let sc: Vec<u8> = scale.iter().map(|&v| six(v, d)).collect();
+                let m: Vec<u8> = min.iter().map(|&v| six(v, dmin)).collect();
+                let mut q = [0u8; 256];
+                for (e, qe) in q.iter_mut().enumerate() {
+                    let (step, off) = (d * sc[e / 32] as f32, dmin * m[e / 32] as f32);
+                    if step > 0.0 {
+                        *qe = ((sb[e] + off) / step).round().clamp(0.0, nmax) as u8;
+                    }
+                }
+                out.extend_from_slice(&f16(d));
+                out.extend_from_slice(&f16(dmin));
+                let mut packed = [0u8; 12];
+                for j in 0..4 {
+                    packed[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+                    packed[j + 4] = m[j] | ((m[j + 4] >> 4) << 6);
+                    packed[j + 8] = (sc[j + 4] & 15) | ((m[j + 4] & 15) << 4);
+                }
+                out.extend_from_slice(&packed);
+                if t == Q5_K {
+                    let mut qh = [0u8; 32];
+                    for (e, &qe) in q.iter().enumerate() {
+                        qh[e % 32] |= (qe >> 4) << (e / 32);
+                    }
+                    out.extend_from_slice(&qh);
+                }
+                for i in 0..4 {
+                    for l in 0..32 {
+                        out.push((q[64 * i + l] & 15) | ((q[64 * i + 32 + l] & 15) << 4));
+                    }
+                }
+            }
+            Q6_K => {
+                let scale: Vec<f32> = sb
+                    .chunks_exact(16)
+                    .map(|xs| xs.iter().fold(0f32, |a, v| a.max(v.abs())) / 31.0)
+                    .collect();
+                let d = h(scale.iter().copied().fold(0f32, f32::max) / 127.0);
+                let sc: Vec<i8> = scale
+                    .iter()
+                    .map(|&v| {
+                        if d > 0.0 {
+                            (v / d).round().clamp(-128.0, 127.0) as i8
+                        } else {
+                            0
+                        }
+                    })
+                    .collect();
+                let mut biased = [0u8; 256];
+                for (e, be) in biased.iter_mut().enumerate() {
+                    let step = d * sc[e / 16] as f32;
+                    let q = if step != 0.0 {
+                        (sb[e] / step).round().clamp(-32.0, 31.0) as i32
+                    } else {
+                        0
+                    };
+                    *be = (q + 32) as u8;
+                }
+                let (mut ql, mut qh) = ([0u8; 128], [0u8; 64]);
+                for half in 0..2 {
+                    let b6 = &biased[128 * half..];
+                    for l in 0..32 {
+                        ql[64 * half + l] = (b6[l] & 15) | ((b6[l + 64] & 15) << 4);
+                        ql[64 * half + 32 + l] = (b6[l + 32] & 15) | ((b6[l + 96] & 15) << 4);
+                        qh[32 * half + l] = (b6[l] >> 4)
+                            | ((b6[l + 32] >> 4) << 2)
+                            | ((b6[l + 64] >> 4) << 4)
+                            | ((b6[l + 96] >> 4) << 6);
+                    }
+                }
+                out.extend_from_slice(&ql);
+                out.extend_from_slice(&qh);
+                out.extend(sc.iter().map(|&v| v as u8));
+                out.extend_from_slice(&f16(d));
+            }
+            _ => panic!("not a K-quant: {t}"),
+        }
+    }
+    out
 }
