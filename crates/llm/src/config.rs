@@ -209,7 +209,7 @@ impl LlamaConfig {
             Some(OneOrMany::One(x)) => vec![x],
             Some(OneOrMany::Many(xs)) => xs,
         };
-        Ok(LlamaConfig {
+        let config = LlamaConfig {
             hidden_size: raw.hidden_size,
             intermediate_size: raw.intermediate_size,
             num_layers: raw.num_hidden_layers,
@@ -227,7 +227,58 @@ impl LlamaConfig {
             bos_token_id: ids(raw.bos_token_id).first().copied(),
             eos_token_ids: ids(raw.eos_token_id),
             model_type,
-        })
+        };
+        config.check_sizes()?;
+        Ok(config)
+    }
+
+    /// Checks that every size the model derives from the configuration is representable:
+    /// the attention widths (`num_heads * head_dim`, `num_kv_heads * head_dim`), every weight
+    /// matrix's element count and the decode matrices' total, each as f32 bytes within
+    /// `isize::MAX` (what a buffer of them can hold). Reading a file then checks each matrix
+    /// against the bytes the file has; this only keeps that arithmetic from wrapping.
+    ///
+    /// # Errors
+    /// The first size that overflows, named.
+    pub fn check_sizes(&self) -> std::result::Result<(), String> {
+        let max = isize::MAX as usize / 4;
+        let mul = |a: usize, b: usize, what: &str| {
+            a.checked_mul(b).filter(|&n| n <= max).ok_or_else(|| {
+                format!(
+                    "{what} = {a} x {b} overflows (more than {max} elements): the file's sizes \
+                     are corrupt"
+                )
+            })
+        };
+        let h = self.hidden_size;
+        let q = mul(
+            self.num_heads,
+            self.head_dim,
+            "the query width (heads x head_dim)",
+        )?;
+        let kv = mul(
+            self.num_kv_heads,
+            self.head_dim,
+            "the key/value width (kv heads x head_dim)",
+        )?;
+        let attn = mul(h, q.max(kv), "an attention matrix (hidden x query width)")?;
+        let ffn = mul(h, self.intermediate_size, "an MLP matrix (hidden x ffn)")?;
+        let vocab = mul(self.vocab_size, h, "the embedding (vocab x hidden)")?;
+        let per_layer = attn
+            .checked_mul(4)
+            .and_then(|a| ffn.checked_mul(3).and_then(|f| a.checked_add(f)))
+            .filter(|&n| n <= max)
+            .ok_or_else(|| format!("one layer's {attn} x 4 + {ffn} x 3 weights overflow"))?;
+        let layers = mul(
+            self.num_layers,
+            per_layer,
+            "the layers' weights (layers x per layer)",
+        )?;
+        layers
+            .checked_add(vocab)
+            .filter(|&n| n <= max)
+            .map(|_| ())
+            .ok_or_else(|| format!("{layers} layer weights and {vocab} embedding weights overflow"))
     }
 
     /// The RoPE inverse frequencies `inv_freq[i]`, `i < head_dim / 2`, in f64: `rope_theta ^

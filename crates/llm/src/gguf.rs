@@ -18,8 +18,8 @@ use std::sync::Arc;
 use crate::config::LlamaConfig;
 use crate::error::{LlmError, Result};
 use crate::matrix::Matrix;
+use crate::quant::format::QType;
 use crate::quant::QTensor;
-use crate::quant_format::{QType, QK};
 use crate::safetensors::{Backing, DType, Tensor};
 use crate::weights::{LayerWeights, Weights};
 
@@ -197,7 +197,12 @@ impl TensorType {
             30 => TensorType::Dense(DType::BF16),
             2 => TensorType::Quant(QType::Q4_0),
             3 => TensorType::Quant(QType::Q4_1),
+            6 => TensorType::Quant(QType::Q5_0),
+            7 => TensorType::Quant(QType::Q5_1),
             8 => TensorType::Quant(QType::Q8_0),
+            12 => TensorType::Quant(QType::Q4_K),
+            13 => TensorType::Quant(QType::Q5_K),
+            14 => TensorType::Quant(QType::Q6_K),
             _ => return None,
         })
     }
@@ -210,17 +215,25 @@ impl TensorType {
             TensorType::Dense(DType::BF16) => 30,
             TensorType::Quant(QType::Q4_0) => 2,
             TensorType::Quant(QType::Q4_1) => 3,
+            TensorType::Quant(QType::Q5_0) => 6,
+            TensorType::Quant(QType::Q5_1) => 7,
             TensorType::Quant(QType::Q8_0) => 8,
+            TensorType::Quant(QType::Q4_K) => 12,
+            TensorType::Quant(QType::Q5_K) => 13,
+            TensorType::Quant(QType::Q6_K) => 14,
         }
     }
 
-    /// Bytes of `n` elements in one row (`None` when `n` does not fill whole blocks).
+    /// Bytes of `n` elements in one row (`None` when `n` does not fill whole blocks or the
+    /// size overflows).
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         match self {
             TensorType::Dense(d) => n.checked_mul(d.size() as u64),
-            TensorType::Quant(q) => n
-                .is_multiple_of(QK as u64)
-                .then(|| n / QK as u64 * q.block_bytes() as u64),
+            TensorType::Quant(q) => {
+                let len = q.block_len() as u64;
+                let blocks = n.is_multiple_of(len).then_some(n / len)?;
+                blocks.checked_mul(q.block_bytes() as u64)
+            }
         }
     }
 }
@@ -259,10 +272,22 @@ pub struct GgufFile {
 /// Metadata nesting (arrays of arrays) allowed before a file is called malformed.
 const MAX_DEPTH: usize = 4;
 
+/// Metadata values (array elements included) a file may hold: a [`Value`] takes 32 bytes
+/// however few the file spends on it (a `u8` takes one), so the count, not the file size,
+/// bounds the memory parsing takes (here 128 MiB). The largest vocabularies (Gemma 3's
+/// 262,144 tokens, their scores and types) take well under a fifth of it.
+pub const MAX_METADATA_VALUES: u64 = 1 << 22;
+
+/// Elements reserved up front for an array or the tensor infos: more are added as they
+/// are read, so memory follows what the file holds, not what its counts claim.
+const MAX_RESERVE: usize = 4096;
+
 struct Reader<'a> {
     b: &'a [u8],
     pos: usize,
     path: &'a Path,
+    /// Metadata values still allowed ([`MAX_METADATA_VALUES`] at the start).
+    values_left: u64,
 }
 
 impl<'a> Reader<'a> {
@@ -323,6 +348,12 @@ impl<'a> Reader<'a> {
     }
 
     fn value(&mut self, t: u32, key: &str, depth: usize) -> Result<Value> {
+        self.values_left = self.values_left.checked_sub(1).ok_or_else(|| {
+            self.err(format!(
+                "metadata `{key}`: the metadata holds more than {MAX_METADATA_VALUES} values, \
+                 more than any model uses (the file is corrupt or not a model)"
+            ))
+        })?;
         Ok(match t {
             0 => Value::U8(self.arr::<1>(key)?[0]),
             1 => Value::I8(self.arr::<1>(key)?[0] as i8),
@@ -357,7 +388,14 @@ impl<'a> Reader<'a> {
                          are left"
                     )));
                 }
-                let mut v = Vec::with_capacity(n as usize);
+                if n > self.values_left {
+                    return Err(self.err(format!(
+                        "metadata `{key}` claims {n} elements: the metadata may hold at most \
+                         {MAX_METADATA_VALUES} values, more than any model uses (the file is \
+                         corrupt or not a model)"
+                    )));
+                }
+                let mut v = Vec::with_capacity((n as usize).min(MAX_RESERVE));
                 for _ in 0..n {
                     v.push(self.value(et, key, depth + 1)?);
                 }
@@ -384,7 +422,12 @@ impl GgufFile {
 
     fn parse(path: &Path, backing: Arc<Backing>) -> Result<GgufFile> {
         let b = backing.bytes();
-        let mut r = Reader { b, pos: 0, path };
+        let mut r = Reader {
+            b,
+            pos: 0,
+            path,
+            values_left: MAX_METADATA_VALUES,
+        };
         let magic = r.arr::<4>("the magic")?;
         if magic != MAGIC {
             return Err(r.err(format!(
@@ -422,7 +465,7 @@ impl GgufFile {
                 _ => return Err(r.err(format!("general.alignment {v:?} is not a power of two"))),
             },
         };
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
+        let mut tensors = Vec::with_capacity((n_tensors as usize).min(MAX_RESERVE));
         for _ in 0..n_tensors {
             let name = r.string("a tensor name")?;
             let n_dims = r.u32(&name)?;
@@ -486,22 +529,33 @@ impl GgufFile {
                 &t.name,
                 format!(
                     "type {} (ggml id {}) is not supported; supported: F32, F16, BF16, Q4_0, \
-                     Q4_1, Q8_0 (re-quantize the model to one of them, e.g. with llama.cpp's \
-                     llama-quantize)",
+                     Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (re-quantize the model to one of \
+                     them, e.g. with llama.cpp's llama-quantize)",
                     ggml_type_name(t.ggml_type),
                     t.ggml_type
                 ),
             )
         })?;
         let row_bytes = ty.row_bytes(t.dims[0]).ok_or_else(|| {
-            self.tensor_err(
-                &t.name,
-                format!(
-                    "{} rows of {} elements do not fill whole blocks of 32",
+            let message = match ty {
+                TensorType::Quant(q) if !t.dims[0].is_multiple_of(q.block_len() as u64) => {
+                    format!(
+                        "{} rows of {} elements do not fill whole blocks of {} (the file is \
+                         corrupt)",
+                        q.name(),
+                        t.dims[0],
+                        q.block_len()
+                    )
+                }
+                _ => format!(
+                    "a row of {} {} elements overflows 2^64 bytes: its dimensions {:?} are \
+                     corrupt",
+                    t.dims[0],
                     ggml_type_name(t.ggml_type),
-                    t.dims[0]
+                    t.dims
                 ),
-            )
+            };
+            self.tensor_err(&t.name, message)
         })?;
         let bytes = t.dims[1..]
             .iter()
@@ -713,7 +767,7 @@ impl GgufFile {
                 .meta_usize(&format!("tokenizer.ggml.{k}"))?
                 .map(|v| v as u32))
         };
-        Ok(LlamaConfig {
+        let config = LlamaConfig {
             model_type: "llama".into(),
             hidden_size: hidden,
             intermediate_size: need("feed_forward_length")?,
@@ -734,7 +788,11 @@ impl GgufFile {
             o_bias: false,
             bos_token_id: id("bos_token_id")?,
             eos_token_ids: id("eos_token_id")?.into_iter().collect(),
-        })
+        };
+        config
+            .check_sizes()
+            .map_err(|m| self.meta_err(format!("the llama.* metadata: {m}")))?;
+        Ok(config)
     }
 }
 
@@ -771,6 +829,9 @@ fn permute_rows(m: &Matrix, order: &[usize]) -> Result<Matrix> {
         }
     })
 }
+
+/// Tensors of one llama block: two norms, four attention and three MLP matrices.
+const TENSORS_PER_BLOCK: usize = 9;
 
 /// Loads the weights of a llama-architecture GGUF file: hyperparameters from its metadata,
 /// tensors under llama.cpp's names, shapes checked against the metadata, Q/K rows restored to
@@ -817,16 +878,34 @@ pub fn weights_from(f: &GgufFile) -> Result<Weights> {
             ),
         ));
     }
-    let q_order = unpermute_order(c.num_heads, hd);
-    let k_order = unpermute_order(c.num_kv_heads, hd);
+    // Nine tensors a block: a block count the tensors cannot fill is refused before anything
+    // is sized by it.
+    let blocks_held = f.tensor_infos().len() / TENSORS_PER_BLOCK;
+    if c.num_layers > blocks_held {
+        return Err(f.meta_err(format!(
+            "llama.block_count is {} but the file has {} tensors, room for at most {blocks_held} \
+             blocks of {TENSORS_PER_BLOCK}: the metadata is corrupt",
+            c.num_layers,
+            f.tensor_infos().len()
+        )));
+    }
     let embed = get("token_embd.weight", &[c.vocab_size, h])?;
     let mut layers = Vec::with_capacity(c.num_layers);
+    // The row orders are built once the first q and k matrices have the shapes they
+    // imply, so their sizes are ones the file holds.
+    let (mut q_order, mut k_order) = (Vec::new(), Vec::new());
     for i in 0..c.num_layers {
         let n = |s: &str| format!("blk.{i}.{s}");
+        let q = get(&n("attn_q.weight"), &[qd, h])?;
+        let k = get(&n("attn_k.weight"), &[kvd, h])?;
+        if i == 0 {
+            q_order = unpermute_order(c.num_heads, hd);
+            k_order = unpermute_order(c.num_kv_heads, hd);
+        }
         layers.push(LayerWeights {
             input_norm: vec(&n("attn_norm.weight"), h)?,
-            q: permute_rows(&get(&n("attn_q.weight"), &[qd, h])?, &q_order)?,
-            k: permute_rows(&get(&n("attn_k.weight"), &[kvd, h])?, &k_order)?,
+            q: permute_rows(&q, &q_order)?,
+            k: permute_rows(&k, &k_order)?,
             v: get(&n("attn_v.weight"), &[kvd, h])?,
             o: get(&n("attn_output.weight"), &[h, qd])?,
             q_bias: None,

@@ -7,7 +7,7 @@
 //! this module: the decode matvec as parallel jobs over chunks of output rows
 //! (`row_jobs`), and the prefill matmul (`prefill`), which widens `NB` weight rows at a
 //! time into scratch. Work is split with rayon. The inner loops are the generic bodies of
-//! `kernels/simd.rs` and [`crate::quant_simd`] over `kernel_simd`, instantiated for the
+//! `kernels/simd.rs` and [`crate::quant::group_matvec`] over `kernel_simd`, instantiated for the
 //! portable, AVX2, AVX-512 and NEON levels; each task runs on the level [`isa`] picks
 //! (detected at run time, capped by `KERNEL_SIMD_MAX` and [`set_max_level`]).
 
@@ -18,13 +18,14 @@ use rayon::prelude::*;
 
 use crate::error::{LlmError, Result};
 use crate::output::Output;
-use crate::row_kernel::Kernel;
 use crate::runtime::Scratch;
 use caching_allocator::TempAllocator;
 pub use kernel_simd::{available_levels, Level};
+use row_kernel::Kernel;
 use shared_out::SharedOut;
 
 pub(crate) mod row_jobs;
+pub(crate) mod row_kernel;
 mod shared_out;
 pub(crate) mod simd;
 #[cfg(test)]
@@ -105,7 +106,7 @@ pub(crate) fn prefill<A: TempAllocator + ?Sized>(
     let tasks = (threads * 4).min(blocks).max(1);
     // Whole blocks of NB rows per task, as evenly as they divide (counts differ by at most
     // one): every widening but the matrix's last is a full block, which for quantized
-    // weights is a whole group of their layout (`quant_groups::GROUP` = NB).
+    // weights is a whole group of their layout (`quant::groups::GROUP` = NB).
     let task_rows = |t: usize| (t * blocks / tasks * NB).min(g.n);
     // Borrowed f32 weights need no block: a 1-float placeholder per task.
     let block = if w.widens() { NB * g.k } else { 1 };

@@ -8,16 +8,16 @@
 //!   `model.safetensors.index.json`; [`Weights`] takes every tensor under its HF name and
 //!   checks dtype (f32, bf16, f16) and shape, with errors naming file and tensor.
 //! - [`gguf::GgufFile`] maps a GGUF file (v2/v3); [`gguf::load_weights`] takes a llama
-//!   model's tensors from it (F32, F16, BF16, Q4_0, Q4_1, Q8_0), restoring HF's Q/K row order;
+//!   model's tensors from it (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+//!   Q6_K), restoring HF's Q/K row order;
 //!   [`gguf_tokenizer::from_gguf`] builds its tokenizer and [`chat`] renders its chat
 //!   template (both with the feature `text`, on by default; a client that runs on token ids
 //!   can turn it off and build without `tokenizers` and `minijinja`). [`Weights::load`] takes
 //!   a `.gguf` file or a checkpoint directory.
-//! - Weight matrices are [`matrix::Matrix`]es, dense or block-quantized ([`quant`], in the
-//!   formats of [`quant_format`]), run as [`matrix::Linear`] layers whose row kernel each
-//!   matrix picks (quantized inner loops in [`quant_simd`] on the [`quant_groups`] layout,
-//!   prefill's widening in [`quant_widen`]); every kernel's result is written over or added
-//!   to its output ([`output::Output`]); activations stay f32.
+//! - Weight matrices are [`matrix::Matrix`]es, dense or block-quantized ([`quant`]: the
+//!   formats, their layout for the kernels and the kernels), run as [`matrix::Linear`]
+//!   layers whose row kernel each matrix picks; every kernel's result is written over or
+//!   added to its output ([`output::Output`]); activations stay f32.
 //! - [`Llama`] is the module: `Llama::new(weights, temp, &options)` ([`Module`], the one
 //!   constructor shape of every model type) owns the temp allocator, the KV cache and the
 //!   activation buffers. Each forward pass is a sequence of kernel calls (embed, RMSNorm,
@@ -67,11 +67,6 @@ pub mod matrix;
 pub mod model;
 pub mod output;
 pub mod quant;
-pub mod quant_format;
-pub mod quant_groups;
-pub mod quant_simd;
-pub mod quant_widen;
-mod row_kernel;
 pub mod runtime;
 pub mod safetensors;
 pub mod sample;

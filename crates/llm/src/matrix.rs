@@ -1,5 +1,5 @@
 //! A weight matrix of either kind the model runs, dense ([`Tensor`]: f32, bf16, f16) or
-//! block-quantized ([`QTensor`]: Q4_0, Q4_1, Q8_0), and the [`Linear`] layer over one: the
+//! block-quantized ([`QTensor`]: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), and the [`Linear`] layer over one: the
 //! one place a matrix's kind picks its row kernel.
 //!
 //! - Decode (one row of `x`): every matrix's rows dotted with `x` in registers, chunks of
@@ -20,13 +20,14 @@ use caching_allocator::TempAllocator;
 
 use crate::error::{LlmError, Result};
 use crate::kernels::row_jobs::{self, RowJob, MAX_CHUNK};
+use crate::kernels::row_kernel::Kernel;
 use crate::kernels::simd::{self as dense, deinterleave, pair_block, Rows};
 use crate::kernels::{self, check_buffers, Gemm, Level};
 use crate::output::Output;
+use crate::quant::format::{QType, QK};
+use crate::quant::group_matvec::{self, Activation, Groups, Int8X};
+use crate::quant::row_matvec;
 use crate::quant::QTensor;
-use crate::quant_format::{QType, QK};
-use crate::quant_simd::{self, Activation, Groups, Int8X};
-use crate::row_kernel::Kernel;
 use crate::runtime::{Activations, Scratch};
 use crate::safetensors::{Tensor, TensorData};
 
@@ -64,7 +65,7 @@ impl Matrix {
     pub fn bytes(&self) -> &[u8] {
         match self {
             Matrix::Dense(t) => t.bytes(),
-            Matrix::Quant(q) => q.groups().bytes(),
+            Matrix::Quant(q) => q.bytes(),
         }
     }
 
@@ -200,11 +201,11 @@ impl<'a> DecodeX<'a> {
         let blocks = x.len() / QK;
         if s.activations() == Activations::Int8 && readers.iter().any(four_bit) {
             let (q, scales, sums) = (s.i8s(blocks * QK)?, s.f32s(blocks)?, s.f32s(blocks)?);
-            quant_simd::quantize::run(level, x, q, scales, sums);
+            group_matvec::quantize::run(level, x, q, scales, sums);
             (d.int8, d.sums) = (Some(Int8X { q, scales }), sums);
         } else if readers.iter().any(|k| matches!(k, Kernel::Quant(_))) {
             let sums = s.f32s(blocks)?;
-            quant_simd::block_sums::run(level, x, sums);
+            group_matvec::block_sums::run(level, x, sums);
             d.sums = sums;
         }
         Ok(d)
@@ -235,10 +236,14 @@ impl<'a> DecodeX<'a> {
             Kernel::Dense(rows) => {
                 dense::matvec::run(level, rows, r0, self.x, self.pairs, o, output);
             }
-            Kernel::Quant(q) => {
-                let g = Groups::of(q, r0, o.len());
-                quant_simd::matvec::run(level, g, self.activation(), o, output);
-            }
+            Kernel::Quant(q) => match Groups::of(q, r0, o.len()) {
+                Some(g) => group_matvec::matvec::run(level, g, self.activation(), o, output),
+                None => match row_matvec::Rows::of(q, r0, o.len()) {
+                    Some(w) => row_matvec::matvec::run(level, w, self.x, o, output),
+                    // A matrix is held in one of the two layouts.
+                    None => o.fill(f32::NAN),
+                },
+            },
         }
     }
 
@@ -254,9 +259,15 @@ impl<'a> DecodeX<'a> {
                 };
                 dense::swiglu_rows::run(level, g, u, r0, self.x, self.pairs, o);
             }
-            (Kernel::Quant(g), Kernel::Quant(u)) => {
-                let (g, u) = (Groups::of(g, r0, o.len()), Groups::of(u, r0, o.len()));
-                quant_simd::swiglu::run(self.level, g, u, self.activation(), o);
+            (Kernel::Quant(gq), Kernel::Quant(uq))
+                if gq.qtype().grouped() && uq.qtype().grouped() =>
+            {
+                match (Groups::of(gq, r0, o.len()), Groups::of(uq, r0, o.len())) {
+                    (Some(g), Some(u)) => {
+                        group_matvec::swiglu::run(self.level, g, u, self.activation(), o);
+                    }
+                    _ => o.fill(f32::NAN),
+                }
             }
             _ => {
                 let mut up_rows = [0f32; MAX_CHUNK];
@@ -445,7 +456,7 @@ mod tests {
     use super::*;
     use crate::kernels::test_data::{close, data};
     use crate::model::caching_temp;
-    use crate::quant_format::{quantize_row, QType};
+    use crate::quant::format::{quantize_row, QType};
     use crate::runtime::Runtime;
     use crate::safetensors::DType;
     use crate::weights::random_tensor;
@@ -459,7 +470,7 @@ mod tests {
         let wf = data(n * k, seed as u32);
         let bytes: Vec<u8> = wf
             .chunks_exact(k)
-            .flat_map(|r| quantize_row(QType::Q4_1, r))
+            .flat_map(|r| quantize_row(QType::Q4_1, r).unwrap())
             .collect();
         v.push(
             QTensor::from_bytes(QType::Q4_1, n, k, &bytes)

@@ -107,6 +107,20 @@ impl Weights {
                 ),
             });
         }
+        // Nine tensors a layer: a layer count the checkpoint cannot fill is refused before
+        // anything is sized by it.
+        let tensors = ckpt.names().count();
+        if c.num_layers > tensors / 9 {
+            return Err(LlmError::ConfigMismatch {
+                path: embed.path().into(),
+                message: format!(
+                    "num_hidden_layers is {} but the weights have {tensors} tensors, room for at \
+                     most {} layers of 9",
+                    c.num_layers,
+                    tensors / 9
+                ),
+            });
+        }
         let vec = |name: &str, n: usize| get(name, &[n]).map(|t| t.to_f32());
         let opt_vec = |name: &str, n: usize, want: bool| -> Result<Option<Vec<f32>>> {
             if want {

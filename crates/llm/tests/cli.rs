@@ -130,7 +130,7 @@ fn generate_runs_a_gguf_file_and_writes_the_scratch_profile() {
         ..Spec::default()
     };
     let dir = TempDir::new("cli-gguf");
-    let (w, _) = common::gguf::tiny_model(&spec, Some(llm::quant_format::QType::Q4_0));
+    let (w, _) = common::gguf::tiny_model(&spec, Some(llm::quant::format::QType::Q4_0));
     let model = dir.path().join("tiny.gguf");
     w.write(&model);
     let ids = greedy_ids(&model, &[5, 6, 7], 6);

@@ -13,8 +13,8 @@ use common::{prompt, rel_err, Reference, Spec, TempDir};
 use llm::gguf::{GgufFile, Value};
 use llm::matrix::{Linear, Matrix};
 use llm::output::Output;
+use llm::quant::format::QType;
 use llm::quant::QTensor;
-use llm::quant_format::QType;
 use llm::runtime::Runtime;
 use llm::{caching_temp, Activations, Llama, ModelOptions, Module, Weights};
 
@@ -41,8 +41,10 @@ fn one_tensor_file(
 #[test]
 fn every_type_dequantizes_bit_exactly() {
     let dir = TempDir::new("gguf-types");
-    for ty in [g::F32, g::F16, g::BF16, g::Q4_0, g::Q4_1, g::Q8_0] {
-        let (rows, cols) = (5, 96);
+    let quantized = g::BLOCKS.map(|b| b.0);
+    for ty in [g::F32, g::F16, g::BF16].into_iter().chain(quantized) {
+        // Two K-quant super-blocks a row, three blocks of the others.
+        let (rows, cols) = (5, if g::block_of_any(ty) == 256 { 512 } else { 96 });
         let (p, data) = one_tensor_file(dir.path(), ty, rows, cols, 40 + ty as u64);
         let f = GgufFile::open(&p).unwrap();
         assert_eq!(f.version(), 3);
@@ -73,8 +75,8 @@ fn every_type_dequantizes_bit_exactly() {
 /// f64 product of the dequantized weights.
 #[test]
 fn quantized_linear_matches_f64() {
-    for qt in [QType::Q4_0, QType::Q4_1, QType::Q8_0] {
-        let (n, k) = (37, 96);
+    for qt in QType::ALL {
+        let (n, k) = (37, 3 * qt.block_len());
         let bytes = g::random_tensor_bytes(g::qtype_id(qt), n, k, 7);
         let q = QTensor::from_bytes(qt, n, k, &bytes).unwrap();
         let wf: Vec<f64> = bytes
@@ -122,23 +124,21 @@ fn tiny_spec(tied: bool, seed: u64) -> Spec {
     }
 }
 
-/// A tiny llama model written as GGUF (matrices in each type, q/k permuted as llama.cpp's
+/// A tiny llama model written as GGUF (matrices in each type, the K-quants' rows of whole
+/// super-blocks, q/k permuted as llama.cpp's
 /// converter does, tied and untied head): every prompt position's logits and 6 decode steps
 /// against the f64 reference on the same (dequantized) weights, within 1e-4.
 #[test]
 fn tiny_gguf_model_matches_reference() {
     let dir = TempDir::new("gguf-model");
-    for (i, qt) in [
-        None,
-        Some(QType::Q4_0),
-        Some(QType::Q4_1),
-        Some(QType::Q8_0),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    let types = [None].into_iter().chain(QType::ALL.map(Some));
+    for (i, qt) in types.enumerate() {
         for tied in [false, true] {
-            let spec = tiny_spec(tied, 3 + i as u64);
+            let mut spec = tiny_spec(tied, 3 + i as u64);
+            if qt.is_some_and(|q| q.block_len() == 256) {
+                // Rows of whole super-blocks.
+                (spec.hidden, spec.ffn) = (256, 512);
+            }
             let (w, ts) = g::tiny_model(&spec, qt);
             // One file without the extension: recognised by its magic.
             let ext = if i == 1 && tied { "bin" } else { "gguf" };
@@ -294,17 +294,20 @@ fn bad_files_are_errors_naming_file_and_tensor() {
         "{e}"
     );
 
-    // A K-quant: refused naming the tensor and its type.
+    // A type not run (Q3_K): refused naming the file, the tensor and its type.
     let mut w = g::tiny_model(&spec, Some(QType::Q4_1)).0;
     let t = w
         .tensors
         .iter_mut()
         .find(|t| t.name == "blk.1.ffn_up.weight")
         .unwrap();
-    t.ggml_type = g::Q4_K;
+    t.ggml_type = g::Q3_K;
     let e = load_err(d, "kquant.gguf", &w.bytes());
     assert!(
-        e.contains("blk.1.ffn_up.weight") && e.contains("Q4_K") && e.contains("not supported"),
+        e.contains("kquant.gguf")
+            && e.contains("blk.1.ffn_up.weight")
+            && e.contains("Q3_K")
+            && e.contains("not supported"),
         "{e}"
     );
 
@@ -395,6 +398,148 @@ fn bad_files_are_errors_naming_file_and_tensor() {
     raw.extend_from_slice(&(1u64 << 60).to_le_bytes());
     let e = load_err(d, "array.gguf", &raw);
     assert!(e.contains("`arr`") && e.contains("claims"), "{e}");
+}
+
+/// K-quant tensors whose rows do not fill whole super-blocks of 256, or whose last
+/// super-block is cut short, are errors naming the file, the tensor and the format.
+#[test]
+fn bad_k_quant_tensors_are_named_errors() {
+    let dir = TempDir::new("gguf-kbad");
+    for ty in [g::Q4_K, g::Q5_K, g::Q6_K] {
+        let name = g::BLOCKS.iter().position(|b| b.0 == ty).unwrap();
+        let qname = [
+            "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
+        ][name];
+        // 320 columns: one super-block and a quarter.
+        let mut w = Writer::default();
+        let data = g::random_tensor_bytes(ty, 2, 256, 5);
+        w.tensor("w", &[320, 2], ty, data.clone());
+        let p = dir.path().join(format!("ragged{ty}.gguf"));
+        w.write(&p);
+        let e = GgufFile::open(&p)
+            .err()
+            .expect("a ragged K-quant row")
+            .to_string();
+        assert!(
+            e.contains(&format!("ragged{ty}.gguf"))
+                && e.contains("`w`")
+                && e.contains(&format!("{qname} rows of 320 elements"))
+                && e.contains("whole blocks of 256"),
+            "{e}"
+        );
+        // Two rows of two super-blocks, the last one cut short by 10 bytes.
+        let data = g::random_tensor_bytes(ty, 2, 512, 6);
+        let mut w = Writer::default();
+        w.tensor("w", &[512, 2], ty, data[..data.len() - 10].to_vec());
+        let p = dir.path().join(format!("cut{ty}.gguf"));
+        w.write(&p);
+        let e = GgufFile::open(&p)
+            .err()
+            .expect("a truncated super-block")
+            .to_string();
+        assert!(
+            e.contains(&format!("cut{ty}.gguf")) && e.contains("`w`") && e.contains("truncated"),
+            "{e}"
+        );
+    }
+}
+
+// Counts and sizes a hostile file gives: each a named error rather than an allocation
+// abort, an overflow panic or a wrapped size that passes the bounds checks.
+
+/// A tiny Q4_1 model to edit.
+fn hostile_base() -> Writer {
+    g::tiny_model(&tiny_spec(false, 3), Some(QType::Q4_1)).0
+}
+
+/// A block count no file holds (it sized a `Vec` of 2.8 TB: the process aborted).
+#[test]
+fn hostile_block_count_is_an_error() {
+    let dir = TempDir::new("gguf-blocks");
+    let mut w = hostile_base();
+    w.set_meta("llama.block_count", Value::U32(u32::MAX));
+    let e = load_err(dir.path(), "blocks.gguf", &w.bytes());
+    assert!(
+        e.contains("blocks.gguf")
+            && e.contains("llama.block_count is 4294967295")
+            && e.contains("room for at most 2 blocks"),
+        "{e}"
+    );
+}
+
+/// A key length of 2^60 (`heads * head_dim` overflowed: a capacity-overflow panic), and
+/// one of 2^40 that does not overflow but that the file's matrices cannot back.
+#[test]
+fn hostile_key_length_is_an_error() {
+    let dir = TempDir::new("gguf-keylen");
+    let d = dir.path();
+    let mut w = hostile_base();
+    w.set_meta("llama.attention.key_length", Value::U64(1 << 60));
+    w.meta.retain(|(k, _)| k != "llama.rope.dimension_count");
+    let e = load_err(d, "keylen.gguf", &w.bytes());
+    assert!(
+        e.contains("keylen.gguf") && e.contains("query width") && e.contains("overflows"),
+        "{e}"
+    );
+    // A key length the file's matrices cannot back, without overflow: the q matrix's shape
+    // is refused before a row order of that size is built.
+    let mut w = hostile_base();
+    w.set_meta("llama.attention.key_length", Value::U64(1 << 40));
+    w.meta.retain(|(k, _)| k != "llama.rope.dimension_count");
+    let e = load_err(d, "keylen40.gguf", &w.bytes());
+    assert!(
+        e.contains("attn_q.weight") && e.contains("contradicts the metadata"),
+        "{e}"
+    );
+}
+
+/// A Q8_0 embedding whose row length (~1.7e19) makes `n / 32 * 34` wrap to 16 bytes (it
+/// passed the bounds check, then a slice index panicked).
+#[test]
+fn hostile_row_length_is_an_error() {
+    let dir = TempDir::new("gguf-wrap");
+    let n: u64 = 542_551_296_285_575_048 * 32;
+    assert_eq!((n / 32).wrapping_mul(34), 16);
+    let mut w = hostile_base();
+    let t = w
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "token_embd.weight")
+        .unwrap();
+    t.ggml_type = g::Q8_0;
+    t.dims[0] = n;
+    let e = load_err(dir.path(), "wrap.gguf", &w.bytes());
+    assert!(
+        e.contains("token_embd.weight") && e.contains("overflows 2^64 bytes"),
+        "{e}"
+    );
+}
+
+/// A metadata array of more values than any model uses: refused by count, before the ~32
+/// bytes a value takes are spent on each of its one-byte elements (32x the file's size).
+#[test]
+fn hostile_metadata_arrays_are_errors() {
+    let dir = TempDir::new("gguf-arrays");
+    let d = dir.path();
+    let n = llm::gguf::MAX_METADATA_VALUES as usize + 1;
+    let mut w = Writer::default();
+    w.meta("big", Value::Array(vec![Value::U8(7); n]));
+    let e = load_err(d, "bigarray.gguf", &w.bytes());
+    assert!(
+        e.contains("`big`") && e.contains("claims 4194305 elements"),
+        "{e}"
+    );
+    // The same budget across many smaller arrays.
+    let mut w = Writer::default();
+    for i in 0..5 {
+        w.meta(&format!("a{i}"), Value::Array(vec![Value::U8(1); 1 << 20]));
+    }
+    let e = load_err(d, "arrays.gguf", &w.bytes());
+    // Each array is a value itself: the fourth is past the budget.
+    assert!(
+        e.contains("`a3`") && e.contains("at most 4194304 values"),
+        "{e}"
+    );
 }
 
 /// A byte-level vocabulary in GGUF metadata: BPE merges applied in rank order, control

@@ -371,6 +371,31 @@ fn config_contradicting_weights_is_reported() {
     );
 }
 
+/// Sizes in config.json that the weights cannot back, or whose arithmetic overflows, are
+/// errors naming them, not an allocation abort or an overflow panic.
+#[test]
+fn hostile_config_sizes_are_errors() {
+    let spec = Spec::default();
+    let dir = spec.checkpoint("hostile-cfg");
+    // A layer count the checkpoint's tensors cannot fill (`Vec::with_capacity` of it aborted).
+    let mut c = spec.config_json();
+    c["num_hidden_layers"] = 0xFFFF_FFFFu64.into();
+    std::fs::write(dir.path().join("config.json"), c.to_string()).unwrap();
+    assert_load_err(
+        dir.path(),
+        &[
+            "num_hidden_layers is 4294967295",
+            "room for at most",
+            "model.safetensors",
+        ],
+    );
+    // A head dimension whose products overflow.
+    let mut c = spec.config_json();
+    c["head_dim"] = (1u64 << 60).into();
+    std::fs::write(dir.path().join("config.json"), c.to_string()).unwrap();
+    assert_load_err(dir.path(), &["config.json", "query width", "overflows"]);
+}
+
 #[test]
 fn bad_config_and_no_weights() {
     let dir = TempDir::new("cfg");

@@ -232,13 +232,15 @@ fn decode_steps_make_no_heap_allocation_outside_the_temp_allocator() {
         );
 
         // Quantized weights (a tiny Q4_1 GGUF model; its head in Q8_0 like SmolLM2's).
-        let (mut w, _) = common::gguf::tiny_model(&spec, Some(llm::quant_format::QType::Q4_1));
-        let (_, head) = common::gguf::tiny_model(&spec, Some(llm::quant_format::QType::Q8_0));
+        let (mut w, _) = common::gguf::tiny_model(&spec, Some(llm::quant::format::QType::Q4_1));
+        let (_, head) = common::gguf::tiny_model(&spec, Some(llm::quant::format::QType::Q8_0));
         let head = head.iter().find(|t| t.0 == "lm_head.weight").unwrap();
         let bytes: Vec<u8> = head
             .2
             .chunks(spec.hidden)
-            .flat_map(|r| llm::quant_format::quantize_row(llm::quant_format::QType::Q8_0, r))
+            .flat_map(|r| {
+                llm::quant::format::quantize_row(llm::quant::format::QType::Q8_0, r).unwrap()
+            })
             .collect();
         let t = w
             .tensors

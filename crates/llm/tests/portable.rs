@@ -40,16 +40,13 @@ fn lower_levels_match_reference() {
 /// each quantized type against the f64 reference.
 #[test]
 fn lower_levels_quantized_kernels_match_reference() {
-    use llm::quant_format::QType;
+    use llm::quant::format::QType;
     let dir = common::TempDir::new("levels-gguf");
     let levels = available_levels();
     for &level in levels.iter().skip(1) {
         set_max_level(Some(level));
         assert_eq!(isa(), level, "the cap picks the level");
-        for (i, qt) in [QType::Q4_0, QType::Q4_1, QType::Q8_0]
-            .into_iter()
-            .enumerate()
-        {
+        for (i, qt) in QType::ALL.into_iter().enumerate() {
             quantized_model_matches_reference(&dir, level, i, qt);
         }
     }
@@ -61,13 +58,15 @@ fn quantized_model_matches_reference(
     dir: &common::TempDir,
     level: llm::kernels::Level,
     i: usize,
-    qt: llm::quant_format::QType,
+    qt: llm::quant::format::QType,
 ) {
+    // The K-quants' rows are whole super-blocks of 256.
+    let k_quant = qt.block_len() == 256;
     let spec = Spec {
-        hidden: 64,
+        hidden: if k_quant { 256 } else { 64 },
         heads: 4,
         kv_heads: 2,
-        ffn: 96,
+        ffn: if k_quant { 512 } else { 96 },
         seed: 20 + i as u64,
         ..Spec::default()
     };

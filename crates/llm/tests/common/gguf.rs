@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use llm::gguf::Value;
-use llm::quant_format::QType;
+use llm::quant::format::QType;
 use llm::safetensors::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 
 use super::Spec;
@@ -13,15 +13,62 @@ pub const F32: u32 = 0;
 pub const F16: u32 = 1;
 pub const Q4_0: u32 = 2;
 pub const Q4_1: u32 = 3;
+pub const Q5_0: u32 = 6;
+pub const Q5_1: u32 = 7;
 pub const Q8_0: u32 = 8;
 pub const Q4_K: u32 = 12;
+pub const Q5_K: u32 = 13;
+pub const Q6_K: u32 = 14;
+pub const Q3_K: u32 = 11;
 pub const BF16: u32 = 30;
 
 pub fn qtype_id(t: QType) -> u32 {
     match t {
         QType::Q4_0 => Q4_0,
         QType::Q4_1 => Q4_1,
+        QType::Q5_0 => Q5_0,
+        QType::Q5_1 => Q5_1,
         QType::Q8_0 => Q8_0,
+        QType::Q4_K => Q4_K,
+        QType::Q5_K => Q5_K,
+        QType::Q6_K => Q6_K,
+    }
+}
+
+/// The quantized types with their (weights, bytes) per block, as ggml-common.h lays them out.
+pub const BLOCKS: [(u32, usize, usize); 8] = [
+    (Q4_0, 32, 18),
+    (Q4_1, 32, 20),
+    (Q5_0, 32, 22),
+    (Q5_1, 32, 24),
+    (Q8_0, 32, 34),
+    (Q4_K, 256, 144),
+    (Q5_K, 256, 176),
+    (Q6_K, 256, 210),
+];
+
+/// Weights per block of any type `t` (1 for the dense ones).
+pub fn block_of_any(t: u32) -> usize {
+    BLOCKS.iter().find(|b| b.0 == t).map_or(1, |b| b.1)
+}
+
+/// Weights and bytes per block of quantized type `t`.
+pub fn block_of(t: u32) -> (usize, usize) {
+    let &(_, n, b) = BLOCKS.iter().find(|b| b.0 == t).expect("a quantized type");
+    (n, b)
+}
+
+/// The 6-bit field `i` (0..16) of the 12 packed K-quant scale bytes, read as a bit string:
+/// fields 0..8 are the low 6 bits of bytes 0..8 (scales 0..4, then minimums 0..4); the
+/// scales and minimums of sub-blocks 4..8 take their low 4 bits from the nibbles of bytes
+/// 8..12 and their top 2 bits from the top bits of bytes 0..8.
+fn k_field(sc: &[u8], sub: usize, min: bool) -> u32 {
+    let b = |i: usize| sc[i] as u32;
+    match (sub < 4, min) {
+        (true, false) => b(sub) & 0x3F,
+        (true, true) => b(sub + 4) & 0x3F,
+        (false, false) => (b(sub + 4) & 0x0F) + (b(sub - 4) >> 6) * 16,
+        (false, true) => (b(sub + 4) >> 4) + (b(sub) >> 6) * 16,
     }
 }
 
@@ -226,6 +273,64 @@ pub fn dequant_reference(t: u32, row: &[u8]) -> Vec<f32> {
                 }
             }
         }
+        // Q5_0 / Q5_1: element e's low 4 bits in nibble (e / 16) of qs[e % 16], its fifth
+        // bit is bit e of the little-endian u32 after the scale (and minimum).
+        Q5_0 | Q5_1 => {
+            let (bb, q0) = if t == Q5_0 { (22, 2) } else { (24, 4) };
+            for b in row.chunks_exact(bb) {
+                let d = h(b, 0);
+                let qh = u32::from_le_bytes(b[q0..q0 + 4].try_into().unwrap());
+                for e in 0..32 {
+                    let byte = b[q0 + 4 + e % 16];
+                    let low = if e < 16 { byte & 0x0F } else { byte >> 4 } as i32;
+                    let q = low + 16 * ((qh >> e) & 1) as i32;
+                    out.push(if t == Q5_0 {
+                        (q - 16) as f32 * d
+                    } else {
+                        q as f32 * d + h(b, 2)
+                    });
+                }
+            }
+        }
+        // Q4_K / Q5_K: element e of a super-block is in sub-block e / 32; sub-blocks 2i and
+        // 2i + 1 read the low and high nibbles of qs[32 i + e % 32]; Q5_K's fifth bit is
+        // bit (e / 32) of qh[e % 32]. Value (d * scale) * q - dmin * min.
+        Q4_K | Q5_K => {
+            let (bb, qs0) = if t == Q4_K { (144, 16) } else { (176, 48) };
+            for b in row.chunks_exact(bb) {
+                let (d, dmin) = (h(b, 0), h(b, 2));
+                let sc = &b[4..16];
+                for e in 0..256 {
+                    let sub = e / 32;
+                    let byte = b[qs0 + 32 * (sub / 2) + e % 32];
+                    let mut q = if sub % 2 == 0 { byte & 0x0F } else { byte >> 4 } as u32;
+                    if t == Q5_K {
+                        q += 16 * ((b[16 + e % 32] as u32 >> sub) & 1);
+                    }
+                    let scale = d * k_field(sc, sub, false) as f32;
+                    let min = dmin * k_field(sc, sub, true) as f32;
+                    out.push(scale * q as f32 - min);
+                }
+            }
+        }
+        // Q6_K: element e is in half e / 128; within it r = e % 128 is in quarter r / 32 and
+        // column l = r % 32: its low 4 bits are a nibble (high for quarters 2, 3) of
+        // ql[64 half + 32 (quarter % 2) + l], its top 2 bits are bits 2 quarter of
+        // qh[32 half + l], its scale the signed byte 8 half + 2 quarter + l / 16; d last.
+        Q6_K => {
+            for b in row.chunks_exact(210) {
+                let d = h(b, 208);
+                for e in 0..256 {
+                    let (half, r) = (e / 128, e % 128);
+                    let (quarter, l) = (r / 32, r % 32);
+                    let byte = b[64 * half + 32 * (quarter % 2) + l];
+                    let low = if quarter < 2 { byte & 0x0F } else { byte >> 4 } as i32;
+                    let high = ((b[128 + 32 * half + l] >> (2 * quarter)) & 3) as i32;
+                    let scale = b[192 + 8 * half + 2 * quarter + l / 16] as i8;
+                    out.push(d * scale as f32 * (low + 16 * high - 32) as f32);
+                }
+            }
+        }
         _ => panic!("no reference for type {t}"),
     }
     out
@@ -236,10 +341,10 @@ pub fn row_bytes(t: u32, cols: usize) -> usize {
     match t {
         F32 => cols * 4,
         F16 | BF16 => cols * 2,
-        Q4_0 => cols / 32 * 18,
-        Q4_1 => cols / 32 * 20,
-        Q8_0 => cols / 32 * 34,
-        _ => panic!("type {t}"),
+        _ => {
+            let (n, b) = block_of(t);
+            cols / n * b
+        }
     }
 }
 
@@ -265,6 +370,25 @@ pub fn random_tensor_bytes(t: u32, rows: usize, cols: usize, seed: u64) -> Vec<u
                     for _ in 0..n {
                         out.push((f(1.0).to_bits() >> 7) as u8);
                     }
+                }
+            }
+            // Random bytes, with the f16 scales (and minimums) set to sane values.
+            Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K => {
+                let (n, bb) = block_of(t);
+                for _ in 0..cols / n {
+                    let mut b: Vec<u8> = (0..bb).map(|_| (f(1.0).to_bits() >> 9) as u8).collect();
+                    let put = |b: &mut Vec<u8>, at: usize, v: f32| {
+                        b[at..at + 2].copy_from_slice(&f32_to_f16(v).to_le_bytes())
+                    };
+                    match t {
+                        Q5_0 => put(&mut b, 0, f(0.1)),
+                        Q5_1 | Q4_K | Q5_K => {
+                            put(&mut b, 0, f(0.1));
+                            put(&mut b, 2, f(0.05));
+                        }
+                        _ => put(&mut b, 208, f(0.01)),
+                    }
+                    out.extend_from_slice(&b);
                 }
             }
             _ => panic!("type {t}"),
@@ -338,7 +462,10 @@ pub fn tiny_model(spec: &Spec, qt: Option<QType>) -> (Writer, NamedTensors) {
             Some(q) => (
                 qtype_id(q),
                 vals.chunks(cols)
-                    .map(|r| llm::quant_format::quantize_row(q, r))
+                    .map(|r| {
+                        llm::quant::format::quantize_row(q, r)
+                            .unwrap_or_else(|| quantize_k(qtype_id(q), r))
+                    })
                     .collect(),
             ),
         };
@@ -385,4 +512,110 @@ pub fn hf_to_gguf_name(hf: &str) -> String {
         other => panic!("no GGUF name for {other}"),
     };
     format!("blk.{i}.{t}")
+}
+
+/// A simple K-quant quantizer (not ggml's search for the best scales; any valid bytes do, as
+/// the reference reads back what is stored): `x` (a multiple of 256) as Q4_K, Q5_K or Q6_K.
+pub fn quantize_k(t: u32, x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let f16 = |v: f32| f32_to_f16(v).to_le_bytes();
+    let h = |v: f32| f16_to_f32(f32_to_f16(v));
+    for sb in x.chunks_exact(256) {
+        match t {
+            Q4_K | Q5_K => {
+                let nmax = if t == Q4_K { 15.0 } else { 31.0 };
+                let (mut scale, mut min) = ([0f32; 8], [0f32; 8]);
+                for (j, xs) in sb.chunks_exact(32).enumerate() {
+                    let lo = xs.iter().copied().fold(0f32, f32::min);
+                    let hi = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    scale[j] = (hi - lo) / nmax;
+                    min[j] = -lo;
+                }
+                let d = h(scale.iter().copied().fold(0f32, f32::max) / 63.0);
+                let dmin = h(min.iter().copied().fold(0f32, f32::max) / 63.0);
+                let six = |v: f32, by: f32| {
+                    if by > 0.0 {
+                        (v / by).round().clamp(0.0, 63.0) as u8
+                    } else {
+                        0
+                    }
+                };
+                let sc: Vec<u8> = scale.iter().map(|&v| six(v, d)).collect();
+                let m: Vec<u8> = min.iter().map(|&v| six(v, dmin)).collect();
+                let mut q = [0u8; 256];
+                for (e, qe) in q.iter_mut().enumerate() {
+                    let (step, off) = (d * sc[e / 32] as f32, dmin * m[e / 32] as f32);
+                    if step > 0.0 {
+                        *qe = ((sb[e] + off) / step).round().clamp(0.0, nmax) as u8;
+                    }
+                }
+                out.extend_from_slice(&f16(d));
+                out.extend_from_slice(&f16(dmin));
+                let mut packed = [0u8; 12];
+                for j in 0..4 {
+                    packed[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+                    packed[j + 4] = m[j] | ((m[j + 4] >> 4) << 6);
+                    packed[j + 8] = (sc[j + 4] & 15) | ((m[j + 4] & 15) << 4);
+                }
+                out.extend_from_slice(&packed);
+                if t == Q5_K {
+                    let mut qh = [0u8; 32];
+                    for (e, &qe) in q.iter().enumerate() {
+                        qh[e % 32] |= (qe >> 4) << (e / 32);
+                    }
+                    out.extend_from_slice(&qh);
+                }
+                for i in 0..4 {
+                    for l in 0..32 {
+                        out.push((q[64 * i + l] & 15) | ((q[64 * i + 32 + l] & 15) << 4));
+                    }
+                }
+            }
+            Q6_K => {
+                let scale: Vec<f32> = sb
+                    .chunks_exact(16)
+                    .map(|xs| xs.iter().fold(0f32, |a, v| a.max(v.abs())) / 31.0)
+                    .collect();
+                let d = h(scale.iter().copied().fold(0f32, f32::max) / 127.0);
+                let sc: Vec<i8> = scale
+                    .iter()
+                    .map(|&v| {
+                        if d > 0.0 {
+                            (v / d).round().clamp(-128.0, 127.0) as i8
+                        } else {
+                            0
+                        }
+                    })
+                    .collect();
+                let mut biased = [0u8; 256];
+                for (e, be) in biased.iter_mut().enumerate() {
+                    let step = d * sc[e / 16] as f32;
+                    let q = if step != 0.0 {
+                        (sb[e] / step).round().clamp(-32.0, 31.0) as i32
+                    } else {
+                        0
+                    };
+                    *be = (q + 32) as u8;
+                }
+                let (mut ql, mut qh) = ([0u8; 128], [0u8; 64]);
+                for half in 0..2 {
+                    let b6 = &biased[128 * half..];
+                    for l in 0..32 {
+                        ql[64 * half + l] = (b6[l] & 15) | ((b6[l + 64] & 15) << 4);
+                        ql[64 * half + 32 + l] = (b6[l + 32] & 15) | ((b6[l + 96] & 15) << 4);
+                        qh[32 * half + l] = (b6[l] >> 4)
+                            | ((b6[l + 32] >> 4) << 2)
+                            | ((b6[l + 64] >> 4) << 4)
+                            | ((b6[l + 96] >> 4) << 6);
+                    }
+                }
+                out.extend_from_slice(&ql);
+                out.extend_from_slice(&qh);
+                out.extend(sc.iter().map(|&v| v as u8));
+                out.extend_from_slice(&f16(d));
+            }
+            _ => panic!("not a K-quant: {t}"),
+        }
+    }
+    out
 }

@@ -1,14 +1,14 @@
 //! Whole quantized blocks in the file's layout dequantized with SIMD, exactly as
-//! [`crate::quant_format`] defines each format: prefill's widening of weight rows (through
-//! [`crate::quant_groups::RowGroups::dequantize_rows`]). One body over `kernel_simd::Simd`,
+//! [`crate::quant::format`] defines each format: prefill's widening of weight rows (through
+//! [`crate::quant::groups::RowGroups::dequantize_rows`]). One body over `kernel_simd::Simd`,
 //! instantiated for the portable, AVX2, AVX-512 and NEON levels.
 
 use kernel_simd::{load_nibbles, Simd};
 
-use crate::quant_format::{f16_at, QType, QK};
+use crate::quant::format::{f16_at, QType, QK};
 
 /// `blocks` (whole file blocks of `t`, in the file's layout) dequantized, block `i` into
-/// `out[i * stride ..][..32]`, exactly as [`dequantize_block`](crate::quant_format::dequantize_block) defines the
+/// `out[i * stride ..][..32]`, exactly as [`dequantize_block`](crate::quant::format::dequantize_block) defines the
 /// format (a product and a sum per weight, rounded as the definition rounds them). Does
 /// nothing if `out` cannot hold them (the callers size it).
 #[inline(always)]
@@ -46,7 +46,8 @@ fn widen_blocks_body<S: Simd>(s: S, t: QType, blocks: &[u8], out: &mut [f32], st
                     }
                 }
             }
-            QType::Q8_0 => {
+            // Q8_0 (the other formats are never packed in groups, which alone come here).
+            _ => {
                 for c in (0..QK).step_by(l) {
                     // SAFETY: `blk` has `2 + 32` bytes and `c + l <= 32`; `o` has 32 floats.
                     unsafe {

@@ -1,5 +1,5 @@
 //! The SIMD inner loops of the quantized decode kernels ([`crate::matrix::Linear`]): 16 rows
-//! at a time in the group layout ([`crate::quant_groups`]), dequantized in registers and
+//! at a time in the group layout ([`crate::quant::groups`]), dequantized in registers and
 //! multiplied (FMA) against f32 `x`. One body over `kernel_simd::Simd`, instantiated for the
 //! portable, AVX2, AVX-512 and NEON levels by `kernel_simd::instantiate!`.
 //!
@@ -12,9 +12,9 @@
 use kernel_simd::Simd;
 
 use crate::output::Output;
-use crate::quant::QTensor;
-use crate::quant_format::{QType, QK};
-use crate::quant_groups::{group_block_bytes, scale_bytes, GROUP};
+use crate::quant::format::{QType, QK};
+use crate::quant::groups::{group_block_bytes, scale_bytes, GROUP};
+use crate::quant::{Layout, QTensor};
 
 /// The largest number of vectors a group spans (portable and NEON: 4 lanes).
 const MAX_VECS: usize = 4;
@@ -87,7 +87,8 @@ unsafe fn group_dots<S: Simd>(
                         }
                     }
                 }
-                QType::Q8_0 => {
+                // Q8_0 (the only other format packed in groups).
+                _ => {
                     for j in (0..QK).step_by(4) {
                         for (v, cv) in c.iter_mut().enumerate().take(vecs) {
                             for (u, cu) in cv.iter_mut().enumerate() {
@@ -136,7 +137,8 @@ unsafe fn add_block<S: Simd>(
                 let m = s.load_f16(gb.add(2 * GROUP).cast::<u16>().add(v * l));
                 s.fma(m, s.splat(xs), s.fma(d, qx, acc))
             }
-            QType::Q8_0 => s.fma(d, qx, acc),
+            // Q8_0.
+            _ => s.fma(d, qx, acc),
         }
     }
 }
@@ -203,21 +205,24 @@ unsafe fn group_dots_i8<S: Simd>(
 pub struct Groups<'a> {
     /// The format.
     pub qtype: QType,
-    /// Whole groups ([`crate::quant_groups::RowGroups::groups`]).
+    /// Whole groups ([`crate::quant::groups::RowGroups::groups`]).
     pub bytes: &'a [u8],
     /// Blocks per row.
     pub blocks: usize,
 }
 
 impl<'a> Groups<'a> {
-    /// The groups of rows `r0 .. r0 + rows` of `w` (`r0` a multiple of [`GROUP`]).
-    pub fn of(w: &'a QTensor, r0: usize, rows: usize) -> Self {
-        let g = w.groups();
-        Groups {
+    /// The groups of rows `r0 .. r0 + rows` of `w` (`r0` a multiple of [`GROUP`]), when `w`
+    /// is held in groups.
+    pub fn of(w: &'a QTensor, r0: usize, rows: usize) -> Option<Self> {
+        let Layout::Groups(g) = w.layout() else {
+            return None;
+        };
+        Some(Groups {
             qtype: w.qtype(),
             bytes: g.groups(r0 / GROUP, rows.div_ceil(GROUP)),
             blocks: g.blocks(),
-        }
+        })
     }
 
     /// Whether the groups cover `rows` rows and `x` their blocks.
@@ -382,7 +387,7 @@ mod tests {
     use super::*;
     use crate::kernels::test_data::data;
     use crate::kernels::{self, check_row_kernels};
-    use crate::quant_format::quantize_row;
+    use crate::quant::format::quantize_row;
     use kernel_simd::available_levels;
 
     /// A `rows x 32 blocks` matrix of `t` quantized from seeded data, and its rows exactly
@@ -391,7 +396,7 @@ mod tests {
         let k = blocks * QK;
         let bytes: Vec<u8> = data(rows * k, seed)
             .chunks_exact(k)
-            .flat_map(|r| quantize_row(t, r))
+            .flat_map(|r| quantize_row(t, r).unwrap())
             .collect();
         let w = QTensor::from_bytes(t, rows, k, &bytes).unwrap();
         let exact = w.to_f32();
@@ -405,7 +410,7 @@ mod tests {
             .chunks_exact(x.len())
             .map(|r| r.iter().zip(x).map(|(&a, b)| f64::from(a) * b).sum())
             .collect();
-        let wg = Groups::of(w, 0, w.rows());
+        let wg = Groups::of(w, 0, w.rows()).unwrap();
         for level in available_levels() {
             check_row_kernels(
                 &want,
@@ -528,7 +533,7 @@ mod tests {
     /// A NaN or infinity in `x` makes the int8 kernel's rows NaN, not a finite guess.
     #[test]
     fn int8_activations_keep_non_finite_inputs_visible() {
-        let bytes = quantize_row(QType::Q4_1, &data(64, 3));
+        let bytes = quantize_row(QType::Q4_1, &data(64, 3)).unwrap();
         let w = QTensor::from_bytes(QType::Q4_1, 1, 64, &bytes).unwrap();
         for bad in [f32::NAN, f32::INFINITY] {
             let mut x = data(64, 4);
@@ -545,7 +550,13 @@ mod tests {
             };
             for level in available_levels() {
                 let mut o = [0f32; 1];
-                matvec::run(level, Groups::of(&w, 0, 1), xa, &mut o, Output::Overwrite);
+                matvec::run(
+                    level,
+                    Groups::of(&w, 0, 1).unwrap(),
+                    xa,
+                    &mut o,
+                    Output::Overwrite,
+                );
                 assert!(o[0].is_nan(), "{level} {bad}");
             }
         }
@@ -554,7 +565,7 @@ mod tests {
     /// Lengths that do not fit give NaN, not a read out of bounds.
     #[test]
     fn group_matvec_refuses_short_inputs() {
-        let bytes = quantize_row(QType::Q4_1, &data(64, 1));
+        let bytes = quantize_row(QType::Q4_1, &data(64, 1)).unwrap();
         let w = QTensor::from_bytes(QType::Q4_1, 1, 64, &bytes).unwrap();
         let x = data(32, 2); // one block of the two
         let mut o = [0f32; 1];
@@ -564,7 +575,13 @@ mod tests {
                 sums: &[0.0; 2],
                 int8: None,
             };
-            matvec::run(level, Groups::of(&w, 0, 1), xa, &mut o, Output::Overwrite);
+            matvec::run(
+                level,
+                Groups::of(&w, 0, 1).unwrap(),
+                xa,
+                &mut o,
+                Output::Overwrite,
+            );
             assert!(o[0].is_nan(), "{level}");
         }
     }

@@ -8,15 +8,16 @@ use kernel_simd::Level;
 
 use crate::kernels::row_jobs;
 use crate::kernels::simd::{self as dense, Rows};
+use crate::quant::groups::GROUP;
 use crate::quant::QTensor;
-use crate::quant_groups::GROUP;
 
 /// How a matrix's rows are read: the choice of row kernel, made once per matrix.
 #[derive(Clone, Copy)]
 pub(crate) enum Kernel<'w> {
     /// f32, bf16 or f16 rows, widened in registers.
     Dense(Rows<'w>),
-    /// Groups of 16 quantized rows ([`crate::quant_groups`]), dequantized in registers.
+    /// Quantized rows, in groups of 16 ([`crate::quant::groups`]) or row by row
+    /// ([`crate::quant::row_matvec`]), dequantized in registers.
     Quant(&'w QTensor),
 }
 
@@ -58,10 +59,7 @@ impl Kernel<'_> {
             Kernel::Dense(Rows::Bf16(d)) => dense::widen::run(level, &d[span], true, buf),
             Kernel::Dense(Rows::F16(d)) => dense::widen::run(level, &d[span], false, buf),
             Kernel::Dense(Rows::F32(_)) => {}
-            Kernel::Quant(q) => {
-                q.groups()
-                    .dequantize_rows(level, q.qtype(), rows.start, rows.len(), buf)
-            }
+            Kernel::Quant(q) => q.dequantize_rows(level, rows.start, rows.len(), buf),
         }
         buf
     }

@@ -1,0 +1,229 @@
+//! The decode matvec of the formats kept row by row ([`super::tensor::Layout::Rows`]: Q5_0,
+//! Q5_1, Q4_K, Q5_K, Q6_K), with f32 activations: each block of a row dequantized exactly
+//! (its format's definition, `quant/formats/`) into registers-sized scratch on the stack,
+//! then multiplied (FMA) against `x`. One body over `kernel_simd::Simd`, instantiated for the
+//! portable, AVX2, AVX-512 and NEON levels, so the dequantization is compiled (and
+//! vectorized where the compiler can) for each level.
+//!
+//! This is the exact, general path: its result is the f32 dot product of `x` with the very
+//! values [`super::format::dequantize_row`] gives.
+
+use kernel_simd::Simd;
+
+use super::format::{QType, QK, QK_K};
+use super::formats::{q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0};
+use super::tensor::{Layout, QTensor};
+use crate::output::Output;
+
+/// A run of rows of one quantized matrix in the file's layout.
+#[derive(Clone, Copy)]
+pub struct Rows<'a> {
+    /// The format.
+    pub qtype: QType,
+    /// Whole rows, one after another.
+    pub bytes: &'a [u8],
+    /// Weights per row.
+    pub cols: usize,
+}
+
+impl<'a> Rows<'a> {
+    /// Rows `r0 .. r0 + rows` of `w` (fewer at the end), when `w` is held row by row.
+    pub fn of(w: &'a QTensor, r0: usize, rows: usize) -> Option<Self> {
+        let Layout::Rows(b) = w.layout() else {
+            return None;
+        };
+        let rb = w.row_bytes();
+        let begin = (r0 * rb).min(b.len());
+        let end = ((r0 + rows) * rb).min(b.len());
+        Some(Rows {
+            qtype: w.qtype(),
+            bytes: &b[begin..end],
+            cols: w.cols(),
+        })
+    }
+}
+
+/// `o[i] (+)= row i . x` over rows of blocks of `N` weights, each dequantized by `deq`.
+#[inline(always)]
+fn rows_dot<S: Simd, const N: usize, F: Fn(&[u8], &mut [f32])>(
+    s: S,
+    w: Rows<'_>,
+    x: &[f32],
+    o: &mut [f32],
+    output: Output,
+    deq: F,
+) {
+    let (l, bb) = (S::LANES, w.qtype.block_bytes());
+    let rb = w.qtype.row_bytes(w.cols);
+    if !w.cols.is_multiple_of(N)
+        || x.len() < w.cols
+        || w.bytes.len() < o.len() * rb
+        || !N.is_multiple_of(2 * l)
+    {
+        o.fill(f32::NAN);
+        return;
+    }
+    let mut buf = [0f32; N];
+    for (oi, row) in o.iter_mut().zip(w.bytes.chunks_exact(rb.max(1))) {
+        let mut acc = [s.zero(); 2];
+        for (blk, xb) in row.chunks_exact(bb).zip(x.chunks_exact(N)) {
+            deq(blk, &mut buf);
+            for c in (0..N).step_by(2 * l) {
+                for (u, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: `c + 2 * LANES <= N` (`2 * LANES` divides `N`): inside `buf`
+                    // and `xb`, both `N` floats.
+                    unsafe {
+                        let (wv, xv) = (
+                            s.load(buf.as_ptr().add(c + u * l)),
+                            s.load(xb.as_ptr().add(c + u * l)),
+                        );
+                        *a = s.fma(wv, xv, *a);
+                    }
+                }
+            }
+        }
+        *oi = output.apply(*oi, s.reduce_sum(s.add(acc[0], acc[1])));
+    }
+}
+
+/// `o[i] (+)= row i . x` over rows read by the format's own dot product `dot` (NaN if the
+/// lengths do not fit).
+#[inline(always)]
+fn rows_direct<S: Simd, F: Fn(S, &[u8], &[f32]) -> f32>(
+    s: S,
+    w: Rows<'_>,
+    x: &[f32],
+    o: &mut [f32],
+    output: Output,
+    dot: F,
+) {
+    let rb = w.qtype.row_bytes(w.cols);
+    if !w.cols.is_multiple_of(w.qtype.block_len())
+        || x.len() < w.cols
+        || w.bytes.len() < o.len() * rb
+    {
+        o.fill(f32::NAN);
+        return;
+    }
+    for (oi, row) in o.iter_mut().zip(w.bytes.chunks_exact(rb.max(1))) {
+        *oi = output.apply(*oi, dot(s, row, &x[..w.cols]));
+    }
+}
+
+/// `o[i] (+)= row i . x` for the rows of `w` (NaN if the lengths do not fit; the kernels
+/// check the shapes, so this does not happen). Q4_K, Q6_K and Q5_0 (most of a Q4_K_M
+/// model) have their own dot products over the packed bits; the others dequantize each
+/// block first.
+#[inline(always)]
+fn matvec_body<S: Simd>(s: S, w: Rows<'_>, x: &[f32], o: &mut [f32], output: Output) {
+    match w.qtype {
+        QType::Q4_K => return rows_direct(s, w, x, o, output, q4_k::dot::<S>),
+        QType::Q6_K => return rows_direct(s, w, x, o, output, q6_k::dot::<S>),
+        QType::Q5_0 => return rows_direct(s, w, x, o, output, q5_0::dot::<S>),
+        _ => {}
+    }
+    match w.qtype {
+        QType::Q4_0 => rows_dot::<S, QK, _>(s, w, x, o, output, q4_0::dequantize),
+        QType::Q4_1 => rows_dot::<S, QK, _>(s, w, x, o, output, q4_1::dequantize),
+        QType::Q5_0 => rows_dot::<S, QK, _>(s, w, x, o, output, q5_0::dequantize),
+        QType::Q5_1 => rows_dot::<S, QK, _>(s, w, x, o, output, q5_1::dequantize),
+        QType::Q8_0 => rows_dot::<S, QK, _>(s, w, x, o, output, q8_0::dequantize),
+        QType::Q4_K => rows_dot::<S, QK_K, _>(s, w, x, o, output, q4_k::dequantize),
+        QType::Q5_K => rows_dot::<S, QK_K, _>(s, w, x, o, output, q5_k::dequantize),
+        QType::Q6_K => rows_dot::<S, QK_K, _>(s, w, x, o, output, q6_k::dequantize),
+    }
+}
+
+kernel_simd::instantiate! {
+    /// The decode matvec over a run of rows held row by row.
+    pub fn matvec(w: Rows<'_>, x: &[f32], o: &mut [f32], output: Output) = matvec_body;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::test_data::{close, data};
+    use crate::safetensors::f32_to_f16;
+    use kernel_simd::available_levels;
+
+    /// `rows` rows of `blocks` blocks of `t` from seeded data: quantized by ggml's reference
+    /// quantizer where there is one, else random bytes under small finite f16 scales.
+    fn rows_of(t: QType, rows: usize, blocks: usize, seed: u32) -> QTensor {
+        let k = blocks * t.block_len();
+        let bytes: Vec<u8> = match super::super::format::quantize_row(t, &data(k, seed)) {
+            Some(_) => data(rows * k, seed)
+                .chunks_exact(k)
+                .flat_map(|r| super::super::format::quantize_row(t, r).unwrap())
+                .collect(),
+            None => {
+                let noise = data(rows * t.row_bytes(k), seed);
+                let mut b: Vec<u8> = noise.iter().map(|v| (v.to_bits() >> 11) as u8).collect();
+                let d = f32_to_f16(0.01).to_le_bytes();
+                for blk in b.chunks_exact_mut(t.block_bytes()) {
+                    let at = if t == QType::Q6_K { 208 } else { 0 };
+                    blk[at..at + 2].copy_from_slice(&d);
+                    if t != QType::Q6_K {
+                        blk[2..4].copy_from_slice(&d);
+                    }
+                }
+                b
+            }
+        };
+        QTensor::from_bytes(t, rows, k, &bytes).unwrap()
+    }
+
+    /// Every level's row matvec, in every format held row by row, against f64 dot products
+    /// of the exactly dequantized rows, written over and added to the output.
+    #[test]
+    fn row_matvec_matches_f64_on_every_level() {
+        for t in QType::ALL.into_iter().filter(|t| !t.grouped()) {
+            for (rows, blocks) in [(1, 1), (5, 2), (17, 3)] {
+                let w = rows_of(t, rows, blocks, (rows * 13 + blocks) as u32);
+                let exact = w.to_f32();
+                let x = data(w.cols(), 77 + blocks as u32);
+                let want: Vec<f64> = exact
+                    .chunks_exact(w.cols())
+                    .map(|r| {
+                        r.iter()
+                            .zip(&x)
+                            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                            .sum()
+                    })
+                    .collect();
+                assert!(want.iter().any(|&v| v != 0.0), "{t:?}: all zero");
+                for level in available_levels() {
+                    let rw = Rows::of(&w, 0, rows).unwrap();
+                    let mut o = vec![1.0f32; rows];
+                    matvec::run(level, rw, &x, &mut o, Output::AddTo);
+                    for (r, (&got, &d)) in o.iter().zip(&want).enumerate() {
+                        close(got, 1.0 + d, &format!("{level} {t:?} add row {r}"));
+                    }
+                    let rw = Rows::of(&w, 1.min(rows - 1), rows - 1.min(rows - 1)).unwrap();
+                    let mut o = vec![f32::NAN; rw.bytes.len() / w.row_bytes()];
+                    matvec::run(level, rw, &x, &mut o, Output::Overwrite);
+                    for (r, (&got, &d)) in o.iter().zip(&want[1.min(rows - 1)..]).enumerate() {
+                        close(got, d, &format!("{level} {t:?} overwrite row {r}"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Lengths that do not fit give NaN, not a read out of bounds.
+    #[test]
+    fn row_matvec_refuses_short_inputs() {
+        let w = rows_of(QType::Q4_K, 2, 2, 3);
+        let x = data(256, 2); // one super-block of the two
+        for level in available_levels() {
+            let mut o = [0f32; 2];
+            matvec::run(
+                level,
+                Rows::of(&w, 0, 2).unwrap(),
+                &x,
+                &mut o,
+                Output::Overwrite,
+            );
+            assert!(o.iter().all(|v| v.is_nan()), "{level}");
+        }
+    }
+}
