@@ -4,6 +4,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::arch::Architecture;
 use crate::error::{LlmError, Result};
 
 /// Llama 3's `rope_scaling` (`"rope_type": "llama3"`): long wavelengths slowed by `factor`,
@@ -23,8 +24,10 @@ pub struct Llama3Scaling {
 /// The architecture, as read from `config.json` and checked.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaConfig {
-    /// `model_type` (`llama`, `qwen2`, ...), informational.
+    /// `model_type` (`llama`, `qwen2`, `gemma3`, ...), informational.
     pub model_type: String,
+    /// The architecture: the Llama family, or one that adds to its block (Gemma 3).
+    pub arch: Architecture,
     /// Width of the residual stream.
     pub hidden_size: usize,
     /// Width of the MLP's hidden layer.
@@ -210,6 +213,7 @@ impl LlamaConfig {
             Some(OneOrMany::Many(xs)) => xs,
         };
         let config = LlamaConfig {
+            arch: Architecture::Llama,
             hidden_size: raw.hidden_size,
             intermediate_size: raw.intermediate_size,
             num_layers: raw.num_hidden_layers,

@@ -504,7 +504,7 @@ impl GgufFile {
         Ok(file)
     }
 
-    fn tensor_err(&self, name: &str, message: String) -> LlmError {
+    pub(crate) fn tensor_err(&self, name: &str, message: String) -> LlmError {
         LlmError::Gguf {
             path: (*self.path).clone(),
             tensor: Some(name.into()),
@@ -513,7 +513,7 @@ impl GgufFile {
     }
 
     /// An error about the file's metadata rather than one tensor.
-    fn meta_err(&self, message: String) -> LlmError {
+    pub(crate) fn meta_err(&self, message: String) -> LlmError {
         LlmError::Gguf {
             path: (*self.path).clone(),
             tensor: None,
@@ -659,13 +659,13 @@ impl GgufFile {
     }
 
     /// A required string metadata value.
-    fn meta_str(&self, key: &str) -> Result<&str> {
+    pub(crate) fn meta_str(&self, key: &str) -> Result<&str> {
         self.get(key)
             .and_then(Value::as_str)
             .ok_or_else(|| self.meta_err(format!("metadata `{key}` is missing or not a string")))
     }
 
-    fn meta_usize(&self, key: &str) -> Result<Option<usize>> {
+    pub(crate) fn meta_usize(&self, key: &str) -> Result<Option<usize>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| {
@@ -676,7 +676,7 @@ impl GgufFile {
         }
     }
 
-    fn meta_f64(&self, key: &str) -> Result<Option<f64>> {
+    pub(crate) fn meta_f64(&self, key: &str) -> Result<Option<f64>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -692,7 +692,7 @@ impl GgufFile {
         let arch = self.meta_str("general.architecture")?;
         if arch != "llama" {
             return Err(self.meta_err(format!(
-                "architecture `{arch}` is not supported (only llama)"
+                "architecture `{arch}` is not supported (llama and gemma3 are)"
             )));
         }
         let need = |k: &str| -> Result<usize> {
@@ -769,6 +769,7 @@ impl GgufFile {
         };
         let config = LlamaConfig {
             model_type: "llama".into(),
+            arch: crate::arch::Architecture::Llama,
             hidden_size: hidden,
             intermediate_size: need("feed_forward_length")?,
             num_layers: need("block_count")?,
@@ -793,6 +794,46 @@ impl GgufFile {
             .check_sizes()
             .map_err(|m| self.meta_err(format!("the llama.* metadata: {m}")))?;
         Ok(config)
+    }
+}
+
+/// What an architecture module reads from a file: the architecture's name, and tensors of
+/// the shapes its metadata implies.
+impl GgufFile {
+    /// `general.architecture`, when it is a string.
+    pub fn architecture(&self) -> Option<&str> {
+        self.get("general.architecture").and_then(Value::as_str)
+    }
+
+    /// The shape (outermost first) of tensor `name`, when the file has it.
+    pub fn tensor_shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.info(name).map(TensorInfo::shape)
+    }
+
+    /// Tensor `name`, which must exist with shape `shape` (rows, columns).
+    pub fn require_matrix(&self, name: &str, shape: &[usize]) -> Result<Matrix> {
+        let m = self.matrix(name)?.ok_or_else(|| LlmError::MissingTensor {
+            tensor: name.into(),
+            path: self.path().into(),
+        })?;
+        if m.shape() != shape {
+            return Err(self.tensor_err(
+                name,
+                format!(
+                    "shape {:?} (rows, columns) contradicts the metadata, which implies {shape:?}",
+                    m.shape()
+                ),
+            ));
+        }
+        Ok(m)
+    }
+
+    /// Vector `name` of `len` dense elements, widened to f32.
+    pub fn require_vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        match self.require_matrix(name, &[len])? {
+            Matrix::Dense(t) => Ok(t.to_f32()),
+            Matrix::Quant(_) => Err(self.tensor_err(name, "a quantized vector".into())),
+        }
     }
 }
 
@@ -843,6 +884,9 @@ pub fn load_weights(path: &Path) -> Result<Weights> {
 
 /// [`load_weights`] on a parsed file.
 pub fn weights_from(f: &GgufFile) -> Result<Weights> {
+    if f.architecture() == Some("gemma3") {
+        return crate::arch::gemma3::weights_from_gguf(f);
+    }
     let c = f.llama_config()?;
     let (h, hd) = (c.hidden_size, c.head_dim);
     let (qd, kvd, ffn) = (c.num_heads * hd, c.num_kv_heads * hd, c.intermediate_size);
@@ -916,6 +960,10 @@ pub fn weights_from(f: &GgufFile) -> Result<Weights> {
             gate: get(&n("ffn_gate.weight"), &[ffn, h])?,
             up: get(&n("ffn_up.weight"), &[ffn, h])?,
             down: get(&n("ffn_down.weight"), &[h, ffn])?,
+            q_norm: None,
+            k_norm: None,
+            attn_out_norm: None,
+            mlp_out_norm: None,
         });
     }
     let norm = vec("output_norm.weight", h)?;

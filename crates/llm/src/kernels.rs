@@ -24,6 +24,7 @@ pub use kernel_simd::{available_levels, Level};
 use row_kernel::Kernel;
 use shared_out::SharedOut;
 
+pub mod norm_gate;
 pub(crate) mod row_jobs;
 pub(crate) mod row_kernel;
 mod shared_out;

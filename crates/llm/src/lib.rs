@@ -52,6 +52,7 @@
 //! # Ok::<(), llm::LlmError>(())
 //! ```
 
+pub mod arch;
 pub mod bandwidth;
 #[cfg(feature = "text")]
 pub mod chat;

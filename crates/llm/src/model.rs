@@ -1,20 +1,23 @@
-//! The Llama-family module: built from weights and a temp allocator; holds its KV cache and
-//! activation buffers (the "planned memory"), and runs every kernel through the runtime.
+//! The model: built from weights and a temp allocator; holds its KV cache and activation
+//! buffers (the "planned memory"), and runs every kernel through the runtime. What a decoder
+//! layer does is its architecture's ([`crate::arch`]), over the shared [`blocks`].
 
 use std::sync::Arc;
 
 use caching_allocator::{CachingAllocator, Config, TempReset, DEFAULT_WORKING_SET_SLACK};
 
+use crate::arch::{self, Layer, RopeTables};
 use crate::error::{LlmError, Result};
+use crate::kernels::norm_gate;
 use crate::matrix::Linear;
 use crate::output::Output;
 use crate::runtime::{Activations, Runtime, TempUsage};
 use crate::sample::Sampler;
 use crate::weights::Weights;
 use crate::LlamaConfig;
-use blocks::{Attention, AttentionBuffers, Cache, Mlp, MlpBuffers, RmsNorm, Step};
+use blocks::{Cache, RmsNorm, Step};
 
-mod blocks;
+pub(crate) mod blocks;
 
 /// The default temp-allocator cap: ExecuTorch's LLM runner uses `1024 * 1024 * 10`.
 pub const DEFAULT_TEMP_CAP: usize = 10 << 20;
@@ -52,25 +55,35 @@ pub trait Module<A: TempReset>: Sized {
     fn new(weights: Arc<Self::Weights>, temp: A, options: &ModelOptions) -> Result<Self>;
 }
 
-/// Activation buffers, sized for `rows` positions at a time.
+/// Activation buffers, sized for `rows` positions at a time; the layers of every
+/// architecture work in them.
 #[derive(Default)]
-struct Buffers {
+pub(crate) struct Buffers {
     rows: usize,
     logit_rows: usize,
-    x: Vec<f32>,
-    xn: Vec<f32>,
-    q: Vec<f32>,
-    attn: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
+    /// The residual stream, `[rows, hidden]`.
+    pub x: Vec<f32>,
+    /// A block's normed input, `[rows, hidden]`.
+    pub xn: Vec<f32>,
+    /// Queries, `[rows, heads * head_dim]`.
+    pub q: Vec<f32>,
+    /// Attention output, the same shape.
+    pub attn: Vec<f32>,
+    /// The MLP's gate (then gated) projection, `[rows, ffn]`.
+    pub gate: Vec<f32>,
+    /// The MLP's up projection, `[rows, ffn]`.
+    pub up: Vec<f32>,
+    /// A block's output before its post-norm, `[rows, hidden]` (empty without post-norms).
+    pub proj: Vec<f32>,
     logits: Vec<f32>,
 }
 
-/// A Llama-family model (Llama 3.x, SmolLM2, Qwen2-style) with its KV cache.
-pub struct Llama<A> {
+/// A decoder-only model of any architecture of [`crate::arch`] (the Llama family, Gemma 3)
+/// with its KV cache.
+pub struct Model<A> {
     w: Arc<Weights>,
     rt: Runtime<A>,
-    inv_freq: Vec<f64>,
+    rope: RopeTables,
     k_cache: Vec<Vec<f32>>,
     v_cache: Vec<Vec<f32>>,
     capacity: usize,
@@ -80,7 +93,11 @@ pub struct Llama<A> {
     last_logit_rows: usize,
 }
 
-impl<A: TempReset> Module<A> for Llama<A> {
+/// The model under its first architecture's name (the Llama family), kept for its users:
+/// it runs every architecture.
+pub type Llama<A> = Model<A>;
+
+impl<A: TempReset> Module<A> for Model<A> {
     type Weights = Weights;
 
     fn new(weights: Arc<Weights>, temp: A, options: &ModelOptions) -> Result<Self> {
@@ -98,8 +115,8 @@ impl<A: TempReset> Module<A> for Llama<A> {
             .ok_or_else(|| LlmError::InvalidArgument {
                 message: format!("context {capacity} too large"),
             })?;
-        Ok(Llama {
-            inv_freq: c.inv_freq(),
+        Ok(Model {
+            rope: RopeTables::of(c),
             k_cache: (0..c.num_layers).map(|_| vec![0.0; kv]).collect(),
             v_cache: (0..c.num_layers).map(|_| vec![0.0; kv]).collect(),
             capacity,
@@ -116,7 +133,7 @@ impl<A: TempReset> Module<A> for Llama<A> {
     }
 }
 
-impl<A: TempReset> Llama<A> {
+impl<A: TempReset> Model<A> {
     /// The architecture.
     pub fn config(&self) -> &LlamaConfig {
         &self.w.config
@@ -176,6 +193,9 @@ impl<A: TempReset> Llama<A> {
             b.attn.resize(rows * c.num_heads * c.head_dim, 0.0);
             b.gate.resize(rows * c.intermediate_size, 0.0);
             b.up.resize(rows * c.intermediate_size, 0.0);
+            if c.arch.has_post_norms() {
+                b.proj.resize(rows * h, 0.0);
+            }
             b.rows = rows;
         }
         if b.logit_rows < logit_rows {
@@ -244,26 +264,25 @@ impl<A: TempReset> Llama<A> {
         let b = &mut self.bufs;
         let rt = &mut self.rt;
         rt.run("embed", |_| w.embed.embed(tokens, &mut b.x[..m * h]))?;
-        for (li, lw) in w.layers.iter().enumerate() {
-            let norm = |weight| RmsNorm::new(weight, c.rms_norm_eps);
-            let io = norm(&lw.input_norm).pre_norm(rt, &mut b.x, m, &mut b.xn)?;
+        if let Some(factor) = c.arch.embed_scale(c) {
+            rt.run("embed_scale", |_| {
+                norm_gate::scale(&mut b.x[..m * h], factor);
+                Ok(())
+            })?;
+        }
+        for (index, weights) in w.layers.iter().enumerate() {
+            let layer = Layer {
+                index,
+                config: c,
+                weights,
+                step,
+            };
             let cache = Cache {
-                k: &mut self.k_cache[li],
-                v: &mut self.v_cache[li],
+                k: &mut self.k_cache[index],
+                v: &mut self.v_cache[index],
                 capacity: self.capacity,
-                inv_freq: &self.inv_freq,
             };
-            let bufs = AttentionBuffers {
-                q: &mut b.q,
-                attn: &mut b.attn,
-            };
-            Attention::new(c, lw).forward(rt, step, io, bufs, cache)?;
-            let io = norm(&lw.post_norm).pre_norm(rt, &mut b.x, m, &mut b.xn)?;
-            let bufs = MlpBuffers {
-                gate: &mut b.gate,
-                up: &mut b.up,
-            };
-            Mlp::new(lw).forward(rt, step, io, bufs)?;
+            arch::forward_layer(rt, layer, b, cache, &self.rope)?;
         }
         // Final norm and head over the rows whose logits are wanted.
         let first = m - logit_rows;

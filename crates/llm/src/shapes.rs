@@ -1,5 +1,6 @@
 //! Named real-model shapes for benchmarks with random weights.
 
+use crate::arch::Architecture;
 use crate::config::{Llama3Scaling, LlamaConfig};
 
 /// The shapes [`named`] knows.
@@ -9,6 +10,7 @@ pub const NAMES: &[&str] = &["smollm2-135m", "llama-3.2-1b"];
 pub fn named(name: &str) -> Option<LlamaConfig> {
     let base = |hidden, layers, heads, kv, ffn, vocab, theta, scaling| LlamaConfig {
         model_type: "llama".into(),
+        arch: Architecture::Llama,
         hidden_size: hidden,
         intermediate_size: ffn,
         num_layers: layers,

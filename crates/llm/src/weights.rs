@@ -39,6 +39,16 @@ pub struct LayerWeights {
     pub up: Matrix,
     /// `mlp.down_proj.weight`, `[hidden, ffn]`.
     pub down: Matrix,
+    /// Gemma 3's RMSNorm over each query head before RoPE (`attn_q_norm`, `[head_dim]`).
+    pub q_norm: Option<Vec<f32>>,
+    /// Gemma 3's RMSNorm over each key head before RoPE (`attn_k_norm`, `[head_dim]`).
+    pub k_norm: Option<Vec<f32>>,
+    /// Gemma 3's norm of the attention output before the residual add
+    /// (`post_attention_norm`, `[hidden]`).
+    pub attn_out_norm: Option<Vec<f32>>,
+    /// Gemma 3's norm of the MLP output before the residual add (`post_ffw_norm`,
+    /// `[hidden]`).
+    pub mlp_out_norm: Option<Vec<f32>>,
 }
 
 /// All weights of a model, shapes checked against its [`LlamaConfig`].
@@ -147,6 +157,10 @@ impl Weights {
                 gate: get(&n("mlp.gate_proj.weight"), &[c.intermediate_size, h])?.into(),
                 up: get(&n("mlp.up_proj.weight"), &[c.intermediate_size, h])?.into(),
                 down: get(&n("mlp.down_proj.weight"), &[h, c.intermediate_size])?.into(),
+                q_norm: None,
+                k_norm: None,
+                attn_out_norm: None,
+                mlp_out_norm: None,
             });
         }
         let norm = vec("model.norm.weight", h)?;
@@ -202,6 +216,10 @@ impl Weights {
                 gate: mat(c.intermediate_size, h, inv(h))?,
                 up: mat(c.intermediate_size, h, inv(h))?,
                 down: mat(h, c.intermediate_size, inv(c.intermediate_size))?,
+                q_norm: None,
+                k_norm: None,
+                attn_out_norm: None,
+                mlp_out_norm: None,
             });
         }
         let head = if c.tie_word_embeddings {

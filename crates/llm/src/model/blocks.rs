@@ -1,18 +1,18 @@
-//! The blocks of a decoder layer, in the manner of candle-transformers' `models/llama.rs`:
-//! [`Attention`], [`Mlp`] and [`RmsNorm`] over [`Linear`] layers (weights and the kernel that
-//! runs them), each with a `forward` over one [`Step`] of positions. Every kernel call goes
-//! through the [`Runtime`], so each takes its scratch from the temp allocator and is reset
-//! after it.
+//! The shared blocks of a decoder layer, in the manner of candle-transformers'
+//! `models/llama.rs`: [`Attention`], [`Mlp`] and [`RmsNorm`] over [`Linear`] layers (weights
+//! and the kernel that runs them), each with a `forward` over one [`Step`] of positions. The
+//! architectures ([`crate::arch`]) put them together. Every kernel call goes through the
+//! [`Runtime`], so each takes its scratch from the temp allocator and is reset after it.
 
 use caching_allocator::TempReset;
 
+use crate::config::LlamaConfig;
 use crate::error::{LlmError, Result};
-use crate::kernels::{self, Heads};
+use crate::kernels::{self, norm_gate, Heads};
 use crate::matrix::{Job, Linear};
 use crate::output::Output;
 use crate::runtime::Runtime;
 use crate::weights::LayerWeights;
-use crate::LlamaConfig;
 
 /// The positions a forward pass appends: `start..start + rows` of the sequence.
 #[derive(Clone, Copy, Debug)]
@@ -58,21 +58,73 @@ impl<'w> RmsNorm<'w> {
         })
     }
 
-    /// A pre-norm block's input: `xn = rmsnorm(stream)` over `rows` rows, handed back with
-    /// the residual stream the block adds to.
-    pub fn pre_norm<'b, A: TempReset>(
+    /// `x = rmsnorm(x)` over each `weight.len()` slice of `x` (per-head q/k norms).
+    fn forward_heads<A: TempReset>(
         &self,
         rt: &mut Runtime<A>,
-        stream: &'b mut [f32],
+        x: &mut [f32],
+        kernel: &'static str,
+    ) -> Result<()> {
+        rt.run(kernel, |s| {
+            norm_gate::rmsnorm_heads(s, x, self.weight, self.eps)
+        })
+    }
+
+    /// `stream += rmsnorm(x)` over `rows` rows (a post-norm before the residual add).
+    fn add_to<A: TempReset>(
+        &self,
+        rt: &mut Runtime<A>,
+        x: &[f32],
         rows: usize,
-        xn: &'b mut [f32],
-    ) -> Result<Residual<'b>> {
-        self.forward(rt, stream, rows, xn)?;
-        Ok(Residual { xn, stream })
+        stream: &mut [f32],
+    ) -> Result<()> {
+        rt.run("rmsnorm_add", |s| {
+            norm_gate::rmsnorm_add(s, x, rows, self.weight, self.eps, stream)
+        })
     }
 }
 
-/// One layer's KV cache and the rotary table the attention block reads.
+/// Where a block's last projection goes.
+pub(crate) enum Sink<'b> {
+    /// Added to the residual stream `[rows, hidden]` (Llama: fused into the projection).
+    Residual(&'b mut [f32]),
+    /// Written to `out` `[rows, hidden]`, then `norm(out)` added to `stream` (Gemma 3's
+    /// post-attention and post-feedforward norms).
+    PostNorm {
+        /// The projection's output.
+        out: &'b mut [f32],
+        /// The norm applied before the add.
+        norm: RmsNorm<'b>,
+        /// The residual stream.
+        stream: &'b mut [f32],
+    },
+}
+
+impl Sink<'_> {
+    /// Runs `layer` over `rows` rows of `x` into this sink.
+    fn project<A: TempReset>(
+        self,
+        rt: &mut Runtime<A>,
+        layer: &Linear<'_>,
+        x: &[f32],
+        rows: usize,
+    ) -> Result<()> {
+        match self {
+            Sink::Residual(stream) => rt.run("linear", |s| {
+                layer.forward(s, x, rows, stream, Output::AddTo)
+            }),
+            Sink::PostNorm { out, norm, stream } => {
+                let n = rows * layer.out_features();
+                rt.run("linear", |s| {
+                    layer.forward(s, x, rows, &mut out[..n], Output::Overwrite)
+                })?;
+                norm.add_to(rt, &out[..n], rows, stream)
+            }
+        }
+    }
+}
+
+/// One layer's KV cache.
 pub(crate) struct Cache<'c> {
     /// K rows, `[capacity, kv_heads * head_dim]`.
     pub k: &'c mut [f32],
@@ -80,11 +132,10 @@ pub(crate) struct Cache<'c> {
     pub v: &'c mut [f32],
     /// Positions the cache holds.
     pub capacity: usize,
-    /// RoPE inverse frequencies, `head_dim / 2`.
-    pub inv_freq: &'c [f64],
 }
 
-/// Self-attention: q/k/v projections, RoPE, SDPA over the KV cache, output projection.
+/// Self-attention: q/k/v projections, optional per-head q/k norms, RoPE, SDPA over the KV
+/// cache (optionally over a sliding window), output projection.
 pub(crate) struct Attention<'w> {
     q: Linear<'w>,
     k: Linear<'w>,
@@ -93,14 +144,10 @@ pub(crate) struct Attention<'w> {
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
-}
-
-/// What a block reads and where it adds its output: the pre-norm and the residual stream.
-pub(crate) struct Residual<'b> {
-    /// The normed input, `[rows, hidden]`.
-    pub xn: &'b [f32],
-    /// The residual stream the block's last projection adds to, `[rows, hidden]`.
-    pub stream: &'b mut [f32],
+    /// RoPE inverse frequencies, `head_dim / 2`.
+    inv_freq: &'w [f64],
+    qk_norm: Option<(RmsNorm<'w>, RmsNorm<'w>)>,
+    params: sdpa::Params,
 }
 
 /// The attention block's own activation buffers.
@@ -112,8 +159,9 @@ pub(crate) struct AttentionBuffers<'b> {
 }
 
 impl<'w> Attention<'w> {
-    /// Layer `lw`'s attention under `c`.
-    pub fn new(c: &LlamaConfig, lw: &'w LayerWeights) -> Self {
+    /// Layer `lw`'s attention under `c`, rotating with `inv_freq`: causal, scaled by
+    /// `1 / sqrt(head_dim)`, no window, no q/k norms.
+    pub fn new(c: &LlamaConfig, lw: &'w LayerWeights, inv_freq: &'w [f64]) -> Self {
         Attention {
             q: Linear::new(&lw.q, lw.q_bias.as_deref()),
             k: Linear::new(&lw.k, lw.k_bias.as_deref()),
@@ -122,22 +170,48 @@ impl<'w> Attention<'w> {
             heads: c.num_heads,
             kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
+            inv_freq,
+            qk_norm: None,
+            params: sdpa::Params::default(),
         }
     }
 
-    /// Appends `step`'s K/V rows to `cache` and adds the attention output to the residual.
+    /// RMSNorms over each query and key head, before RoPE.
+    pub fn with_qk_norm(self, q: RmsNorm<'w>, k: RmsNorm<'w>) -> Self {
+        Attention {
+            qk_norm: Some((q, k)),
+            ..self
+        }
+    }
+
+    /// The scale of the scores.
+    pub fn with_scale(mut self, scale: f32) -> Self {
+        self.params.scale = Some(scale);
+        self
+    }
+
+    /// A sliding window of `window` positions (the query's included), when `Some`.
+    pub fn with_window(mut self, window: Option<usize>) -> Self {
+        if let Some(w) = window {
+            self.params = self.params.with_window(w);
+        }
+        self
+    }
+
+    /// Appends `step`'s K/V rows to `cache` and sends the attention output of the normed
+    /// input `xn` to `sink`.
     pub fn forward<A: TempReset>(
         &self,
         rt: &mut Runtime<A>,
         step: Step,
-        io: Residual<'_>,
+        xn: &[f32],
         b: AttentionBuffers<'_>,
         cache: Cache<'_>,
+        sink: Sink<'_>,
     ) -> Result<()> {
         let (m, start) = (step.rows, step.start);
         let (qd, kvd) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
         let kv_rows = start * kvd..(start + m) * kvd;
-        let xn = io.xn;
         let projections = [
             (&self.q, &mut b.q[..m * qd]),
             (&self.k, &mut cache.k[kv_rows.clone()]),
@@ -158,6 +232,10 @@ impl<'w> Attention<'w> {
                 })?;
             }
         }
+        if let Some((qn, kn)) = &self.qk_norm {
+            qn.forward_heads(rt, &mut b.q[..m * qd], "q_norm")?;
+            kn.forward_heads(rt, &mut cache.k[kv_rows.clone()], "k_norm")?;
+        }
         rt.run("rope", |s| {
             let q = Heads {
                 data: b.q,
@@ -167,7 +245,7 @@ impl<'w> Attention<'w> {
                 data: &mut cache.k[kv_rows.clone()],
                 heads: self.kv_heads,
             };
-            kernels::rope(s, cache.inv_freq, start..start + m, q, k)
+            kernels::rope(s, self.inv_freq, start..start + m, q, k)
         })?;
         rt.run("attention", |s| {
             let shape = sdpa::Shape {
@@ -185,74 +263,118 @@ impl<'w> Attention<'w> {
                 cache.v,
                 &mut b.attn[..m * qd],
                 &shape,
-                &sdpa::Params::default(),
+                &self.params,
                 &s.allocator(),
             )
             .map_err(LlmError::from)
         })?;
-        rt.run("linear", |s| {
-            self.o.forward(s, b.attn, m, io.stream, Output::AddTo)
-        })
+        sink.project(rt, &self.o, b.attn, m)
     }
 }
 
-/// The SwiGLU MLP: `down(silu(gate(x)) * up(x))`.
+/// The gating activation of a gated MLP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Activation {
+    /// SwiGLU: `silu(gate) * up` (Llama).
+    Silu,
+    /// GELU (tanh approximation) gating: `gelu_tanh(gate) * up` (Gemma).
+    GeluTanh,
+}
+
+/// A gated MLP: `down(act(gate(x)) * up(x))`.
 pub(crate) struct Mlp<'w> {
     gate: Linear<'w>,
     up: Linear<'w>,
     down: Linear<'w>,
+    activation: Activation,
 }
 
 /// The MLP block's own activation buffers.
 pub(crate) struct MlpBuffers<'b> {
-    /// `[rows, ffn]`: the gate projection, then the SwiGLU product.
+    /// `[rows, ffn]`: the gate projection, then the gated product.
     pub gate: &'b mut [f32],
-    /// `[rows, ffn]`: the up projection (prefill only).
+    /// `[rows, ffn]`: the up projection (prefill, and decode without a fused kernel).
     pub up: &'b mut [f32],
 }
 
 impl<'w> Mlp<'w> {
-    /// Layer `lw`'s MLP under `c`.
-    pub fn new(lw: &'w LayerWeights) -> Self {
+    /// Layer `lw`'s MLP with `activation`.
+    pub fn new(lw: &'w LayerWeights, activation: Activation) -> Self {
         Mlp {
             gate: Linear::new(&lw.gate, None),
             up: Linear::new(&lw.up, None),
             down: Linear::new(&lw.down, None),
+            activation,
         }
     }
 
-    /// Adds the MLP's output for `step`'s rows to the residual.
+    /// The gating in place over `rows * ffn` values.
+    fn gating(&self, gate: &mut [f32], up: &[f32]) {
+        match self.activation {
+            Activation::Silu => kernels::swiglu(gate, up),
+            Activation::GeluTanh => norm_gate::geglu(gate, up),
+        }
+    }
+
+    /// The gating kernel's name (for the scratch profile).
+    fn gating_name(&self) -> &'static str {
+        match self.activation {
+            Activation::Silu => "swiglu",
+            Activation::GeluTanh => "geglu",
+        }
+    }
+
+    /// Sends the MLP's output for `step`'s rows of the normed input `xn` to `sink`.
     pub fn forward<A: TempReset>(
         &self,
         rt: &mut Runtime<A>,
         step: Step,
-        io: Residual<'_>,
+        xn: &[f32],
         b: MlpBuffers<'_>,
+        sink: Sink<'_>,
     ) -> Result<()> {
-        let (m, xn) = (step.rows, io.xn);
-        let ffn = self.gate.out_features();
-        match step.is_decode() {
-            true => {
+        let m = step.rows;
+        let n = m * self.gate.out_features();
+        match (step.is_decode(), self.activation) {
+            (true, Activation::Silu) => {
                 // Gate, up and SwiGLU in one parallel section.
                 rt.run("linear_swiglu", |s| {
-                    Linear::forward_swiglu(s, xn, &self.gate, &self.up, &mut b.gate[..ffn])
+                    Linear::forward_swiglu(s, xn, &self.gate, &self.up, &mut b.gate[..n])
                 })?;
             }
-            false => {
+            (true, _) => {
+                // Gate and up in one parallel section, then the gating.
+                let jobs = [
+                    Job {
+                        layer: self.gate,
+                        out: &mut b.gate[..n],
+                        output: Output::Overwrite,
+                    },
+                    Job {
+                        layer: self.up,
+                        out: &mut b.up[..n],
+                        output: Output::Overwrite,
+                    },
+                ];
+                rt.run("linear_gate_up", |s| Linear::forward_many(s, xn, jobs))?;
+                rt.run(self.gating_name(), |_| {
+                    self.gating(&mut b.gate[..n], &b.up[..n]);
+                    Ok(())
+                })?;
+            }
+            (false, _) => {
                 rt.run("linear", |s| {
                     self.gate.forward(s, xn, m, b.gate, Output::Overwrite)
                 })?;
                 rt.run("linear", |s| {
                     self.up.forward(s, xn, m, b.up, Output::Overwrite)
                 })?;
-                rt.run("swiglu", |_| {
-                    kernels::swiglu(&mut b.gate[..m * ffn], &b.up[..m * ffn]);
+                rt.run(self.gating_name(), |_| {
+                    self.gating(&mut b.gate[..n], &b.up[..n]);
                     Ok(())
                 })?;
             }
         }
-        rt.run("linear", |s| {
-            self.down.forward(s, b.gate, m, io.stream, Output::AddTo)
-        })
+        sink.project(rt, &self.down, b.gate, m)
     }
 }

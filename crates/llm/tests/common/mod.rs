@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use llm::safetensors::{self, bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
 use llm::sample::Rng;
 
+pub mod gemma3;
 pub mod gguf;
 
 /// A fresh empty directory under the system temp dir, removed on drop.
