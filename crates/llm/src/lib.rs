@@ -18,12 +18,14 @@
 //!   formats, their layout for the kernels and the kernels), run as [`matrix::Linear`]
 //!   layers whose row kernel each matrix picks; every kernel's result is written over or
 //!   added to its output ([`output::Output`]); activations stay f32.
-//! - [`Llama`] is the module: `Llama::new(weights, temp, &options)` ([`Module`], the one
-//!   constructor shape of every model type) owns the temp allocator, the KV cache and the
-//!   activation buffers. Each forward pass is a sequence of kernel calls (embed, RMSNorm,
-//!   linear, RoPE, attention through [`sdpa::attention`], SwiGLU, logits) run by
-//!   [`runtime::Runtime`], which hands each kernel a [`runtime::Scratch`] over the temp
-//!   allocator and resets the allocator after the call.
+//! - [`Llama`] (alias of [`model::Model`]) is the module: `Llama::new(weights, temp,
+//!   &options)` ([`Module`], the one constructor shape of every model type) owns the temp
+//!   allocator, the KV cache and the activation buffers. Each forward pass is a sequence of
+//!   kernel calls (embed, RMSNorm, linear, RoPE, attention through [`sdpa::attention`],
+//!   gating, logits) run by [`runtime::Runtime`], which hands each kernel a
+//!   [`runtime::Scratch`] over the temp allocator and resets the allocator after the call.
+//!   What a decoder layer does is its architecture's: one module each in [`arch`] (the Llama
+//!   family, Gemma 3 from `gemma3` GGUF files) over the shared blocks.
 //! - [`generate()`] prefills, then decodes with a [`Sampler`] (greedy, temperature, top-p,
 //!   seeded) until a stop token or the token limit.
 //!

