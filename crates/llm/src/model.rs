@@ -229,10 +229,10 @@ impl<A: TempReset> Model<A> {
         self.rt.run("sample", |s| sampler.sample(s, logits))
     }
 
-    /// One forward pass over `tokens` appended at the current position: the embedding, each
-    /// layer's attention and MLP blocks (pre-norm, residual adds fused into their output
-    /// projections), the final norm and the head over the last row (every row with
-    /// `all_logits`).
+    /// One forward pass over `tokens` appended at the current position: the embedding (scaled
+    /// when the architecture says so), each decoder layer as its architecture runs it
+    /// ([`arch::forward_layer`]), the final norm and the head over the last row (every row
+    /// with `all_logits`).
     fn run(&mut self, tokens: &[u32], all_logits: bool) -> Result<()> {
         let m = tokens.len();
         if m == 0 {

@@ -70,22 +70,39 @@ fn gemma3_270m_metadata_and_greedy_continuation() {
         ..Default::default()
     };
     let mut m = Llama::new(w.clone(), caching_temp(10 << 20), &opts).unwrap();
-    m.forward(&PROMPT).unwrap();
     let mut greedy = Sampler::greedy();
     let mut out = Vec::new();
+    let mut logits = m.forward(&PROMPT).unwrap().to_vec();
+    let mut margins = Vec::new();
     for _ in 0..16 {
         let t = m.sample(&mut greedy).unwrap();
+        let mut top: Vec<(f32, u32)> = logits.iter().copied().zip(0..).collect();
+        top.sort_by(|a, b| b.0.total_cmp(&a.0));
+        eprintln!(
+            "{t:>6} {:?}: top-2 margin {:.4} over {:?}",
+            detok(&f, &[t]),
+            top[0].0 - top[1].0,
+            detok(&f, &[top[1].1])
+        );
+        margins.push((top[0].0 - top[1].0, top[1].1));
         out.push(t);
-        m.forward(&[t]).unwrap();
+        logits = m.forward(&[t]).unwrap().to_vec();
     }
     let text = detok(&f, &out);
     // llama.cpp (llama-cpp-python 0.3.36), greedy: " the capital of the country of France.
-    // It is the largest city in France. ..."
+    // It is the largest city in France. ..." The first 15 tokens are the same here; the 16th
+    // is a near-tie (" and" over "." by about 0.012 here, within what llama.cpp's f16 KV
+    // cache, int8 activations and GELU table move a logit), so it is checked as one.
     assert!(
-        text.starts_with(
-            " the capital of the country of France. It is the largest city in France."
-        ),
+        text.starts_with(" the capital of the country of France. It is the largest city in France"),
         "greedy continuation {text:?} ({out:?})"
+    );
+    let (margin, runner_up) = margins[15];
+    assert!(
+        out[15] == 236761 || (runner_up == 236761 && margin < 0.05),
+        "token 16: {:?}, {margin} over {:?}: llama.cpp's \".\" is not near",
+        detok(&f, &out[15..]),
+        detok(&f, &[runner_up])
     );
 
     // KV decode equals recompute: the decoded positions' logits against one forward over
