@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use llm::arch::Architecture;
 use llm::gguf::{GgufFile, Value};
-use llm::{caching_temp, Llama, ModelOptions, Module, Sampler, Weights};
+use llm::{caching_temp, Llama, ModelOptions, Module, Sampler};
 
 fn model_path() -> PathBuf {
     let p = std::env::var_os("LLM_GEMMA3_MODEL")
