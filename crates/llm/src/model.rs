@@ -1,6 +1,6 @@
 //! The model: built from weights and a temp allocator; holds its KV cache and activation
 //! buffers (the "planned memory"), and runs every kernel through the runtime. What a decoder
-//! layer does is its architecture's ([`crate::arch`]), over the shared [`blocks`].
+//! layer does is its architecture's ([`crate::arch`]), over the shared blocks (`model/blocks.rs`).
 
 use std::sync::Arc;
 

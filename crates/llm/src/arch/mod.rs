@@ -3,7 +3,7 @@
 //! RoPE): [`llama`] (Llama 3.x, SmolLM2, Qwen2-style) and [`gemma3`]. Each module says what
 //! one decoder layer does with those blocks (its `forward`) and what the model adds around
 //! the layers (the embedding scale, the RoPE tables); [`Architecture`] names which one a
-//! configuration is, and [`forward_layer`] runs layer `i` of it.
+//! configuration is, and `forward_layer` runs layer `i` of it.
 //!
 //! Adding an architecture is adding its module here (its layer `forward`, and its GGUF
 //! metadata and tensor names when it comes from GGUF, as [`gemma3`] does) and a variant of
