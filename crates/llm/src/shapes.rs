@@ -1,12 +1,13 @@
 //! Named real-model shapes for benchmarks with random weights.
 
-use crate::arch::Architecture;
+use crate::arch::{gemma3, Architecture, Gemma3};
 use crate::config::{Llama3Scaling, LlamaConfig};
 
 /// The shapes [`named`] knows.
-pub const NAMES: &[&str] = &["smollm2-135m", "llama-3.2-1b"];
+pub const NAMES: &[&str] = &["smollm2-135m", "llama-3.2-1b", "gemma3-270m"];
 
-/// The configuration of a named shape: `smollm2-135m` or `llama-3.2-1b` (public configs).
+/// The configuration of a named shape: `smollm2-135m`, `llama-3.2-1b` or `gemma3-270m`
+/// (public configs; Gemma 3 270M as its GGUF's metadata gives it).
 pub fn named(name: &str) -> Option<LlamaConfig> {
     let base = |hidden, layers, heads, kv, ffn, vocab, theta, scaling| LlamaConfig {
         model_type: "llama".into(),
@@ -45,6 +46,19 @@ pub fn named(name: &str) -> Option<LlamaConfig> {
                 original_max_position_embeddings: 8192.0,
             }),
         )),
+        "gemma3-270m" => Some(LlamaConfig {
+            model_type: "gemma3".into(),
+            arch: Architecture::Gemma3(Gemma3 {
+                sliding_window: 512,
+                global_every: gemma3::GLOBAL_EVERY,
+                rope_local_theta: gemma3::ROPE_LOCAL_THETA,
+                query_pre_attn_scalar: 256.0,
+            }),
+            head_dim: 256,
+            rms_norm_eps: 1e-6,
+            max_position_embeddings: 32_768,
+            ..base(640, 18, 4, 1, 2048, 262_144, 1_000_000.0, None)
+        }),
         _ => None,
     }
 }

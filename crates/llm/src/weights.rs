@@ -180,7 +180,7 @@ impl Weights {
     }
 
     /// Random weights (seeded, generated in memory, in parallel) of `dtype`: matrices uniform
-    /// in `±1/sqrt(in)`, embedding uniform in `±1`, norms 1, biases small.
+    /// in `±1/sqrt(in)`, embedding uniform in `±1`, norms 1 (Gemma 3's too), biases small.
     pub fn random(config: LlamaConfig, dtype: DType, seed: u64) -> Result<Weights> {
         let c = &config;
         let h = c.hidden_size;
@@ -200,6 +200,9 @@ impl Weights {
         let embed = mat(c.vocab_size, h, 1.0)?;
         let mut layers = Vec::with_capacity(c.num_layers);
         let inv = |n: usize| 1.0 / (n as f32).sqrt();
+        // Gemma 3's extra norms, all 1, when the architecture has them.
+        let gemma = matches!(c.arch, crate::arch::Architecture::Gemma3(_));
+        let ones = |n: usize| gemma.then(|| vec![1.0f32; n]);
         for _ in 0..c.num_layers {
             let bias = |n: usize, on: bool| on.then(|| vec![0.01f32; n]);
             layers.push(LayerWeights {
@@ -216,10 +219,10 @@ impl Weights {
                 gate: mat(c.intermediate_size, h, inv(h))?,
                 up: mat(c.intermediate_size, h, inv(h))?,
                 down: mat(h, c.intermediate_size, inv(c.intermediate_size))?,
-                q_norm: None,
-                k_norm: None,
-                attn_out_norm: None,
-                mlp_out_norm: None,
+                q_norm: ones(c.head_dim),
+                k_norm: ones(c.head_dim),
+                attn_out_norm: ones(h),
+                mlp_out_norm: ones(h),
             });
         }
         let head = if c.tie_word_embeddings {
