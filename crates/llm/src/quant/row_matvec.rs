@@ -42,17 +42,14 @@ impl<'a> Rows<'a> {
     }
 }
 
-/// `o[i] (+)= row i . x` over rows read by the format's own dot product `dot` (NaN if the
-/// lengths do not fit).
+/// `o[i] (+)= row i . x` for the rows of `w` (NaN if the lengths do not fit; the kernels
+/// check the shapes, so this does not happen): each format's own dot product over its
+/// packed bits, called by name here so that it is compiled inside this function's level (a
+/// kernel passed in as a closure or a function value is compiled without the level's target
+/// features: its intrinsics become calls, measured 50x slower for Q6_K). The formats packed
+/// in groups never come here; should one, its rows are NaN, not a guess.
 #[inline(always)]
-fn rows_direct<S: Simd, F: Fn(S, &[u8], &[f32]) -> f32>(
-    s: S,
-    w: Rows<'_>,
-    x: &[f32],
-    o: &mut [f32],
-    output: Output,
-    dot: F,
-) {
+fn matvec_body<S: Simd>(s: S, w: Rows<'_>, x: &[f32], o: &mut [f32], output: Output) {
     let rb = w.qtype.row_bytes(w.cols);
     if !w.cols.is_multiple_of(w.qtype.block_len())
         || x.len() < w.cols
@@ -61,24 +58,17 @@ fn rows_direct<S: Simd, F: Fn(S, &[u8], &[f32]) -> f32>(
         o.fill(f32::NAN);
         return;
     }
+    let x = &x[..w.cols];
     for (oi, row) in o.iter_mut().zip(w.bytes.chunks_exact(rb.max(1))) {
-        *oi = output.apply(*oi, dot(s, row, &x[..w.cols]));
-    }
-}
-
-/// `o[i] (+)= row i . x` for the rows of `w` (NaN if the lengths do not fit; the kernels
-/// check the shapes, so this does not happen): each format's own dot product over its
-/// packed bits. The formats packed in groups never come here; should one, its rows are
-/// NaN, not a guess.
-#[inline(always)]
-fn matvec_body<S: Simd>(s: S, w: Rows<'_>, x: &[f32], o: &mut [f32], output: Output) {
-    match w.qtype {
-        QType::Q5_0 => rows_direct(s, w, x, o, output, q5_0::dot::<S>),
-        QType::Q5_1 => rows_direct(s, w, x, o, output, q5_1::dot::<S>),
-        QType::Q4_K => rows_direct(s, w, x, o, output, q4_k::dot::<S>),
-        QType::Q5_K => rows_direct(s, w, x, o, output, q5_k::dot::<S>),
-        QType::Q6_K => rows_direct(s, w, x, o, output, q6_k::dot::<S>),
-        QType::Q4_0 | QType::Q4_1 | QType::Q8_0 => o.fill(f32::NAN),
+        let dot = match w.qtype {
+            QType::Q5_0 => q5_0::dot(s, row, x),
+            QType::Q5_1 => q5_1::dot(s, row, x),
+            QType::Q4_K => q4_k::dot(s, row, x),
+            QType::Q5_K => q5_k::dot(s, row, x),
+            QType::Q6_K => q6_k::dot(s, row, x),
+            QType::Q4_0 | QType::Q4_1 | QType::Q8_0 => f32::NAN,
+        };
+        *oi = output.apply(*oi, dot);
     }
 }
 
