@@ -1,17 +1,16 @@
 //! The decode matvec of the formats kept row by row ([`super::tensor::Layout::Rows`]: Q5_0,
-//! Q5_1, Q4_K, Q5_K, Q6_K), with f32 activations: each block of a row dequantized exactly
-//! (its format's definition, `quant/formats/`) into registers-sized scratch on the stack,
-//! then multiplied (FMA) against `x`. One body over `kernel_simd::Simd`, instantiated for the
-//! portable, AVX2, AVX-512 and NEON levels, so the dequantization is compiled (and
-//! vectorized where the compiler can) for each level.
-//!
-//! This is the exact, general path: its result is the f32 dot product of `x` with the very
-//! values [`super::format::dequantize_row`] gives.
+//! Q5_1, Q4_K, Q5_K, Q6_K), with f32 activations: each row's dot product with `x` by its
+//! format's own kernel (`dot` in its file in `quant/formats/`), which widens the packed
+//! quants in registers and FMAs them against `x` per (sub-)block, then applies the block's
+//! scale, and its minimum or offset against the block's sum of `x`: the dot product of `x`
+//! with the values [`super::format::dequantize_row`] gives, summed in another order. One
+//! body over `kernel_simd::Simd`, instantiated for the portable, AVX2, AVX-512 and NEON
+//! levels.
 
 use kernel_simd::Simd;
 
-use super::format::{QType, QK, QK_K};
-use super::formats::{q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0};
+use super::format::QType;
+use super::formats::{q4_k, q5_0, q5_1, q5_k, q6_k};
 use super::tensor::{Layout, QTensor};
 use crate::output::Output;
 
@@ -43,60 +42,14 @@ impl<'a> Rows<'a> {
     }
 }
 
-/// `o[i] (+)= row i . x` over rows of blocks of `N` weights, each dequantized by `deq`.
+/// `o[i] (+)= row i . x` for the rows of `w` (NaN if the lengths do not fit; the kernels
+/// check the shapes, so this does not happen): each format's own dot product over its
+/// packed bits, called by name here so that it is compiled inside this function's level (a
+/// kernel passed in as a closure or a function value is compiled without the level's target
+/// features: its intrinsics become calls, measured 50x slower for Q6_K). The formats packed
+/// in groups never come here; should one, its rows are NaN, not a guess.
 #[inline(always)]
-fn rows_dot<S: Simd, const N: usize, F: Fn(&[u8], &mut [f32])>(
-    s: S,
-    w: Rows<'_>,
-    x: &[f32],
-    o: &mut [f32],
-    output: Output,
-    deq: F,
-) {
-    let (l, bb) = (S::LANES, w.qtype.block_bytes());
-    let rb = w.qtype.row_bytes(w.cols);
-    if !w.cols.is_multiple_of(N)
-        || x.len() < w.cols
-        || w.bytes.len() < o.len() * rb
-        || !N.is_multiple_of(2 * l)
-    {
-        o.fill(f32::NAN);
-        return;
-    }
-    let mut buf = [0f32; N];
-    for (oi, row) in o.iter_mut().zip(w.bytes.chunks_exact(rb.max(1))) {
-        let mut acc = [s.zero(); 2];
-        for (blk, xb) in row.chunks_exact(bb).zip(x.chunks_exact(N)) {
-            deq(blk, &mut buf);
-            for c in (0..N).step_by(2 * l) {
-                for (u, a) in acc.iter_mut().enumerate() {
-                    // SAFETY: `c + 2 * LANES <= N` (`2 * LANES` divides `N`): inside `buf`
-                    // and `xb`, both `N` floats.
-                    unsafe {
-                        let (wv, xv) = (
-                            s.load(buf.as_ptr().add(c + u * l)),
-                            s.load(xb.as_ptr().add(c + u * l)),
-                        );
-                        *a = s.fma(wv, xv, *a);
-                    }
-                }
-            }
-        }
-        *oi = output.apply(*oi, s.reduce_sum(s.add(acc[0], acc[1])));
-    }
-}
-
-/// `o[i] (+)= row i . x` over rows read by the format's own dot product `dot` (NaN if the
-/// lengths do not fit).
-#[inline(always)]
-fn rows_direct<S: Simd, F: Fn(S, &[u8], &[f32]) -> f32>(
-    s: S,
-    w: Rows<'_>,
-    x: &[f32],
-    o: &mut [f32],
-    output: Output,
-    dot: F,
-) {
+fn matvec_body<S: Simd>(s: S, w: Rows<'_>, x: &[f32], o: &mut [f32], output: Output) {
     let rb = w.qtype.row_bytes(w.cols);
     if !w.cols.is_multiple_of(w.qtype.block_len())
         || x.len() < w.cols
@@ -105,32 +58,17 @@ fn rows_direct<S: Simd, F: Fn(S, &[u8], &[f32]) -> f32>(
         o.fill(f32::NAN);
         return;
     }
+    let x = &x[..w.cols];
     for (oi, row) in o.iter_mut().zip(w.bytes.chunks_exact(rb.max(1))) {
-        *oi = output.apply(*oi, dot(s, row, &x[..w.cols]));
-    }
-}
-
-/// `o[i] (+)= row i . x` for the rows of `w` (NaN if the lengths do not fit; the kernels
-/// check the shapes, so this does not happen). Q4_K, Q6_K and Q5_0 (most of a Q4_K_M
-/// model) have their own dot products over the packed bits; the others dequantize each
-/// block first.
-#[inline(always)]
-fn matvec_body<S: Simd>(s: S, w: Rows<'_>, x: &[f32], o: &mut [f32], output: Output) {
-    match w.qtype {
-        QType::Q4_K => return rows_direct(s, w, x, o, output, q4_k::dot::<S>),
-        QType::Q6_K => return rows_direct(s, w, x, o, output, q6_k::dot::<S>),
-        QType::Q5_0 => return rows_direct(s, w, x, o, output, q5_0::dot::<S>),
-        _ => {}
-    }
-    match w.qtype {
-        QType::Q4_0 => rows_dot::<S, QK, _>(s, w, x, o, output, q4_0::dequantize),
-        QType::Q4_1 => rows_dot::<S, QK, _>(s, w, x, o, output, q4_1::dequantize),
-        QType::Q5_0 => rows_dot::<S, QK, _>(s, w, x, o, output, q5_0::dequantize),
-        QType::Q5_1 => rows_dot::<S, QK, _>(s, w, x, o, output, q5_1::dequantize),
-        QType::Q8_0 => rows_dot::<S, QK, _>(s, w, x, o, output, q8_0::dequantize),
-        QType::Q4_K => rows_dot::<S, QK_K, _>(s, w, x, o, output, q4_k::dequantize),
-        QType::Q5_K => rows_dot::<S, QK_K, _>(s, w, x, o, output, q5_k::dequantize),
-        QType::Q6_K => rows_dot::<S, QK_K, _>(s, w, x, o, output, q6_k::dequantize),
+        let dot = match w.qtype {
+            QType::Q5_0 => q5_0::dot(s, row, x),
+            QType::Q5_1 => q5_1::dot(s, row, x),
+            QType::Q4_K => q4_k::dot(s, row, x),
+            QType::Q5_K => q5_k::dot(s, row, x),
+            QType::Q6_K => q6_k::dot(s, row, x),
+            QType::Q4_0 | QType::Q4_1 | QType::Q8_0 => f32::NAN,
+        };
+        *oi = output.apply(*oi, dot);
     }
 }
 

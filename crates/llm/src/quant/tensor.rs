@@ -177,10 +177,12 @@ impl QTensor {
     pub fn dequantize_rows(&self, level: Level, r0: usize, n: usize, out: &mut [f32]) {
         match &self.layout {
             Layout::Groups(g) => g.dequantize_rows(level, self.qtype, r0, n, out),
-            Layout::Rows(_) => {
-                for (i, o) in out.chunks_exact_mut(self.cols.max(1)).take(n).enumerate() {
-                    self.dequantize_row(r0 + i, o);
-                }
+            Layout::Rows(b) => {
+                let rb = self.row_bytes();
+                let rows = &b[(r0 * rb).min(b.len())..((r0 + n) * rb).min(b.len())];
+                let len = (n * self.cols).min(out.len());
+                let out = &mut out[..len];
+                crate::quant::widen::widen_rows::run(level, self.qtype, rows, out);
             }
         }
     }

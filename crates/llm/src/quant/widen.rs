@@ -64,3 +64,33 @@ kernel_simd::instantiate! {
     /// Whole file blocks dequantized into rows of a stride (prefill's widening).
     pub fn widen_blocks(t: QType, blocks: &[u8], out: &mut [f32], stride: usize) = widen_blocks_body;
 }
+
+/// `rows` (whole rows of a format held row by row, in the file's layout) dequantized into
+/// `out`, row after row, exactly as [`dequantize_block`](crate::quant::format::dequantize_block)
+/// defines the format: the formats' scalar definitions, compiled inside each level's target
+/// features so the compiler may vectorize them (prefill's widening of the row-held formats).
+/// Does nothing past what `out` holds.
+#[inline(always)]
+fn widen_rows_body<S: Simd>(_s: S, t: QType, rows: &[u8], out: &mut [f32]) {
+    use crate::quant::formats::{q4_k, q5_0, q5_1, q5_k, q6_k};
+    let (bb, n) = (t.block_bytes(), t.block_len());
+    // Plain loops calling each format by name, so the definitions compile inside this
+    // function's level (a closure would be compiled without its target features).
+    for (b, o) in rows.chunks_exact(bb).zip(out.chunks_exact_mut(n)) {
+        match t {
+            QType::Q5_0 => q5_0::dequantize(b, o),
+            QType::Q5_1 => q5_1::dequantize(b, o),
+            QType::Q4_K => q4_k::dequantize(b, o),
+            QType::Q5_K => q5_k::dequantize(b, o),
+            QType::Q6_K => q6_k::dequantize(b, o),
+            QType::Q4_0 | QType::Q4_1 | QType::Q8_0 => {
+                crate::quant::format::dequantize_block(t, b, o)
+            }
+        }
+    }
+}
+
+kernel_simd::instantiate! {
+    /// Whole rows of a row-held format dequantized (prefill's widening).
+    pub fn widen_rows(t: QType, rows: &[u8], out: &mut [f32]) = widen_rows_body;
+}

@@ -58,30 +58,85 @@ pub(crate) fn quantize(blk: &[f32], out: &mut Vec<u8>) {
     out.extend_from_slice(&qs);
 }
 
+/// `1 << i` in lane `i` (a lane's fifth bit, once `qh` is shifted to the vector's first
+/// weight), and `16 / (1 << i)`: the bit's value as a weight, exactly.
+const LANE_BIT: [i32; 16] = [
+    1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768,
+];
+const SIXTEEN_OVER_BIT: [f32; 16] = [
+    16.0,
+    8.0,
+    4.0,
+    2.0,
+    1.0,
+    0.5,
+    0.25,
+    0.125,
+    0.0625,
+    0.03125,
+    0.015625,
+    0.0078125,
+    0.00390625,
+    0.001953125,
+    0.0009765625,
+    0.00048828125,
+];
+
+/// `(q . x, sum(x))` of one Q5_0 / Q5_1 block, lane by lane (unsigned quants `0..32`):
+/// the low nibbles of `qs` widened as Q4's, each lane's fifth bit picked out of `qh` with
+/// its lane's mask and weighted 16 (exact: small integers). `LANES <= 16`.
+///
+/// # Safety
+/// `qs` is readable for 16 bytes and `x` for 32 floats.
+#[inline(always)]
+pub(crate) unsafe fn qx_block<S: kernel_simd::Simd>(
+    s: S,
+    qs: *const u8,
+    qh: u32,
+    x: *const f32,
+) -> (S::F32, S::F32) {
+    let l = S::LANES;
+    // SAFETY: the tables hold 16 >= LANES elements.
+    let (bit, weight) = unsafe {
+        (
+            s.load_i32(LANE_BIT.as_ptr()),
+            s.load(SIXTEEN_OVER_BIT.as_ptr()),
+        )
+    };
+    let (mut qx, mut xs) = ([s.zero(); 2], s.zero());
+    for c in (0..16).step_by(l) {
+        // SAFETY: `c + LANES <= 16`: inside `qs`; `16 + c + LANES <= 32`: inside `x`
+        // (caller).
+        unsafe {
+            let (lo, hi) = s.load_nibbles_f32(qs.add(c));
+            let b_lo = s.and_i32(s.splat_i32((qh >> c) as i32), bit);
+            let b_hi = s.and_i32(s.splat_i32((qh >> (16 + c)) as i32), bit);
+            let w_lo = s.fma(s.i32_to_f32(b_lo), weight, lo);
+            let w_hi = s.fma(s.i32_to_f32(b_hi), weight, hi);
+            let (x0, x1) = (s.load(x.add(c)), s.load(x.add(16 + c)));
+            qx[0] = s.fma(w_lo, x0, qx[0]);
+            qx[1] = s.fma(w_hi, x1, qx[1]);
+            xs = s.add(xs, s.add(x0, x1));
+        }
+    }
+    (s.add(qx[0], qx[1]), xs)
+}
+
 /// `row . x` for a row of whole blocks (`row.len()` a multiple of [`BLOCK_BYTES`], `x` at
 /// least 32 floats for each), with f32 `x`: per block, `d` times the FMA'd `q . x` less
 /// `16 d` times the block's sum of `x` (the definition's value, summed in another order).
 /// NaN if `x` is short.
 #[inline(always)]
 pub(crate) fn dot<S: kernel_simd::Simd>(s: S, row: &[u8], x: &[f32]) -> f32 {
-    let l = S::LANES;
     let blocks = row.len() / BLOCK_BYTES;
-    if x.len() < blocks * 32 || l > 32 {
+    if x.len() < blocks * 32 || S::LANES > 16 {
         return f32::NAN;
     }
     let (mut total, mut off) = (s.zero(), s.zero());
     for (b, xb) in row.chunks_exact(BLOCK_BYTES).zip(x.chunks_exact(32)) {
-        let q = quants(b);
-        let (mut qx, mut xs) = (s.zero(), s.zero());
-        for c in (0..32).step_by(l) {
-            // SAFETY: `q` and `xb` hold 32 and `c + LANES <= 32` (`LANES` divides 32).
-            unsafe {
-                let w = s.i32_to_f32(s.load_u8(q.as_ptr().add(c)));
-                let xv = s.load(xb.as_ptr().add(c));
-                qx = s.fma(w, xv, qx);
-                xs = s.add(xs, xv);
-            }
-        }
+        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        // SAFETY: `b` has 22 bytes, its 16 of `qs` at 6; `xb` has 32 floats.
+        let (qx, xs) = unsafe { qx_block(s, b.as_ptr().add(6), qh, xb.as_ptr()) };
         let d = f16_at(b, 0);
         total = s.fma(s.splat(d), qx, total);
         off = s.fma(s.splat(16.0 * d), xs, off);
