@@ -805,6 +805,16 @@ impl GgufFile {
         self.get("general.architecture").and_then(Value::as_str)
     }
 
+    /// The bytes of tensor `name` as the file stores them (checked to lie within the file),
+    /// when the file has it: for readers independent of this crate's decoders.
+    pub fn tensor_bytes(&self, name: &str) -> Result<Option<&[u8]>> {
+        let Some(t) = self.info(name) else {
+            return Ok(None);
+        };
+        let (begin, end) = self.check_info(t, self.alignment())?;
+        Ok(Some(&self.backing.bytes()[begin..end]))
+    }
+
     /// The shape (outermost first) of tensor `name`, when the file has it.
     pub fn tensor_shape(&self, name: &str) -> Option<Vec<usize>> {
         self.info(name).map(TensorInfo::shape)

@@ -237,8 +237,31 @@ impl GemmaWeights {
         0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
     }
 
+    /// The weights of a `gemma3` file read from its bytes with the test's own decoders
+    /// ([`dequant_reference`]), in f64, for a reference independent of the library's.
+    pub fn from_file(f: &llm::gguf::GgufFile, spec: GemmaSpec) -> GemmaWeights {
+        let mut tensors = std::collections::HashMap::new();
+        for t in f.tensor_infos() {
+            let bytes = f.tensor_bytes(&t.name).unwrap().unwrap();
+            let cols = t.dims[0] as usize;
+            let rb = super::gguf::row_bytes(t.ggml_type, cols);
+            let vals: Vec<f64> = bytes
+                .chunks(rb)
+                .flat_map(|r| dequant_reference(t.ggml_type, r))
+                .map(f64::from)
+                .collect();
+            tensors.insert(t.name.clone(), vals);
+        }
+        GemmaWeights { spec, tensors }
+    }
+
     /// The logits at every position of `tokens`, each from the whole prefix.
     pub fn logits(&self, tokens: &[u32]) -> Vec<Vec<f64>> {
+        self.logits_at(tokens, &(0..tokens.len()).collect::<Vec<_>>())
+    }
+
+    /// The logits at `positions` of `tokens` (the head runs only there).
+    pub fn logits_at(&self, tokens: &[u32], positions: &[usize]) -> Vec<Vec<f64>> {
         let s = &self.spec;
         let (h, hd) = (s.hidden, s.head_dim);
         let group = s.heads / s.kv_heads;
@@ -317,9 +340,10 @@ impl GemmaWeights {
                 x[p].iter_mut().zip(&d).for_each(|(a, b)| *a += b);
             }
         }
-        x.iter()
-            .map(|xp| {
-                let xn = self.rms(self.t("output_norm.weight"), xp);
+        positions
+            .iter()
+            .map(|&p| {
+                let xn = self.rms(self.t("output_norm.weight"), &x[p]);
                 self.lin("token_embd.weight", &xn)
             })
             .collect()
