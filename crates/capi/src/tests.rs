@@ -471,33 +471,36 @@ fn thread_churn_leaves_no_error_slots_behind() {
     let (rounds, batch) = if cfg!(miri) { (2, 4) } else { (250, 8) };
     let a = create(ca_config_default());
     let addr = a as usize;
-    // SAFETY: `a` is live until `ca_destroy`, after every thread has been joined.
-    unsafe {
-        fail_once(a);
-        let errors = &(*a).errors;
-        assert_eq!(errors.slot_count(), 1);
-        for _ in 0..rounds {
-            let failed = std::sync::Arc::new(Barrier::new(batch + 1));
-            let threads: Vec<_> = (0..batch)
-                .map(|_| {
-                    let failed = failed.clone();
-                    std::thread::spawn(move || {
-                        // SAFETY: the handle stays live until every thread has been joined.
-                        unsafe { fail_once(addr as *mut CaAllocator) };
-                        failed.wait();
-                        failed.wait();
-                    })
+    // SAFETY: `a` is live until `ca_destroy` below, after every thread has been joined; the
+    // borrow of its slots ends there too.
+    let errors = unsafe { &(*a).errors };
+    // SAFETY: `a` is live.
+    unsafe { fail_once(a) };
+    assert_eq!(errors.slot_count(), 1);
+    for _ in 0..rounds {
+        let failed = std::sync::Arc::new(Barrier::new(batch + 1));
+        let threads: Vec<_> = (0..batch)
+            .map(|_| {
+                let failed = failed.clone();
+                std::thread::spawn(move || {
+                    // SAFETY: the handle stays live until every thread has been joined.
+                    unsafe { fail_once(addr as *mut CaAllocator) };
+                    failed.wait();
+                    failed.wait();
                 })
-                .collect();
-            failed.wait();
-            assert_eq!(errors.slot_count(), batch + 1, "one slot per live thread");
-            failed.wait();
-            // `join` returns once the thread has ended, its thread-locals' destructors run.
-            for t in threads {
-                t.join().expect("a churn thread");
-            }
-            assert_eq!(errors.slot_count(), 1, "only the live main thread's slot");
+            })
+            .collect();
+        failed.wait();
+        assert_eq!(errors.slot_count(), batch + 1, "one slot per live thread");
+        failed.wait();
+        // `join` returns once the thread has ended, its thread-locals' destructors run.
+        for t in threads {
+            t.join().expect("a churn thread");
         }
+        assert_eq!(errors.slot_count(), 1, "only the live main thread's slot");
+    }
+    // SAFETY: `a` is live; every other thread has ended, and `errors` is not used after.
+    unsafe {
         assert_eq!(ca_last_error(a).code, CaStatus::InvalidAlignment);
         assert_eq!(ca_destroy(a), CaStatus::Ok);
     }
