@@ -550,7 +550,7 @@ fn threads_exiting_after_or_while_their_handle_is_destroyed() {
 fn a_thread_forgets_the_handles_destroyed_since() {
     std::thread::spawn(|| {
         let keep = create(ca_config_default());
-        for _ in 0..100 {
+        for _ in 0..if cfg!(miri) { 5 } else { 100 } {
             let a = create(ca_config_default());
             // SAFETY: `a` and `keep` are live until their `ca_destroy`.
             unsafe {
