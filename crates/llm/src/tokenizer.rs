@@ -1,17 +1,27 @@
-//! `tokenizer.json` through the `tokenizers` crate (pure-Rust build, `fancy-regex`).
+//! Text to token ids and back: a Hugging Face tokenizer (`tokenizer.json`, or a GGUF file's
+//! byte-level BPE, through the `tokenizers` crate, pure-Rust build with `fancy-regex`) or a
+//! SentencePiece vocabulary from a GGUF file ([`spm`]).
+
+pub mod spm;
 
 use std::path::Path;
 
 use crate::error::{LlmError, Result};
+use spm::SpmTokenizer;
 
-/// A Hugging Face tokenizer loaded from `tokenizer.json`.
-pub struct Tokenizer(tokenizers::Tokenizer);
+/// A tokenizer of either kind.
+pub struct Tokenizer(Kind);
+
+enum Kind {
+    Hf(tokenizers::Tokenizer),
+    Spm(SpmTokenizer),
+}
 
 impl Tokenizer {
     /// Loads `path`.
     pub fn from_file(path: &Path) -> Result<Tokenizer> {
         tokenizers::Tokenizer::from_file(path)
-            .map(Tokenizer)
+            .map(Tokenizer::from_hf)
             .map_err(|e| LlmError::Tokenizer {
                 message: format!("{}: {e}", path.display()),
             })
@@ -19,24 +29,36 @@ impl Tokenizer {
 
     /// Wraps a tokenizer built in code (e.g. from a GGUF file's vocabulary).
     pub fn from_hf(t: tokenizers::Tokenizer) -> Tokenizer {
-        Tokenizer(t)
+        Tokenizer(Kind::Hf(t))
     }
 
-    /// Token ids of `text`, with the tokenizer's special tokens (e.g. BOS) added.
+    /// Wraps a SentencePiece vocabulary.
+    pub fn from_spm(t: SpmTokenizer) -> Tokenizer {
+        Tokenizer(Kind::Spm(t))
+    }
+
+    /// Token ids of `text`, with the tokenizer's special tokens (e.g. BOS) added; the texts
+    /// of control tokens in `text` (e.g. a chat template's turn markers) become their ids.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        self.0
-            .encode(text, true)
-            .map(|e| e.get_ids().to_vec())
-            .map_err(|e| LlmError::Tokenizer {
-                message: format!("encode: {e}"),
-            })
+        match &self.0 {
+            Kind::Hf(t) => t
+                .encode(text, true)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| LlmError::Tokenizer {
+                    message: format!("encode: {e}"),
+                }),
+            Kind::Spm(t) => t.encode(text),
+        }
     }
 
     /// Text of `ids`, special tokens skipped.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.0.decode(ids, true).map_err(|e| LlmError::Tokenizer {
-            message: format!("decode: {e}"),
-        })
+        match &self.0 {
+            Kind::Hf(t) => t.decode(ids, true).map_err(|e| LlmError::Tokenizer {
+                message: format!("decode: {e}"),
+            }),
+            Kind::Spm(t) => Ok(t.decode(ids)),
+        }
     }
 }
 
