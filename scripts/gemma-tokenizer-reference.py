@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Reference token ids for crates/llm/tests/gguf_real_gemma.rs: llama.cpp's own tokenizer (through
+llama-cpp-python, vocabulary only) on the Gemma 3 270M GGUF file. Prints each string and its ids
+as Rust test cases to paste.
+
+    python3 -m venv /work/venv-llama
+    CMAKE_BUILD_PARALLEL_LEVEL=1 /work/venv-llama/bin/pip install llama-cpp-python   # builds llama.cpp, ~20 min
+    /work/venv-llama/bin/python scripts/gemma-tokenizer-reference.py "$(scripts/fetch-model.sh gemma3)"
+
+The plain strings are tokenized with special=False (as a user's text is) and checked to give the
+same ids with special=True (so `llm`'s encoder, which maps control-token texts to their ids as
+a chat template needs, must agree on them); the chat-marker string is tokenized with
+special=True.
+"""
+import sys
+import unicodedata
+
+import llama_cpp
+
+PLAIN = [
+    "The capital of France is",
+    "Hello, world!",
+    "  leading spaces and 12345 digits",
+    "naïve café — ünïcödé 😀",
+    "tabs\tand\nnewlines\n\n",
+    "multiple   spaces    here  ",
+    " leading space",
+    "日本語のテキストと中文文本，한국어",
+    "x = 3.14159; y = 2**10  # 1024",
+    "don't I'll we've",
+    "𓀀 \ue000 \U0010fffd",
+    "",
+]
+SPECIAL = [
+    "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
+]
+
+
+def rust_str(s):
+    """`s` as a Rust string literal: escapes for quotes, control and unassigned/private chars."""
+    out = []
+    for c in s:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif c == "\n":
+            out.append("\\n")
+        elif c == "\t":
+            out.append("\\t")
+        elif unicodedata.category(c) in ("Cc", "Co", "Cn", "Cs", "Zl", "Zp"):
+            out.append("\\u{%x}" % ord(c))
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+llm = llama_cpp.Llama(model_path=sys.argv[1], vocab_only=True, verbose=False)
+print(f"// llama-cpp-python {llama_cpp.__version__}")
+for s in PLAIN + SPECIAL:
+    special = s in SPECIAL
+    ids = llm.tokenize(s.encode(), add_bos=True, special=special)
+    if not special:
+        assert ids == llm.tokenize(s.encode(), add_bos=True, special=True), s
+    print(f"({rust_str(s)}, &{ids}),")
