@@ -93,3 +93,47 @@ impl<'a> TextStream<'a> {
         Ok(new)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::spm::{Piece, SpmOptions, SpmTokenizer, TokenType};
+    use super::*;
+
+    /// A SentencePiece vocabulary of `▁`, `a` and the 256 byte tokens.
+    fn bytes_vocab() -> Tokenizer {
+        let mut pieces = vec![
+            Piece {
+                text: "\u{2581}".into(),
+                score: -1.0,
+                kind: TokenType::Normal,
+            },
+            Piece {
+                text: "a".into(),
+                score: -1.0,
+                kind: TokenType::Normal,
+            },
+        ];
+        pieces.extend((0..=255u8).map(|b| Piece {
+            text: format!("<0x{b:02X}>"),
+            score: 0.0,
+            kind: TokenType::Byte,
+        }));
+        let opts = SpmOptions {
+            bos: None,
+            eos: None,
+            add_space_prefix: false,
+        };
+        Tokenizer::from_spm(SpmTokenizer::new(pieces, opts).unwrap())
+    }
+
+    /// A character spread over byte tokens is printed once, when its last byte arrives.
+    #[test]
+    fn stream_holds_back_incomplete_characters() {
+        let t = bytes_vocab();
+        let ids = t.encode("a 😀é").unwrap();
+        assert_eq!(ids.len(), 2 + 4 + 2, "{ids:?}");
+        let mut s = TextStream::new(&t);
+        let pieces: Vec<String> = ids.iter().map(|&id| s.push(id).unwrap()).collect();
+        assert_eq!(pieces, ["a", " ", "", "", "", "😀", "", "é"]);
+    }
+}
