@@ -12,9 +12,10 @@ use spm::SpmTokenizer;
 /// A tokenizer of either kind.
 pub struct Tokenizer(Kind);
 
+/// Both boxed: they differ in size by kilobytes and a tokenizer is built once.
 enum Kind {
-    Hf(tokenizers::Tokenizer),
-    Spm(SpmTokenizer),
+    Hf(Box<tokenizers::Tokenizer>),
+    Spm(Box<SpmTokenizer>),
 }
 
 impl Tokenizer {
@@ -29,12 +30,12 @@ impl Tokenizer {
 
     /// Wraps a tokenizer built in code (e.g. from a GGUF file's vocabulary).
     pub fn from_hf(t: tokenizers::Tokenizer) -> Tokenizer {
-        Tokenizer(Kind::Hf(t))
+        Tokenizer(Kind::Hf(Box::new(t)))
     }
 
     /// Wraps a SentencePiece vocabulary.
     pub fn from_spm(t: SpmTokenizer) -> Tokenizer {
-        Tokenizer(Kind::Spm(t))
+        Tokenizer(Kind::Spm(Box::new(t)))
     }
 
     /// Token ids of `text`, with the tokenizer's special tokens (e.g. BOS) added; the texts
