@@ -9,8 +9,8 @@ as Rust test cases to paste.
 
 The plain strings are tokenized with special=False (as a user's text is) and checked to give the
 same ids with special=True (so `llm`'s encoder, which maps control-token texts to their ids as
-a chat template needs, must agree on them); the chat-marker string is tokenized with
-special=True.
+a chat template needs, must agree on them) and to decode back to themselves with llama.cpp's
+detokenize; the chat-marker string is tokenized with special=True.
 """
 import sys
 import unicodedata
@@ -29,6 +29,9 @@ PLAIN = [
     "x = 3.14159; y = 2**10  # 1024",
     "don't I'll we've",
     "𓀀 \ue000 \U0010fffd",
+    # Runs of one letter: equal-score pairs side by side, where the leftmost merges first.
+    "aaaaaaa",
+    "ooooooooo",
     "",
 ]
 SPECIAL = [
@@ -60,4 +63,6 @@ for s in PLAIN + SPECIAL:
     ids = llm.tokenize(s.encode(), add_bos=True, special=special)
     if not special:
         assert ids == llm.tokenize(s.encode(), add_bos=True, special=True), s
+        # llama.cpp's decoding gives the text back (the test checks `llm`'s does too).
+        assert llm.detokenize(ids[1:]) == s.encode(), (s, llm.detokenize(ids[1:]))
     print(f"({rust_str(s)}, &{ids}),")
