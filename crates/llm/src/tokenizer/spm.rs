@@ -31,7 +31,7 @@ pub enum TokenType {
     Undefined,
     /// 1: an ordinary piece; `▁` decodes to a space.
     Normal,
-    /// 2: the unknown token (`<unk>`): matched whole in a prompt, decodes to its text.
+    /// 2: the unknown token (`<unk>`): matched whole in a prompt, skipped when decoding.
     Unknown,
     /// 3: a control token (BOS, EOS, `<start_of_turn>`, ...): matched whole in a prompt,
     /// skipped when decoding.
@@ -336,9 +336,10 @@ impl SpmTokenizer {
         }
     }
 
-    /// The bytes token `id` stands for in decoded text: a normal piece with `▁` as a space, a
-    /// byte token's byte, the text of a user-defined or unknown token; nothing for control,
-    /// unused and undefined tokens, or an id outside the vocabulary.
+    /// The bytes token `id` stands for in decoded text, as llama.cpp's `token_to_piece`
+    /// without `special`: a normal piece with `▁` as a space, a byte token's byte, the text of
+    /// a user-defined token; nothing for control, unknown, unused and undefined tokens, or an
+    /// id outside the vocabulary.
     fn piece_bytes(&self, id: u32, out: &mut Vec<u8>) {
         let Some(p) = self.pieces.get(id as usize) else {
             return;
@@ -346,14 +347,16 @@ impl SpmTokenizer {
         match p.kind {
             TokenType::Normal => out.extend_from_slice(p.text.replace('\u{2581}', " ").as_bytes()),
             TokenType::Byte => out.extend(byte_of(&p.text)),
-            TokenType::UserDefined | TokenType::Unknown => out.extend_from_slice(p.text.as_bytes()),
-            TokenType::Control | TokenType::Unused | TokenType::Undefined => {}
+            TokenType::UserDefined => out.extend_from_slice(p.text.as_bytes()),
+            TokenType::Control | TokenType::Unknown | TokenType::Unused | TokenType::Undefined => {}
         }
     }
 
-    /// The text of `ids`: control tokens skipped, byte tokens joined into characters (an
-    /// incomplete or invalid sequence becomes U+FFFD), and with `add_space_prefix` the space
-    /// the encoding put in front of the text removed again.
+    /// The text of `ids`: control and unknown tokens skipped, byte tokens joined into
+    /// characters (an incomplete or invalid sequence becomes U+FFFD), and with
+    /// `add_space_prefix` the space the encoding put in front of the text removed again (from
+    /// the first piece that has text: llama.cpp removes it only when the ids do not start with
+    /// BOS, so its decoding of an encoding keeps that space).
     pub fn decode(&self, ids: &[u32]) -> String {
         let mut bytes = Vec::new();
         let mut first = true;
@@ -587,9 +590,15 @@ mod tests {
             ("hi", -2.0, Normal),
             ("\u{2581}hi", -3.0, Normal),
             ("  ", 0.0, UserDefined),
+            ("<unk>", 0.0, TokenType::Unknown),
+            ("<unused0>", 0.0, TokenType::Unused),
         ];
         let bytes: Vec<String> = (0..=255u8).map(|b| format!("<0x{b:02X}>")).collect();
         entries.extend(bytes.iter().map(|b| (b.as_str(), 0.0, Byte)));
+        // Only normal, byte and user-defined tokens have text: <bos>, <unk>, <unused0>, "  ",
+        // "hi", <0x41>.
+        let t = vocab(&entries, PLAIN);
+        assert_eq!(t.decode(&[0, 7, 8, 6, 4, 9 + 0x41]), "  hiA");
         for prefix in [false, true] {
             let t = vocab(
                 &entries,
