@@ -3,9 +3,9 @@
 llama-cpp-python, vocabulary only) on the Gemma 3 270M GGUF file. Prints each string and its ids
 as Rust test cases to paste.
 
-    python3 -m venv /work/venv-llama
-    CMAKE_BUILD_PARALLEL_LEVEL=1 /work/venv-llama/bin/pip install llama-cpp-python   # builds llama.cpp, ~20 min
-    /work/venv-llama/bin/python scripts/gemma-tokenizer-reference.py "$(scripts/fetch-model.sh gemma3)"
+    python3 -m venv /tmp/venv-llama
+    CMAKE_BUILD_PARALLEL_LEVEL=1 /tmp/venv-llama/bin/pip install llama-cpp-python==0.3.36   # builds llama.cpp (25 min on 2 busy cores)
+    /tmp/venv-llama/bin/python scripts/gemma-tokenizer-reference.py "$(scripts/fetch-model.sh gemma3)"
 
 The plain strings are tokenized with special=False (as a user's text is) and checked to give the
 same ids with special=True (so `llm`'s encoder, which maps control-token texts to their ids as
