@@ -106,3 +106,44 @@ fn tokenizer_ids_match_llama_cpp() {
         }
     }
 }
+
+/// 400 seeded random strings (words, whitespace runs, emoji, CJK, rare and private-use
+/// characters, control and user-defined token texts, byte-token look-alikes, runs of random
+/// code points) with llama.cpp's ids, written by `scripts/gemma-tokenizer-reference.py
+/// --random` to `tests/data/gemma3-tokenizer-random.jsonl`.
+#[test]
+#[ignore = "needs the model: scripts/fetch-model.sh gemma3"]
+fn random_strings_match_llama_cpp() {
+    let t = llm::gguf_tokenizer::from_gguf(&metadata_only()).unwrap();
+    let data = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/gemma3-tokenizer-random.jsonl"),
+    )
+    .unwrap();
+    let mut cases = 0;
+    let mut wrong = Vec::new();
+    for line in data.lines() {
+        let case: serde_json::Value = serde_json::from_str(line).unwrap();
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|id| id.as_u64().unwrap() as u32)
+            .collect();
+        let got = t.encode(text).unwrap();
+        if got != want {
+            wrong.push(format!(
+                "{text:?}\n  llm:       {got:?}\n  llama.cpp: {want:?}"
+            ));
+        }
+        cases += 1;
+    }
+    assert_eq!(cases, 400, "the data file should hold 400 cases");
+    assert!(
+        wrong.is_empty(),
+        "{} of {cases} differ; the first:\n{}",
+        wrong.len(),
+        wrong[..wrong.len().min(3)].join("\n")
+    );
+}
