@@ -115,15 +115,20 @@ fn flag(f: &GgufFile, key: &str, default: bool) -> Result<bool> {
     }
 }
 
-/// A token id key, required when `needed` (e.g. `add_bos_token` is set).
-fn token_id(f: &GgufFile, key: &str, needed: bool) -> Result<Option<u32>> {
-    if !needed {
+/// The token id under `key` when `flag` (`add_bos_token`, `add_eos_token`) is set, which
+/// makes it required; `None` when it is not set.
+fn token_id(f: &GgufFile, key: &str, flag: (&str, bool)) -> Result<Option<u32>> {
+    let (flag_key, set) = flag;
+    if !set {
         return Ok(None);
     }
     let id = f.get(key).and_then(Value::as_u64).ok_or_else(|| {
         err(
             f,
-            format!("`{key}` is missing or not an id, and the tokenizer's settings need it"),
+            format!(
+                "`{flag_key}` is true (or absent: llama.cpp's default) but `{key}` is missing or \
+                 not an id; set `{key}`, or `{flag_key}` to false"
+            ),
         )
     })?;
     u32::try_from(id)
@@ -151,8 +156,16 @@ pub fn spm_from_gguf(f: &GgufFile) -> Result<SpmTokenizer> {
     let add_bos = flag(f, "tokenizer.ggml.add_bos_token", true)?;
     let add_eos = flag(f, "tokenizer.ggml.add_eos_token", false)?;
     let opts = SpmOptions {
-        bos: token_id(f, "tokenizer.ggml.bos_token_id", add_bos)?,
-        eos: token_id(f, "tokenizer.ggml.eos_token_id", add_eos)?,
+        bos: token_id(
+            f,
+            "tokenizer.ggml.bos_token_id",
+            ("tokenizer.ggml.add_bos_token", add_bos),
+        )?,
+        eos: token_id(
+            f,
+            "tokenizer.ggml.eos_token_id",
+            ("tokenizer.ggml.add_eos_token", add_eos),
+        )?,
         add_space_prefix: flag(f, "tokenizer.ggml.add_space_prefix", true)?,
     };
     SpmTokenizer::new(pieces, opts).map_err(|e| match e {
