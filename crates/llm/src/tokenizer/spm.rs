@@ -3,7 +3,9 @@
 //!
 //! Encoding, as llama.cpp's `llm_tokenizer_spm` and `tokenizer_st_partition`:
 //! 1. the text is split around the texts of the special tokens (control, user-defined and
-//!    unknown types), longest token first; each occurrence becomes that token's id;
+//!    unknown types), longest token first; each occurrence becomes that token's id (llama.cpp
+//!    with `parse_special`: a chat template's turn markers must become their ids; without it
+//!    llama.cpp leaves control and unknown texts to the merges);
 //! 2. each remaining piece (with a leading space when `add_space_prefix` is set and it is the
 //!    first piece or follows a special token) has its spaces replaced by `▁` (U+2581) and is
 //!    split into characters;
