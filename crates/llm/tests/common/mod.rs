@@ -10,6 +10,7 @@ use llm::safetensors::{self, bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, D
 use llm::sample::Rng;
 
 pub mod gguf;
+pub mod real_model;
 
 /// A fresh empty directory under the system temp dir, removed on drop.
 pub struct TempDir(pub PathBuf);
