@@ -14,7 +14,8 @@
 #      (scripts/executorch-programs.sh --quick: its table);
 #   6. the static library cross-built for aarch64-apple-ios, aarch64-apple-ios-sim and
 #      aarch64-linux-android, each checked to define the header's functions, sizes printed
-#      (scripts/cross-capi.sh; a target rustup cannot install is reported, not built);
+#      (scripts/cross-capi.sh; a target rustup has no standard library for is built with
+#      nightly -Zbuild-std);
 #   7. `cargo package` of the publishable crates with no warning, then each packaged crate's
 #      own tests run from its unpacked .crate (scripts/test-packaged-crates.sh).
 #

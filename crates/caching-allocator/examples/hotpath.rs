@@ -8,7 +8,8 @@
 //! `reset2-classes` is `reset2` with the default bound (32 KiB), where the 2 MiB block is a
 //! size class's.
 //!
-//! Modes: `release` (allocate 4 KiB + release), `scope` (open, 4 KiB, drop), `reset2`
+//! Modes: `release` (allocate 4 KiB + release), `release-two` (the same round trip on two
+//! allocators in turn, as a thread with a temp and a persistent allocator makes), `scope` (open, 4 KiB, drop), `reset2`
 //! (allocbench's decode call: 20 KiB + 2 MiB, then a reset), `reset16` (allocbench's
 //! scratch-small call: 16 blocks of 64 B - 4 KiB, then a reset), and `static16`: the
 //! `reset16` loop touching one buffer allocated once, the harness's own cost to subtract.
@@ -36,10 +37,17 @@ fn main() {
             .max_cached_bytes(64 << 20)
             .arena_max_bytes(arena_max),
     );
+    let second = CachingAllocator::with_config(alloc.config().clone());
     let mut buffer = vec![0u8; 4096];
     // One loop per mode, so the mode's match is not part of what is counted.
     match what {
         "release" => (0..n).for_each(|_| {
+            let p = alloc.allocate(black_box(4096), 64).unwrap();
+            // SAFETY: just allocated, not used after.
+            unsafe { alloc.release(p).unwrap() };
+        }),
+        "release-two" => (0..n).for_each(|i| {
+            let alloc = if i % 2 == 0 { &alloc } else { &second };
             let p = alloc.allocate(black_box(4096), 64).unwrap();
             // SAFETY: just allocated, not used after.
             unsafe { alloc.release(p).unwrap() };
@@ -67,6 +75,6 @@ fn main() {
                 black_box(&mut buffer[..black_box(size)]);
             }
         }),
-        _ => panic!("release, scope, reset2, reset2-classes, reset16 or static16"),
+        _ => panic!("release, release-two, scope, reset2, reset2-classes, reset16 or static16"),
     }
 }

@@ -608,9 +608,9 @@ impl CachingAllocator {
     }
 
     /// Gives every idle cached block back to the system, in every thread's cache, and the
-    /// arenas' chunks that hold nothing live: the calling thread's, and those of threads that
-    /// have not called since the last reset. (A chunk another thread is using in the current
-    /// reset interval stays: only its owner may take it.)
+    /// arenas' chunks that hold nothing live: the calling thread's, those of exited threads,
+    /// and those of threads that have not called since the last reset. (A chunk another
+    /// thread is using in the current reset interval stays: only its owner may take it.)
     pub fn free_cached(&self) {
         self.trim(0);
     }
@@ -619,6 +619,9 @@ impl CachingAllocator {
     /// over every thread's cache. The blocks that stay move to the shared pool. Arena chunks
     /// are reclaimed as by [`free_cached`](Self::free_cached).
     pub fn trim(&self, keep_bytes: usize) {
+        // Exited threads' caches that hold nothing live go first, with their arenas' chunks:
+        // nobody bumps through those any more, and thread churn must leave nothing behind.
+        self.forget_exited_threads();
         self.park_own_chunk();
         self.revoke_stale_chunks();
         if self.cached_bytes() <= keep_bytes {
@@ -757,9 +760,10 @@ impl CachingAllocator {
         // SAFETY: the registry holds an `Arc` of every cache until the allocator is dropped or
         // the cache is forgotten; dropping needs `&mut self`, which cannot coexist with the
         // `&self` this reference borrows, and only caches of exited threads are forgotten,
-        // which `last_cache` never returns (a thread clears `LAST` before it exits). The
-        // pointer came from `Arc::as_ptr` (`find_or_create` stores nothing else in `LAST`, and
-        // the fallback is `Arc::as_ptr` too), and is this thread's own cache or the fallback.
+        // which `last_cache` never returns (a thread clears `RECENT` before it exits); a cache of a dropped allocator is never returned either (ids are never
+        // reused, and `last_cache` matches the id). The pointer came from `Arc::as_ptr`
+        // (`find_or_create` stores nothing else in `RECENT`, and the fallback is
+        // `Arc::as_ptr` too), and is this thread's own cache or the fallback.
         unsafe { Local::new(cache) }
     }
 

@@ -360,22 +360,40 @@ struct OwnedCaches(Vec<(u64, Arc<ThreadCache>)>);
 
 impl Drop for OwnedCaches {
     fn drop(&mut self) {
-        // Forget the fast-path pointer first: the registry may free an orphaned cache on the
+        // Forget the fast-path pointers first: the registry may free an orphaned cache on the
         // next `reset(&mut self)`, and a TLS destructor running later must not reach it.
-        // `try_with`: under loom, thread-locals are destroyed in no fixed order and `LAST` may be
-        // gone already (then nobody can read it either). With `std`, `LAST` needs no destructor
-        // and is always there.
-        let _ = LAST.try_with(|last| last.set((0, core::ptr::null())));
+        // `try_with`: under loom, thread-locals are destroyed in no fixed order and `RECENT` may
+        // be gone already (then nobody can read it either). With `std`, `RECENT` needs no
+        // destructor and is always there.
+        let _ = RECENT.try_with(|recent| {
+            for slot in recent {
+                slot.set((0, core::ptr::null()));
+            }
+        });
         for (_, cache) in &self.0 {
             cache.exited.store(true, Ordering::Release);
         }
     }
 }
 
+/// How many allocators a thread remembers (see [`RECENT`]).
+const RECENT_LEN: usize = 4;
+
+/// A remembered (allocator id, cache) pair; id 0 (no allocator has it) is an empty slot.
+type Remembered = (u64, *const ThreadCache);
+
+/// An empty [`RECENT`] table.
+#[allow(clippy::declare_interior_mutable_const)] // each use makes a new table, as intended
+const NONE_RECENT: [Cell<Remembered>; RECENT_LEN] =
+    [const { Cell::new((0, core::ptr::null())) }; RECENT_LEN];
+
 #[cfg(not(loom))]
 thread_local! {
-    /// The allocator id and cache this thread used last: the fast path's one comparison.
-    static LAST: Cell<(u64, *const ThreadCache)> = const { Cell::new((0, core::ptr::null())) };
+    /// The allocators this thread used last and their caches, most recent first. Slot 0 is
+    /// the fast path's one comparison; a thread that alternates between a few allocators (a
+    /// temp one and a persistent one, two modules on one worker) finds the others' caches in
+    /// the next slots, off the fast path but without the search of `OWNED`.
+    static RECENT: [Cell<Remembered>; RECENT_LEN] = const { NONE_RECENT };
     /// Every cache this thread owns; keeps them alive as long as the thread is.
     static OWNED: RefCell<OwnedCaches> = const { RefCell::new(OwnedCaches(Vec::new())) };
 }
@@ -385,19 +403,55 @@ thread_local! {
 // initialisers, so the same two locals are declared again, initialised lazily.
 #[cfg(loom)]
 loom::thread_local! {
-    /// The allocator id and cache this thread used last: the fast path's one comparison.
-    static LAST: Cell<(u64, *const ThreadCache)> = Cell::new((0, core::ptr::null()));
+    /// The allocators this thread used last and their caches, most recent first.
+    static RECENT: [Cell<Remembered>; RECENT_LEN] = NONE_RECENT;
     /// Every cache this thread owns; keeps them alive as long as the thread is.
     static OWNED: RefCell<OwnedCaches> = RefCell::new(OwnedCaches(Vec::new()));
 }
 
-/// The cache this thread last used, if it belongs to allocator `id`.
+/// The cache this thread last used, if it belongs to allocator `id`; else one of the few it
+/// used before (which becomes the last).
 #[inline]
 pub(crate) fn last_cache(id: u64) -> Option<*const ThreadCache> {
-    match LAST.try_with(Cell::get) {
+    match RECENT.try_with(|recent| recent[0].get()) {
         Ok((last_id, cache)) if last_id == id => Some(cache),
-        _ => None,
+        _ => recent_cache(id),
     }
+}
+
+/// [`last_cache`] past its one comparison: `id`'s cache among the recent ones, moved to the
+/// front, so two allocators used in turn cost one swap each.
+#[cold]
+#[inline(never)]
+fn recent_cache(id: u64) -> Option<*const ThreadCache> {
+    RECENT
+        .try_with(|recent| {
+            let i = (1..RECENT_LEN).find(|&i| recent[i].get().0 == id)?;
+            let found = recent[i].get();
+            move_down(recent, i);
+            recent[0].set(found);
+            Some(found.1)
+        })
+        .ok()
+        .flatten()
+}
+
+/// Moves slots `0..end` down one (slot `end` is overwritten), freeing slot 0.
+fn move_down(recent: &[Cell<Remembered>; RECENT_LEN], end: usize) {
+    for j in (1..=end).rev() {
+        recent[j].set(recent[j - 1].get());
+    }
+}
+
+/// Makes `(id, cache)` the last used; the others move down, the least recent drops out.
+fn remember(id: u64, cache: *const ThreadCache) {
+    RECENT.with(|recent| {
+        let end = (0..RECENT_LEN)
+            .find(|&i| recent[i].get().0 == id)
+            .unwrap_or(RECENT_LEN - 1);
+        move_down(recent, end);
+        recent[0].set((id, cache));
+    });
 }
 
 /// Finds or creates this thread's cache for allocator `id`. `register` is called with a new
@@ -424,7 +478,7 @@ pub(crate) fn find_or_create(
                     ptr
                 }
             };
-            LAST.with(|last| last.set((id, cache)));
+            remember(id, cache);
             cache
         })
         .ok()

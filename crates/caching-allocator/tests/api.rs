@@ -1276,3 +1276,38 @@ fn try_reset_reports_an_overrun_as_an_error_after_returning_the_rest() {
     );
     assert_eq!(alloc.try_reset(), Ok(()));
 }
+
+/// One thread using several allocators in turn, more than it remembers at once (the last few
+/// are found without a search, the others by one): every block is booked, and released, in the
+/// allocator that gave it, whatever the order.
+#[test]
+fn one_thread_using_several_allocators_in_turn() {
+    let allocs: Vec<CachingAllocator> = (0..6).map(|_| CachingAllocator::new(1 << 20)).collect();
+    let order = [0, 1, 0, 1, 2, 0, 3, 4, 5, 1, 5, 0, 2, 4, 3, 3, 1];
+    let mut held: Vec<Vec<core::ptr::NonNull<u8>>> = vec![Vec::new(); allocs.len()];
+    for (step, &i) in order.iter().enumerate() {
+        // Both paths: the arena's small blocks and a size class's.
+        let size = if step % 2 == 0 { 100 } else { 50_000 };
+        held[i].push(allocs[i].allocate(size, 64).unwrap());
+        for (j, alloc) in allocs.iter().enumerate() {
+            let s = alloc.stats();
+            assert_eq!(
+                s.live_blocks,
+                held[j].len(),
+                "allocator {j} after step {step}: {s}"
+            );
+        }
+    }
+    for (i, alloc) in allocs.iter().enumerate() {
+        assert_eq!(
+            alloc.thread_caches(),
+            2,
+            "allocator {i}: this thread's and the fallback"
+        );
+        for p in held[i].drain(..).rev() {
+            // SAFETY: each block released once, to the allocator that gave it.
+            unsafe { alloc.release(p) }.unwrap();
+        }
+        assert_eq!(alloc.stats().live_blocks, 0);
+    }
+}

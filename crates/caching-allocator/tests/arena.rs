@@ -349,6 +349,36 @@ fn the_chunk_counts_against_the_cap_and_a_trim_frees_it() {
     assert_eq!((s.reserved_bytes, s.arena_chunks), (0, 0), "{s}");
 }
 
+/// Thread churn leaves nothing behind: the chunk of an exited thread whose arena holds nothing
+/// live goes back with `free_cached`, without a reset (nobody bumps through it any more).
+#[test]
+fn free_cached_takes_the_chunks_of_exited_threads() {
+    let alloc = std::sync::Arc::new(CachingAllocator::new(4 << 20));
+    // This thread registers first, so `free_cached` registers no thread (which would forget
+    // the exited ones on its own).
+    let p = alloc.allocate(100, 64).unwrap();
+    // SAFETY: released once.
+    unsafe { alloc.release(p) }.unwrap();
+    for _ in 0..if cfg!(miri) { 2 } else { 8 } {
+        // `spawn` + `join`, not a scope: a join waits for the thread's locals to be dropped
+        // (which marks its cache exited); a scope's end does not.
+        let alloc = alloc.clone();
+        std::thread::spawn(move || {
+            let p = alloc.allocate(2000, 64).unwrap();
+            // SAFETY: released once.
+            unsafe { alloc.release(p) }.unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+    assert!(alloc.stats().arena_chunks >= 1);
+    alloc.free_cached();
+    let s = alloc.stats();
+    assert_eq!((s.reserved_bytes, s.arena_chunks), (0, 0), "{s}");
+    // The fallback and this thread's: the exited threads' caches are gone too.
+    assert_eq!(alloc.thread_caches(), 2, "{s}");
+}
+
 #[test]
 fn the_arena_can_be_turned_off_and_is_off_with_debug_checks() {
     for config in [

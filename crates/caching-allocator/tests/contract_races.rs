@@ -314,6 +314,10 @@ fn every_allowed_race_with_the_default_arena() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri runs the default configuration's races (3 minutes for all three)"
+)]
 fn every_allowed_race_with_large_blocks_in_the_arena() {
     run(Config::default()
         .max_cached_bytes(8 << 20)
@@ -321,6 +325,10 @@ fn every_allowed_race_with_large_blocks_in_the_arena() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri runs the default configuration's races (3 minutes for all three)"
+)]
 fn every_allowed_race_with_the_arena_off_and_a_small_cap() {
     run(Config::default()
         .max_cached_bytes(256 << 10)

@@ -272,7 +272,8 @@ typedef struct CaError {
     /**
      * What went wrong and what to do about it; never NULL. Owned by the library: valid on the
      * calling thread until its next failing call on the same handle (for `ca_last_error(NULL)`:
-     * its next failing call without a handle), or until the handle is destroyed.
+     * its next failing call without a handle), until the handle is destroyed, or until the
+     * thread exits (a thread's last errors go with it).
      */
     const char *message;
 } CaError;

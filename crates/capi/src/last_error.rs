@@ -5,14 +5,18 @@
 //! (a NULL handle, `ca_create`, `ca_destroy`) go to a slot of the calling thread.
 //!
 //! The message pointer handed to C points into a `CString` held by the slot. Only the thread
-//! that owns a slot replaces it, so the pointer stays valid on that thread until its next
-//! failing call on the same handle (or the handle's destruction, or the thread's exit).
+//! that owns a slot replaces or removes it, so the pointer stays valid on that thread until its
+//! next failing call on the same handle (or the handle's destruction, or the thread's exit).
+//!
+//! A thread's slots go when the thread exits (`ThisThread`'s destructor), so a handle used by
+//! many short-lived threads keeps only the slots of the threads still running. All of this is
+//! on the failure path: a successful call never touches it.
 
 use core::cell::RefCell;
 use core::ffi::{c_char, CStr};
 use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::CaStatus;
 
@@ -50,32 +54,97 @@ impl Recorded {
 }
 
 /// The key of a thread that has none: one in the middle of tearing down its thread-locals.
-/// Such threads share one slot, so only constant messages (which never dangle) go there.
+/// Such threads share one slot, so only constant messages (which never dangle) go there, and
+/// since it is one slot per handle, it never grows with the number of threads.
 const NO_THREAD_KEY: u64 = 0;
 
 static NEXT_THREAD_KEY: AtomicU64 = AtomicU64::new(NO_THREAD_KEY + 1);
 
+/// One handle's slots: for each thread that failed on the handle, its key and last failure.
+/// Owned by the handle (`Arc`); each thread that recorded into it holds a `Weak` to it, so it
+/// can take its slot out when it exits, even racing `ca_destroy`.
+type Slots = Mutex<Vec<(u64, Recorded)>>;
+
+/// The calling thread's side of the slots: its key, and the handles it recorded into.
+///
+/// Its destructor (run when the thread exits) removes the thread's slot from every handle that
+/// is still alive, so a handle's list holds at most one slot per *live* thread (plus the shared
+/// `NO_THREAD_KEY` slot): thread churn leaves nothing behind.
+struct ThisThread {
+    /// Never reused by another thread.
+    key: u64,
+    /// The handles this thread has a slot in (some may have been destroyed since: `Weak`).
+    handles: RefCell<Vec<Weak<Slots>>>,
+}
+
+impl ThisThread {
+    /// Notes that this thread is about to record into `slots`; false if it cannot (then the
+    /// failure must go to the shared slot, or it would never be taken out).
+    fn note(&self, slots: &Arc<Slots>) -> bool {
+        let Ok(mut handles) = self.handles.try_borrow_mut() else {
+            return false;
+        };
+        if !handles
+            .iter()
+            .any(|h| core::ptr::eq(h.as_ptr(), Arc::as_ptr(slots)))
+        {
+            // Forget the handles destroyed since, so a thread that fails on many short-lived
+            // handles keeps a list as long as the live ones. A `Weak` keeps its allocation, so
+            // the address compared above is never that of another, newer handle.
+            handles.retain(|h| h.strong_count() > 0);
+            handles.push(Arc::downgrade(slots));
+        }
+        true
+    }
+}
+
+impl Drop for ThisThread {
+    fn drop(&mut self) {
+        for handle in self.handles.get_mut().drain(..) {
+            // A handle destroyed before this thread exits took its slots with it; one being
+            // destroyed right now stays allocated while `upgrade`'s `Arc` is held.
+            if let Some(slots) = handle.upgrade() {
+                let mut slots = slots.lock().unwrap_or_else(|e| e.into_inner());
+                slots.retain(|(k, _)| *k != self.key);
+            }
+        }
+    }
+}
+
 thread_local! {
-    /// This thread's key in the handles' slot lists; never reused by another thread.
-    static THREAD_KEY: u64 = NEXT_THREAD_KEY.fetch_add(1, Ordering::Relaxed);
+    /// This thread's key and the handles it has a slot in.
+    static THIS_THREAD: ThisThread = ThisThread {
+        key: NEXT_THREAD_KEY.fetch_add(1, Ordering::Relaxed),
+        handles: const { RefCell::new(Vec::new()) },
+    };
     /// The last failure of this thread that had no handle to go to.
     static WITHOUT_HANDLE: RefCell<Option<Recorded>> = const { RefCell::new(None) };
 }
 
+/// The calling thread's key (`NO_THREAD_KEY` once its thread-locals are being torn down).
 fn thread_key() -> u64 {
-    THREAD_KEY.try_with(|k| *k).unwrap_or(NO_THREAD_KEY)
+    THIS_THREAD.try_with(|t| t.key).unwrap_or(NO_THREAD_KEY)
 }
 
-/// The last failure on one handle, for each thread that failed on it.
+/// The last failure on one handle, for each thread that failed on it and is still running.
 #[derive(Default)]
 pub(crate) struct PerThread {
-    slots: Mutex<Vec<(u64, Recorded)>>,
+    slots: Arc<Slots>,
 }
 
 impl PerThread {
-    /// Records a failure of the calling thread. Never panics.
+    /// Records a failure of the calling thread. Never panics. Only failures come here: a
+    /// successful call never touches the slots.
     pub(crate) fn set(&self, code: CaStatus, message: String) {
-        let key = thread_key();
+        let key = THIS_THREAD
+            .try_with(|t| {
+                if t.note(&self.slots) {
+                    t.key
+                } else {
+                    NO_THREAD_KEY
+                }
+            })
+            .unwrap_or(NO_THREAD_KEY);
         let recorded = if key == NO_THREAD_KEY {
             Recorded {
                 code,
@@ -85,7 +154,8 @@ impl PerThread {
             Recorded::new(code, message)
         };
         // A panic while the lock was held cannot leave the list half-written (every update is
-        // one assignment or one push), so a poisoned lock is taken as it is.
+        // one assignment, one push or one `retain` of plain values), so a poisoned lock is
+        // taken as it is.
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         match slots.iter_mut().find(|(k, _)| *k == key) {
             Some((_, slot)) => *slot = recorded,
@@ -102,6 +172,18 @@ impl PerThread {
             None => (CaStatus::Ok, CaStatus::Ok.name().as_ptr()),
         }
     }
+
+    /// How many slots the handle holds (tests: at most one per live thread that failed on it).
+    #[cfg(test)]
+    pub(crate) fn slot_count(&self) -> usize {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// How many handles the calling thread remembers having a slot in (tests).
+#[cfg(test)]
+pub(crate) fn handles_noted_by_this_thread() -> usize {
+    THIS_THREAD.with(|t| t.handles.borrow().len())
 }
 
 /// Records a failure of the calling thread that has no handle to go to. Never panics; from a

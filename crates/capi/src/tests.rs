@@ -447,6 +447,126 @@ fn last_error_is_per_thread_and_per_handle() {
     }
 }
 
+/// Fails once on `a` with a bad alignment and reads the reason back, as a C caller would.
+///
+/// # Safety
+/// `a` is a live handle.
+unsafe fn fail_once(a: *mut CaAllocator) {
+    // SAFETY: `a` is live, by this function's contract.
+    unsafe {
+        assert!(ca_allocate(a, 64, 3).is_null());
+        let e = ca_last_error(a);
+        assert_eq!(e.code, CaStatus::InvalidAlignment);
+        assert!(message(e).starts_with("ca_allocate: "), "{}", message(e));
+    }
+}
+
+/// Thousands of short-lived threads each fail once on one handle and read `ca_last_error`:
+/// afterwards the handle holds only the slots of live threads (here: the main thread's), and
+/// while a batch runs, one per thread of the batch. Without the exit-time cleanup the list
+/// grows by one slot per thread that ever failed.
+#[test]
+fn thread_churn_leaves_no_error_slots_behind() {
+    use std::sync::Barrier;
+    let (rounds, batch) = if cfg!(miri) { (2, 4) } else { (250, 8) };
+    let a = create(ca_config_default());
+    let addr = a as usize;
+    // SAFETY: `a` is live until `ca_destroy` below, after every thread has been joined; the
+    // borrow of its slots ends there too.
+    let errors = unsafe { &(*a).errors };
+    // SAFETY: `a` is live.
+    unsafe { fail_once(a) };
+    assert_eq!(errors.slot_count(), 1);
+    for _ in 0..rounds {
+        let failed = std::sync::Arc::new(Barrier::new(batch + 1));
+        let threads: Vec<_> = (0..batch)
+            .map(|_| {
+                let failed = failed.clone();
+                std::thread::spawn(move || {
+                    // SAFETY: the handle stays live until every thread has been joined.
+                    unsafe { fail_once(addr as *mut CaAllocator) };
+                    failed.wait();
+                    failed.wait();
+                })
+            })
+            .collect();
+        failed.wait();
+        assert_eq!(errors.slot_count(), batch + 1, "one slot per live thread");
+        failed.wait();
+        // `join` returns once the thread has ended, its thread-locals' destructors run.
+        for t in threads {
+            t.join().expect("a churn thread");
+        }
+        assert_eq!(errors.slot_count(), 1, "only the live main thread's slot");
+    }
+    // SAFETY: `a` is live; every other thread has ended, and `errors` is not used after.
+    unsafe {
+        assert_eq!(ca_last_error(a).code, CaStatus::InvalidAlignment);
+        assert_eq!(ca_destroy(a), CaStatus::Ok);
+    }
+}
+
+/// Threads that failed on a handle and exit after it was destroyed, or while `ca_destroy`
+/// runs, leave nothing dangling (the handle's slots outlive it only while an exiting thread
+/// takes its slot out). Run under Miri and ASan this is the use-after-free check.
+#[test]
+fn threads_exiting_after_or_while_their_handle_is_destroyed() {
+    use std::sync::mpsc;
+    for round in 0..if cfg!(miri) { 2 } else { 50 } {
+        let a = create(ca_config_default());
+        let addr = a as usize;
+        let (failed_tx, failed) = mpsc::channel();
+        let (go_tx, go) = mpsc::channel::<()>();
+        let go = std::sync::Arc::new(std::sync::Mutex::new(go));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let failed_tx = failed_tx.clone();
+                let go = go.clone();
+                std::thread::spawn(move || {
+                    // SAFETY: the handle is destroyed only after every thread said it failed.
+                    unsafe { fail_once(addr as *mut CaAllocator) };
+                    failed_tx.send(()).expect("main waits");
+                    // Even rounds: exit only after `ca_destroy`; odd: exit racing it.
+                    if round % 2 == 0 {
+                        let _ = go.lock().expect("the go channel").recv();
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..threads.len() {
+            failed.recv().expect("every thread fails once");
+        }
+        // SAFETY: no call on `a` runs or comes after: the threads only exit from here on.
+        assert_eq!(unsafe { ca_destroy(a) }, CaStatus::Ok);
+        drop(go_tx);
+        for t in threads {
+            t.join().expect("a thread");
+        }
+    }
+}
+
+/// A long-lived thread failing on many short-lived handles remembers only the live ones.
+#[test]
+fn a_thread_forgets_the_handles_destroyed_since() {
+    std::thread::spawn(|| {
+        let keep = create(ca_config_default());
+        for _ in 0..if cfg!(miri) { 5 } else { 100 } {
+            let a = create(ca_config_default());
+            // SAFETY: `a` and `keep` are live until their `ca_destroy`.
+            unsafe {
+                fail_once(a);
+                fail_once(keep);
+                assert_eq!(ca_destroy(a), CaStatus::Ok);
+            }
+            assert!(last_error::handles_noted_by_this_thread() <= 2);
+        }
+        // SAFETY: `keep` is live; nothing else uses it.
+        assert_eq!(unsafe { ca_destroy(keep) }, CaStatus::Ok);
+    })
+    .join()
+    .expect("the thread");
+}
+
 #[test]
 fn cache_calls_and_stats() {
     let a = create(CaConfig {

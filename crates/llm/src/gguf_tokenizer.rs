@@ -1,7 +1,12 @@
-//! The tokenizer a GGUF file carries in its metadata (`tokenizer.ggml.*`), built through the
-//! `tokenizers` crate: a byte-level BPE from the token list and the merges in rank order, the
-//! pre-tokenizer the `pre` name selects, control tokens as special added tokens (so they map
-//! to their ids when they occur in a prompt), and a BOS prepended when `add_bos_token` says so.
+//! The tokenizer a GGUF file carries in its metadata (`tokenizer.ggml.*`), chosen by
+//! `tokenizer.ggml.model`:
+//! - `gpt2`: built through the `tokenizers` crate: a byte-level BPE from the token list and
+//!   the merges in rank order, the pre-tokenizer the `pre` name selects, control tokens as
+//!   special added tokens (so they map to their ids when they occur in a prompt), and a BOS
+//!   prepended when `add_bos_token` says so;
+//! - `llama`: SentencePiece from the tokens, their scores and types
+//!   ([`crate::tokenizer::spm`]), with llama.cpp's defaults for the keys a file leaves out
+//!   (`add_bos_token` true, `add_eos_token` false, `add_space_prefix` true).
 
 use tokenizers::models::bpe::BPE;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -12,6 +17,7 @@ use tokenizers::{AddedToken, PreTokenizerWrapper};
 
 use crate::error::{LlmError, Result};
 use crate::gguf::{GgufFile, Value};
+use crate::tokenizer::spm::{Piece, SpmOptions, SpmTokenizer, TokenType};
 use crate::tokenizer::Tokenizer;
 
 /// `tokenizer.ggml.token_type` of a control token (BOS, EOS, `<|im_start|>`, ...).
@@ -53,8 +59,8 @@ fn strings<'a>(f: &'a GgufFile, key: &str) -> Result<Vec<&'a str>> {
         .collect()
 }
 
-/// Builds the tokenizer of `f`. Only byte-level BPE (`tokenizer.ggml.model = gpt2`) with a
-/// pre-tokenizer in [`KNOWN_PRE`] is supported; anything else is a clear error.
+/// Builds the tokenizer of `f`: byte-level BPE (`tokenizer.ggml.model = gpt2`) with a
+/// pre-tokenizer in [`KNOWN_PRE`], or SentencePiece (`llama`); anything else is a clear error.
 pub fn from_gguf(f: &GgufFile) -> Result<Tokenizer> {
     let model = required(
         f,
@@ -62,12 +68,114 @@ pub fn from_gguf(f: &GgufFile) -> Result<Tokenizer> {
         Value::as_str,
         "no tokenizer.ggml.model: the file has no tokenizer",
     )?;
-    if model != "gpt2" {
+    match model {
+        "gpt2" => bpe_from_gguf(f),
+        "llama" => spm_from_gguf(f).map(Tokenizer::from_spm),
+        other => Err(err(
+            f,
+            format!(
+                "tokenizer model `{other}` is not supported (gpt2: byte-level BPE, llama: \
+                 SentencePiece)"
+            ),
+        )),
+    }
+}
+
+/// The numbers of metadata array `key` (scores, token types), `n` of them, or `None` when
+/// the file leaves the key out.
+fn numbers(f: &GgufFile, key: &str, n: usize) -> Result<Option<Vec<f64>>> {
+    let Some(v) = f.get(key) else {
+        return Ok(None);
+    };
+    let a = v
+        .as_array()
+        .ok_or_else(|| err(f, format!("metadata `{key}` is not an array")))?;
+    if a.len() != n {
         return Err(err(
             f,
-            format!("tokenizer model `{model}` is not supported (only gpt2, byte-level BPE)"),
+            format!("metadata `{key}` has {} entries for {n} tokens", a.len()),
         ));
     }
+    a.iter()
+        .map(|v| {
+            v.as_f64()
+                .ok_or_else(|| err(f, format!("metadata `{key}` holds a non-number")))
+        })
+        .collect::<Result<Vec<f64>>>()
+        .map(Some)
+}
+
+/// A boolean key, `default` when absent.
+fn flag(f: &GgufFile, key: &str, default: bool) -> Result<bool> {
+    match f.get(key) {
+        None => Ok(default),
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| err(f, format!("metadata `{key}` is not a boolean"))),
+    }
+}
+
+/// The token id under `key` when `flag` (`add_bos_token`, `add_eos_token`) is set, which
+/// makes it required; `None` when it is not set.
+fn token_id(f: &GgufFile, key: &str, flag: (&str, bool)) -> Result<Option<u32>> {
+    let (flag_key, set) = flag;
+    if !set {
+        return Ok(None);
+    }
+    let id = f.get(key).and_then(Value::as_u64).ok_or_else(|| {
+        err(
+            f,
+            format!(
+                "`{flag_key}` is true (or absent: llama.cpp's default) but `{key}` is missing or \
+                 not an id; set `{key}`, or `{flag_key}` to false"
+            ),
+        )
+    })?;
+    u32::try_from(id)
+        .map(Some)
+        .map_err(|_| err(f, format!("`{key}` = {id} is not a token id")))
+}
+
+/// The SentencePiece vocabulary of `f` (`tokenizer.ggml.model = llama`).
+pub fn spm_from_gguf(f: &GgufFile) -> Result<SpmTokenizer> {
+    let tokens = strings(f, "tokenizer.ggml.tokens")?;
+    let n = tokens.len();
+    let scores = numbers(f, "tokenizer.ggml.scores", n)?;
+    let types = numbers(f, "tokenizer.ggml.token_type", n)?;
+    let pieces = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| Piece {
+            text: t.to_string(),
+            score: scores.as_ref().map_or(0.0, |s| s[i] as f32),
+            kind: types
+                .as_ref()
+                .map_or(TokenType::Normal, |t| TokenType::from_number(t[i] as i64)),
+        })
+        .collect();
+    let add_bos = flag(f, "tokenizer.ggml.add_bos_token", true)?;
+    let add_eos = flag(f, "tokenizer.ggml.add_eos_token", false)?;
+    let opts = SpmOptions {
+        bos: token_id(
+            f,
+            "tokenizer.ggml.bos_token_id",
+            ("tokenizer.ggml.add_bos_token", add_bos),
+        )?,
+        eos: token_id(
+            f,
+            "tokenizer.ggml.eos_token_id",
+            ("tokenizer.ggml.add_eos_token", add_eos),
+        )?,
+        add_space_prefix: flag(f, "tokenizer.ggml.add_space_prefix", true)?,
+    };
+    SpmTokenizer::new(pieces, opts).map_err(|e| match e {
+        LlmError::Tokenizer { message } => err(f, message),
+        other => other,
+    })
+}
+
+/// The byte-level BPE of `f` (`tokenizer.ggml.model = gpt2`).
+fn bpe_from_gguf(f: &GgufFile) -> Result<Tokenizer> {
     let pre = f
         .get("tokenizer.ggml.pre")
         .and_then(Value::as_str)

@@ -11,6 +11,7 @@ use llm::sample::Rng;
 
 pub mod gemma3;
 pub mod gguf;
+pub mod real_model;
 
 /// A fresh empty directory under the system temp dir, removed on drop.
 pub struct TempDir(pub PathBuf);
