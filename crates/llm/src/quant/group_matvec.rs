@@ -215,11 +215,11 @@ impl<'a> Groups<'a> {
     /// The groups of rows `r0 .. r0 + rows` of `w` (`r0` a multiple of [`GROUP`]), when `w`
     /// is held in groups.
     pub fn of(w: &'a QTensor, r0: usize, rows: usize) -> Option<Self> {
-        let Layout::Groups(g) = w.layout() else {
+        let Layout::Groups(g, format) = w.layout() else {
             return None;
         };
         Some(Groups {
-            qtype: w.qtype(),
+            qtype: *format,
             bytes: g.groups(r0 / GROUP, rows.div_ceil(GROUP)),
             blocks: g.blocks(),
         })

@@ -74,7 +74,7 @@ impl RowGroups {
 
     /// `rows` rows of `cols / 32` blocks of `t`, block `b` of row `r` written in the file's
     /// layout into the slice `block(r, b, slice)` is given.
-    fn pack_blocks(
+    pub(crate) fn pack_blocks(
         t: QType,
         rows: usize,
         cols: usize,

@@ -10,6 +10,7 @@ use crate::error::{LlmError, Result};
 use kernel_simd::Level;
 
 use crate::quant::format::{dequantize_row, QType};
+use crate::quant::formats::q5_0;
 use crate::quant::groups::RowGroups;
 use crate::safetensors::Backing;
 
@@ -29,8 +30,10 @@ pub struct QTensor {
 /// How a [`QTensor`]'s blocks are held: the one copy every reader reads.
 #[derive(Clone, Debug)]
 pub enum Layout {
-    /// Groups of 16 rows, interleaved ([`RowGroups`]): Q4_0, Q4_1, Q8_0.
-    Groups(RowGroups),
+    /// Groups of 16 rows, interleaved ([`RowGroups`]), of blocks of the format given: Q4_0,
+    /// Q4_1 and Q8_0 as the file has them; Q5_0 transcoded to Q8_0 (the same values bit for
+    /// bit, read by Q8_0's faster kernel).
+    Groups(RowGroups, QType),
     /// The file's rows, one after another (an owned copy): the other formats.
     Rows(Arc<[u8]>),
 }
@@ -39,10 +42,18 @@ impl Layout {
     /// `rows` rows of `cols` weights of `t` from the file's layout (`src`, whose length the
     /// callers check): grouped for the formats read in groups.
     fn pack(t: QType, rows: usize, cols: usize, src: &[u8]) -> Layout {
-        if t.grouped() {
-            Layout::Groups(RowGroups::pack(t, rows, cols, src))
-        } else {
-            Layout::Rows(src.into())
+        match t {
+            QType::Q4_0 | QType::Q4_1 | QType::Q8_0 => {
+                Layout::Groups(RowGroups::pack(t, rows, cols, src), t)
+            }
+            QType::Q5_0 => {
+                let (rb, bb) = (t.row_bytes(cols), t.block_bytes());
+                let groups = RowGroups::pack_blocks(QType::Q8_0, rows, cols, |r, b, blk| {
+                    q5_0::to_q8_0(&src[r * rb + b * bb..][..bb], blk);
+                });
+                Layout::Groups(groups, QType::Q8_0)
+            }
+            QType::Q5_1 | QType::Q4_K | QType::Q5_K | QType::Q6_K => Layout::Rows(src.into()),
         }
     }
 }
@@ -124,7 +135,7 @@ impl QTensor {
             });
         }
         let layout = match &self.layout {
-            Layout::Groups(g) => Layout::Groups(g.permute_rows(self.qtype, self.rows, order)),
+            Layout::Groups(g, f) => Layout::Groups(g.permute_rows(*f, self.rows, order), *f),
             Layout::Rows(b) => {
                 let rb = self.row_bytes();
                 let mut out = Vec::with_capacity(b.len());
@@ -164,7 +175,7 @@ impl QTensor {
     /// the format defines.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         match &self.layout {
-            Layout::Groups(g) => g.dequantize_row(self.qtype, r, out),
+            Layout::Groups(g, f) => g.dequantize_row(*f, r, out),
             Layout::Rows(b) => {
                 let rb = self.row_bytes();
                 dequantize_row(self.qtype, &b[r * rb..][..rb], out);
@@ -176,7 +187,7 @@ impl QTensor {
     /// exactly as the format defines (prefill's widening, on `level`).
     pub fn dequantize_rows(&self, level: Level, r0: usize, n: usize, out: &mut [f32]) {
         match &self.layout {
-            Layout::Groups(g) => g.dequantize_rows(level, self.qtype, r0, n, out),
+            Layout::Groups(g, f) => g.dequantize_rows(level, *f, r0, n, out),
             Layout::Rows(b) => {
                 let rb = self.row_bytes();
                 let rows = &b[(r0 * rb).min(b.len())..((r0 + n) * rb).min(b.len())];
@@ -200,7 +211,7 @@ impl QTensor {
     /// Every byte of the layout (what a decode step streams).
     pub fn bytes(&self) -> &[u8] {
         match &self.layout {
-            Layout::Groups(g) => g.bytes(),
+            Layout::Groups(g, _) => g.bytes(),
             Layout::Rows(b) => b,
         }
     }
