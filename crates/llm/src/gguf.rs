@@ -521,6 +521,33 @@ impl GgufFile {
         }
     }
 
+    /// Refuses a block count (metadata `key`) that disagrees with the tensors, before anything
+    /// is sized by it: one the file's tensors cannot fill (`per_block` tensors a block), or one
+    /// below a layer the file has.
+    pub(crate) fn check_block_count(
+        &self,
+        key: &str,
+        blocks: usize,
+        per_block: usize,
+    ) -> Result<()> {
+        let extra = format!("blk.{blocks}.");
+        if let Some(t) = self.tensors.iter().find(|t| t.name.starts_with(&extra)) {
+            return Err(self.tensor_err(
+                &t.name,
+                format!("{key} is {blocks} but the file has this tensor of a later layer"),
+            ));
+        }
+        let held = self.tensors.len() / per_block;
+        if blocks > held {
+            return Err(self.meta_err(format!(
+                "{key} is {blocks} but the file has {} tensors, room for at most {held} blocks \
+                 of {per_block}: the metadata is corrupt",
+                self.tensors.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// The byte range of `t`'s data, checked: a supported type, whole blocks, aligned, within
     /// the file.
     fn check_info(&self, t: &TensorInfo, alignment: u64) -> Result<(usize, usize)> {
@@ -922,27 +949,8 @@ pub fn weights_from(f: &GgufFile) -> Result<Weights> {
             Matrix::Quant(_) => Err(f.tensor_err(name, "a quantized vector".into())),
         }
     };
-    let extra = format!("blk.{}.", c.num_layers);
-    if let Some(t) = f.tensor_infos().iter().find(|t| t.name.starts_with(&extra)) {
-        return Err(f.tensor_err(
-            &t.name,
-            format!(
-                "llama.block_count is {} but the file has this tensor of a later layer",
-                c.num_layers
-            ),
-        ));
-    }
-    // Nine tensors a block: a block count the tensors cannot fill is refused before anything
-    // is sized by it.
-    let blocks_held = f.tensor_infos().len() / TENSORS_PER_BLOCK;
-    if c.num_layers > blocks_held {
-        return Err(f.meta_err(format!(
-            "llama.block_count is {} but the file has {} tensors, room for at most {blocks_held} \
-             blocks of {TENSORS_PER_BLOCK}: the metadata is corrupt",
-            c.num_layers,
-            f.tensor_infos().len()
-        )));
-    }
+    // Nine tensors a block.
+    f.check_block_count("llama.block_count", c.num_layers, TENSORS_PER_BLOCK)?;
     let embed = get("token_embd.weight", &[c.vocab_size, h])?;
     let mut layers = Vec::with_capacity(c.num_layers);
     // The row orders are built once the first q and k matrices have the shapes they

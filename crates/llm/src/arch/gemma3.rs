@@ -292,25 +292,7 @@ pub fn weights_from_gguf(f: &GgufFile) -> Result<Weights> {
     let c = config_from_gguf(f)?;
     let (h, hd) = (c.hidden_size, c.head_dim);
     let (qd, kvd, ffn) = (c.num_heads * hd, c.num_kv_heads * hd, c.intermediate_size);
-    let extra = format!("blk.{}.", c.num_layers);
-    if let Some(t) = f.tensor_infos().iter().find(|t| t.name.starts_with(&extra)) {
-        return Err(f.tensor_err(
-            &t.name,
-            format!(
-                "gemma3.block_count is {} but the file has this tensor of a later layer",
-                c.num_layers
-            ),
-        ));
-    }
-    let blocks_held = f.tensor_infos().len() / TENSORS_PER_BLOCK;
-    if c.num_layers > blocks_held {
-        return Err(f.meta_err(format!(
-            "gemma3.block_count is {} but the file has {} tensors, room for at most \
-             {blocks_held} blocks of {TENSORS_PER_BLOCK}: the metadata is corrupt",
-            c.num_layers,
-            f.tensor_infos().len()
-        )));
-    }
+    f.check_block_count("gemma3.block_count", c.num_layers, TENSORS_PER_BLOCK)?;
     let embed = f.require_matrix("token_embd.weight", &[c.vocab_size, h])?;
     let mut layers = Vec::with_capacity(c.num_layers);
     for i in 0..c.num_layers {
