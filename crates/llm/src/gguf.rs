@@ -713,6 +713,53 @@ impl GgufFile {
         }
     }
 
+    /// Metadata `{arch}.{key}`, which must be there and not 0.
+    pub(crate) fn meta_required(&self, arch: &str, key: &str) -> Result<usize> {
+        match self.meta_usize(&format!("{arch}.{key}"))? {
+            Some(v) if v > 0 => Ok(v),
+            Some(_) => Err(self.meta_err(format!("metadata `{arch}.{key}` is 0"))),
+            None => Err(self.meta_err(format!("metadata `{arch}.{key}` is missing"))),
+        }
+    }
+
+    /// The model width and attention heads from the `{arch}.*` keys every Llama-like
+    /// architecture shares, checked: query heads a multiple of the KV heads, and an even,
+    /// non-zero head dimension (`attention.key_length`, else the width over the heads).
+    pub(crate) fn head_shape(&self, arch: &str) -> Result<HeadShape> {
+        let hidden = self.meta_required(arch, "embedding_length")?;
+        let heads = self.meta_required(arch, "attention.head_count")?;
+        let kv_heads = self
+            .meta_usize(&format!("{arch}.attention.head_count_kv"))?
+            .unwrap_or(heads);
+        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(self.meta_err(format!(
+                "{arch}.attention.head_count ({heads}) is not a multiple of \
+                 {arch}.attention.head_count_kv ({kv_heads})"
+            )));
+        }
+        let head_dim = match self.meta_usize(&format!("{arch}.attention.key_length"))? {
+            Some(d) => d,
+            None if hidden.is_multiple_of(heads) => hidden / heads,
+            None => {
+                return Err(self.meta_err(format!(
+                    "{arch}.embedding_length ({hidden}) is not a multiple of the head count \
+                     ({heads}) and no {arch}.attention.key_length is given"
+                )))
+            }
+        };
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
+            return Err(self.meta_err(format!(
+                "head dimension {head_dim} must be even and non-zero"
+            )));
+        }
+        Ok(HeadShape {
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+        })
+    }
+
     /// The architecture's hyperparameters from the `llama.*` keys (only `general.architecture
     /// = llama` is supported).
     pub fn llama_config(&self) -> Result<LlamaConfig> {
@@ -722,39 +769,13 @@ impl GgufFile {
                 "architecture `{arch}` is not supported (llama and gemma3 are)"
             )));
         }
-        let need = |k: &str| -> Result<usize> {
-            match self.meta_usize(&format!("llama.{k}"))? {
-                Some(v) if v > 0 => Ok(v),
-                Some(_) => Err(self.meta_err(format!("metadata `llama.{k}` is 0"))),
-                None => Err(self.meta_err(format!("metadata `llama.{k}` is missing"))),
-            }
-        };
-        let hidden = need("embedding_length")?;
-        let heads = need("attention.head_count")?;
-        let kv_heads = self
-            .meta_usize("llama.attention.head_count_kv")?
-            .unwrap_or(heads);
-        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-            return Err(self.meta_err(format!(
-                "llama.attention.head_count ({heads}) is not a multiple of \
-                 llama.attention.head_count_kv ({kv_heads})"
-            )));
-        }
-        let head_dim = match self.meta_usize("llama.attention.key_length")? {
-            Some(d) => d,
-            None if hidden.is_multiple_of(heads) => hidden / heads,
-            None => {
-                return Err(self.meta_err(format!(
-                    "llama.embedding_length ({hidden}) is not a multiple of the head count \
-                     ({heads}) and no llama.attention.key_length is given"
-                )))
-            }
-        };
-        if head_dim == 0 || !head_dim.is_multiple_of(2) {
-            return Err(self.meta_err(format!(
-                "head dimension {head_dim} must be even and non-zero"
-            )));
-        }
+        let need = |k: &str| self.meta_required("llama", k);
+        let HeadShape {
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+        } = self.head_shape("llama")?;
         if let Some(rot) = self.meta_usize("llama.rope.dimension_count")? {
             if rot != head_dim {
                 return Err(self.meta_err(format!(
@@ -997,4 +1018,14 @@ pub fn weights_from(f: &GgufFile) -> Result<Weights> {
         norm,
         head,
     })
+}
+
+/// The model width and attention heads an architecture's metadata gives
+/// ([`GgufFile::head_shape`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HeadShape {
+    pub(crate) hidden: usize,
+    pub(crate) heads: usize,
+    pub(crate) kv_heads: usize,
+    pub(crate) head_dim: usize,
 }

@@ -42,7 +42,7 @@ use caching_allocator::TempReset;
 use super::{Architecture, Layer, RopeTables};
 use crate::config::LlamaConfig;
 use crate::error::{LlmError, Result};
-use crate::gguf::{GgufFile, Value};
+use crate::gguf::{GgufFile, HeadShape, Value};
 use crate::model::blocks::{
     Activation, Attention, AttentionBuffers, Cache, Mlp, MlpBuffers, RmsNorm, Sink,
 };
@@ -152,39 +152,13 @@ pub(crate) fn forward<A: TempReset>(
 /// metadata and which from the architecture's definition).
 pub fn config_from_gguf(f: &GgufFile) -> Result<LlamaConfig> {
     let key = |k: &str| format!("gemma3.{k}");
-    let need = |k: &str| -> Result<usize> {
-        match f.meta_usize(&key(k))? {
-            Some(v) if v > 0 => Ok(v),
-            Some(_) => Err(f.meta_err(format!("metadata `gemma3.{k}` is 0"))),
-            None => Err(f.meta_err(format!("metadata `gemma3.{k}` is missing"))),
-        }
-    };
-    let hidden = need("embedding_length")?;
-    let heads = need("attention.head_count")?;
-    let kv_heads = f
-        .meta_usize(&key("attention.head_count_kv"))?
-        .unwrap_or(heads);
-    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-        return Err(f.meta_err(format!(
-            "gemma3.attention.head_count ({heads}) is not a multiple of \
-             gemma3.attention.head_count_kv ({kv_heads})"
-        )));
-    }
-    let head_dim = match f.meta_usize(&key("attention.key_length"))? {
-        Some(d) => d,
-        None if hidden.is_multiple_of(heads) => hidden / heads,
-        None => {
-            return Err(f.meta_err(format!(
-                "gemma3.embedding_length ({hidden}) is not a multiple of the head count \
-                 ({heads}) and no gemma3.attention.key_length is given"
-            )))
-        }
-    };
-    if head_dim == 0 || !head_dim.is_multiple_of(2) {
-        return Err(f.meta_err(format!(
-            "head dimension {head_dim} must be even and non-zero"
-        )));
-    }
+    let need = |k: &str| f.meta_required("gemma3", k);
+    let HeadShape {
+        hidden,
+        heads,
+        kv_heads,
+        head_dim,
+    } = f.head_shape("gemma3")?;
     for k in ["attention.value_length", "rope.dimension_count"] {
         if let Some(d) = f.meta_usize(&key(k))? {
             if d != head_dim {
