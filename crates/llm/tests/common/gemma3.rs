@@ -7,7 +7,7 @@
 use llm::gguf::Value;
 use llm::quant::QType;
 
-use super::gguf::{dequant_reference, qtype_id, Writer, F32};
+use super::gguf::{dequant_reference, encode_rows, Writer, F32};
 
 /// What tiny gemma3 model to write.
 #[derive(Clone, Debug)]
@@ -128,20 +128,7 @@ pub fn tiny_gemma3(spec: &GemmaSpec) -> (Writer, GemmaWeights) {
     let mut mat_vals = Vec::new();
     for (name, rows, cols, scale, q) in mats {
         let vals = rng_vals(&mut rng, rows * cols, 0.0, scale);
-        let (ty, rows_bytes): (u32, Vec<Vec<u8>>) = match q {
-            None => (
-                F32,
-                vals.chunks(cols)
-                    .map(|r| r.iter().flat_map(|v| v.to_le_bytes()).collect())
-                    .collect(),
-            ),
-            Some(q) => (
-                qtype_id(q),
-                vals.chunks(cols)
-                    .map(|r| llm::quant::format::quantize_row(q, r).unwrap())
-                    .collect(),
-            ),
-        };
+        let (ty, rows_bytes) = encode_rows(&vals, cols, q);
         let stored: Vec<f64> = rows_bytes
             .iter()
             .flat_map(|r| dequant_reference(ty, r))

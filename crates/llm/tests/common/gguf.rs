@@ -452,23 +452,7 @@ pub fn tiny_model(spec: &Spec, qt: Option<QType>) -> (Writer, NamedTensors) {
             continue;
         }
         let (rows, cols) = (shape[0], shape[1]);
-        let (ty, row_data): (u32, Vec<Vec<u8>>) = match qt {
-            None => (
-                F32,
-                vals.chunks(cols)
-                    .map(|r| r.iter().flat_map(|v| v.to_le_bytes()).collect())
-                    .collect(),
-            ),
-            Some(q) => (
-                qtype_id(q),
-                vals.chunks(cols)
-                    .map(|r| {
-                        llm::quant::format::quantize_row(q, r)
-                            .unwrap_or_else(|| quantize_k(qtype_id(q), r))
-                    })
-                    .collect(),
-            ),
-        };
+        let (ty, row_data) = encode_rows(&vals, cols, qt);
         let stored: Vec<f32> = row_data
             .iter()
             .flat_map(|r| dequant_reference(ty, r))
@@ -618,4 +602,27 @@ pub fn quantize_k(t: u32, x: &[f32]) -> Vec<u8> {
         }
     }
     out
+}
+
+/// A matrix's rows (`vals`, `cols` to a row) as a GGUF tensor stores them: its type id and
+/// each row's bytes, f32 without `q`, else quantized (the K-quants by the tests' own
+/// quantizer).
+pub fn encode_rows(vals: &[f32], cols: usize, q: Option<QType>) -> (u32, Vec<Vec<u8>>) {
+    match q {
+        None => (
+            F32,
+            vals.chunks(cols)
+                .map(|r| r.iter().flat_map(|v| v.to_le_bytes()).collect())
+                .collect(),
+        ),
+        Some(q) => (
+            qtype_id(q),
+            vals.chunks(cols)
+                .map(|r| {
+                    llm::quant::format::quantize_row(q, r)
+                        .unwrap_or_else(|| quantize_k(qtype_id(q), r))
+                })
+                .collect(),
+        ),
+    }
 }
