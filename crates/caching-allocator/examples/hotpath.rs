@@ -5,8 +5,9 @@
 //! does all of it.
 //!
 //! The arena serves every request up to `MAX_ARENA_BYTES` (`Config::arena_max_bytes`);
-//! `reset2-classes` is `reset2` with the default bound (32 KiB), where the 2 MiB block is a
-//! size class's.
+//! `reset2-classes` is `reset2` with the default bound (32 KiB) and the adaptive arena off,
+//! where the 2 MiB block is a size class's; `reset2-default` is `reset2` with the default
+//! configuration, whose arena takes the 2 MiB block once the calls are known to fit a chunk.
 //!
 //! Modes: `release` (allocate 4 KiB + release), `release-two` (the same round trip on two
 //! allocators in turn, as a thread with a temp and a persistent allocator makes), `scope` (open, 4 KiB, drop), `reset2`
@@ -32,11 +33,14 @@ fn main() {
     } else {
         MAX_ARENA_BYTES
     };
-    let alloc = CachingAllocator::with_config(
-        Config::default()
-            .max_cached_bytes(64 << 20)
-            .arena_max_bytes(arena_max),
-    );
+    let config = Config::default().max_cached_bytes(64 << 20);
+    // `reset2-default`: the default configuration, whose arena adapts to the call.
+    let config = if what == "reset2-default" {
+        config
+    } else {
+        config.arena_max_bytes(arena_max).arena_adaptive(false)
+    };
+    let alloc = CachingAllocator::with_config(config);
     let second = CachingAllocator::with_config(alloc.config().clone());
     let mut buffer = vec![0u8; 4096];
     // One loop per mode, so the mode's match is not part of what is counted.
@@ -57,7 +61,7 @@ fn main() {
             let s = scope.alloc_uninit::<u8>(black_box(4096)).unwrap();
             black_box(s.as_mut_ptr());
         }),
-        "reset2" | "reset2-classes" => (0..n).for_each(|_| {
+        "reset2" | "reset2-classes" | "reset2-default" => (0..n).for_each(|_| {
             black_box(alloc.allocate(black_box(20 << 10), 64).unwrap());
             black_box(alloc.allocate(black_box(2 << 20), 64).unwrap());
             // SAFETY: nothing handed out above is used after this.
@@ -75,6 +79,8 @@ fn main() {
                 black_box(&mut buffer[..black_box(size)]);
             }
         }),
-        _ => panic!("release, release-two, scope, reset2, reset2-classes, reset16 or static16"),
+        _ => panic!(
+            "release, release-two, scope, reset2, reset2-classes, reset2-default, reset16 or static16"
+        ),
     }
 }

@@ -47,6 +47,9 @@ pub struct CachingAllocator {
     /// Requests of at most this many bytes go to the calling thread's arena; 0 when the arena
     /// is off (by `Config::arena_max_bytes`, debug checks, or a cap too small for a chunk).
     arena_max: usize,
+    /// Requests above `arena_max` and up to this many bytes may go to the arena too, while
+    /// they fit (`Arena::takes_large`); 0 when the arena is off or not adaptive.
+    arena_large: usize,
     /// The reset interval: every reset increments it, and each thread's arena rewinds when it
     /// sees it move (see `arena`).
     pub(crate) epoch: AtomicUsize,
@@ -116,8 +119,14 @@ impl CachingAllocator {
         } else {
             config.arena_max_bytes
         };
+        let arena_large = if arena_max > 0 && config.arena_adaptive {
+            crate::config::ADAPTIVE_ARENA_MAX_BYTES
+        } else {
+            0
+        };
         CachingAllocator {
             arena_max,
+            arena_large,
             epoch: AtomicUsize::new(0),
             id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
             limit: config.limit_bytes.unwrap_or(usize::MAX),
@@ -193,6 +202,39 @@ impl CachingAllocator {
         self.allocate_slow(size, align)
     }
 
+    /// A request above `arena_max` that the adaptive arena may take (`arena_may_take`): bumped
+    /// if this thread's arena, in the current interval, takes large requests now
+    /// (`Arena::takes_large`), else through the size classes. `None` for a first call or an
+    /// arena behind the epoch: the rest of `allocate_slow` rewinds it first.
+    #[inline(always)]
+    fn allocate_large(&self, size: usize, align: usize) -> Option<Result<NonNull<u8>, AllocError>> {
+        let local = self.last_local()?;
+        let epoch = self.epoch.load(Ordering::Acquire);
+        // SAFETY: as in `allocate`.
+        let arena = unsafe { local.arena.current(epoch) }?;
+        if !arena.takes_large(epoch, size) {
+            return Some(self.allocate_block(local, size, align));
+        }
+        if let Some(ptr) = arena.bump(&local.arena.shared, size, align) {
+            return Some(Ok(ptr));
+        }
+        // The arena's slow path: its inbox, its first chunk, or a miss.
+        Some(match self.arena_slow(local, size, align) {
+            Some(ptr) => Ok(ptr),
+            None => self.allocate_missed(local, size, align),
+        })
+    }
+
+    /// Whether a request above `arena_max` is one the adaptive arena may take: at most
+    /// `arena_large` bytes, aligned as the arena serves.
+    #[inline(always)]
+    fn arena_may_take(&self, size: usize, align: usize) -> bool {
+        self.arena_max < size
+            && size <= self.arena_large
+            && align.wrapping_sub(1) < ARENA_MAX_ALIGN
+            && align & (align - 1) == 0
+    }
+
     /// The first small request on this thread since a reset (or any request on a shared
     /// cache): rewinds the arena, then bumps; anything else goes to `allocate_slow`.
     #[cold]
@@ -232,14 +274,43 @@ impl CachingAllocator {
     /// Everything the fast path of `allocate` does not serve.
     #[inline(never)]
     fn allocate_slow(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+        if self.arena_may_take(size, align) {
+            if let Some(done) = self.allocate_large(size, align) {
+                return done;
+            }
+        }
         let local = self.thread_cache();
-        if self.arena_serves(size, align) && local.owned() {
-            return match self.arena_slow(local, size, align) {
-                Some(ptr) => Ok(ptr),
-                None => self.allocate_missed(local, size, align),
-            };
+        if local.owned() {
+            let arena = self.arena_serves(size, align)
+                || (self.arena_may_take(size, align) && self.arena_takes(local, size));
+            if arena {
+                return match self.arena_slow(local, size, align) {
+                    Some(ptr) => Ok(ptr),
+                    None => self.allocate_missed(local, size, align),
+                };
+            }
         }
         self.allocate_block(local, size, align)
+    }
+
+    /// Whether the adaptive arena of `local` (owned) takes a large request of `size` bytes
+    /// (see `Arena::takes_large`). An arena behind the epoch is rewound first, so the choice
+    /// and the count are this interval's.
+    fn arena_takes(&self, local: Local<'_>, size: usize) -> bool {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        // SAFETY: the owner thread (the caller checked `owned`); one borrow at a time (this
+        // one ends before `replace_chunk`, the next begins after it).
+        let arena = unsafe { local.arena.owner() };
+        if arena.epoch() != epoch {
+            if let Some(bytes) = self.rewind_arena(local, arena, epoch) {
+                if !self.replace_chunk(local, bytes) {
+                    // SAFETY: as above.
+                    unsafe { local.arena.owner() }.refuse(epoch);
+                }
+            }
+        }
+        // SAFETY: as above.
+        unsafe { local.arena.owner() }.takes_large(epoch, size)
     }
 
     /// A request the owner's arena (of `local`, owned) missed, through the size classes: in
@@ -254,7 +325,7 @@ impl CachingAllocator {
     ) -> Result<NonNull<u8>, AllocError> {
         debug_assert!(local.owned());
         // SAFETY: the owner thread (the callers checked `owned`); the borrow ends here.
-        let next = unsafe { local.arena.owner() }.successor_for(size);
+        let next = unsafe { local.arena.owner() }.successor_for(size, self.arena_large > 0);
         // Under a hard limit the larger block could be what passes it: its own class only.
         let next = next.filter(|_| self.limit == usize::MAX);
         let req = self.request(size, align)?;
@@ -441,7 +512,7 @@ impl CachingAllocator {
         let sh = &local.arena.shared;
         let state = local.lock();
         let old_len = arena.len();
-        let grow = arena.rewind(sh, epoch);
+        let grow = arena.rewind(sh, epoch, self.arena_large > 0);
         if state.arena_chunk.is_none() && arena.chunk().is_some() {
             // Taken by a trim while the arena was behind: forget it, take another next.
             arena.set_chunk(sh, core::ptr::null_mut(), 0);

@@ -97,6 +97,22 @@ pub(crate) fn first_chunk(size: usize) -> usize {
     grown_chunk(granules(size), 0).unwrap_or(MIN_CHUNK)
 }
 
+/// What the adaptive arena's chunk should hold after an interval that wanted `want` bytes of
+/// it, `large_in` of them for large requests, while the size classes served `large_elsewhere`
+/// bytes of large requests; and whether the next interval's large requests come to the arena
+/// (all of it fits the largest chunk).
+#[inline(always)]
+fn large_target(want: usize, large_in: usize, large_elsewhere: usize) -> (usize, bool) {
+    let total = want.saturating_add(large_elsewhere);
+    if total <= LARGE_WANT {
+        (total, true)
+    } else {
+        // `want` less the large requests' bytes (as much as they can have added to it): what
+        // the small ones need.
+        (want.saturating_sub(large_in), false)
+    }
+}
+
 /// Whether epoch `a` is strictly behind epoch `b`. Epochs only grow (`fetch_add`), one a
 /// reset; the difference is read as signed, so the order holds across a wrap of the counter.
 #[inline]
@@ -106,6 +122,10 @@ pub(crate) fn epoch_behind(a: usize, b: usize) -> bool {
 
 /// See [`next_chunk`]: the chunk keeps 1/16 of itself free for growth.
 const HEADROOM: usize = 16;
+
+/// The most an interval may ask for, large requests included, for the next one's large
+/// requests to come to the arena: what the largest chunk holds with its headroom.
+const LARGE_WANT: usize = MAX_CHUNK - MAX_CHUNK / HEADROOM;
 
 /// Rounds a request to the arena's granule (one cache line, as every block of the allocator).
 #[inline(always)]
@@ -133,6 +153,14 @@ pub(crate) struct Arena {
     want: usize,
     /// The epoch in which no chunk could be had (`usize::MAX`: none): not asked again in it.
     refused_epoch: usize,
+    /// Whether requests above `Config::arena_max_bytes` (up to `ADAPTIVE_ARENA_MAX_BYTES`)
+    /// come here this interval: the last interval asked for no more than [`LARGE_WANT`]. Only
+    /// with the adaptive arena (see [`Arena::rewind`]).
+    large: bool,
+    /// This interval's bytes of such large requests: `large_in` those sent here (in `want` or
+    /// the peak too), `large_elsewhere` those the size classes served while `large` was off.
+    large_in: usize,
+    large_elsewhere: usize,
     /// The spare scope chunk (`CacheState::scope_chunk`, mirrored here so a scope borrows it
     /// without the cache's lock), and whether a scope has it now.
     spare: Option<Block>,
@@ -325,6 +353,9 @@ impl ArenaCell {
                 max_peak: 0,
                 want: 0,
                 refused_epoch: usize::MAX,
+                large: false,
+                large_in: 0,
+                large_elsewhere: 0,
                 spare: None,
                 spare_lent: false,
             }),
@@ -587,8 +618,18 @@ impl Arena {
     /// The owner saw the allocator's epoch move to `epoch`: every block of the arena's epoch
     /// is taken back. Returns how many bytes the next chunk should have if the chunk is too
     /// small for what the past epoch wanted (`None`: keep it).
+    ///
+    /// With `adaptive` (the default configuration), the next interval's large requests come
+    /// here if the past interval asked for at most [`LARGE_WANT`] bytes in all, wherever they
+    /// were served; the chunk then grows to hold them. Otherwise they go to the size classes,
+    /// and the chunk grows only for the small requests.
     #[inline]
-    pub(crate) fn rewind(&mut self, sh: &ArenaShared, epoch: usize) -> Option<usize> {
+    pub(crate) fn rewind(
+        &mut self,
+        sh: &ArenaShared,
+        epoch: usize,
+        adaptive: bool,
+    ) -> Option<usize> {
         debug_assert!(
             epoch != self.epoch,
             "a rewind would take this interval's blocks"
@@ -621,7 +662,42 @@ impl Arena {
         debug_assert!(epoch != usize::MAX, "the epoch of shared caches' arenas");
         self.top = 0;
         let want = core::mem::take(&mut self.want).max(peak);
+        let want = if adaptive {
+            self.choose_large(want)
+        } else {
+            want
+        };
         next_chunk(want, self.len)
+    }
+
+    /// At a rewind of the adaptive arena, after an interval that wanted `want` bytes of the
+    /// chunk: whether the next interval's large requests come here, and the bytes the chunk
+    /// should hold for it.
+    #[inline]
+    fn choose_large(&mut self, want: usize) -> usize {
+        let large_in = core::mem::take(&mut self.large_in);
+        let (want, large) =
+            large_target(want, large_in, core::mem::take(&mut self.large_elsewhere));
+        self.large = large;
+        want
+    }
+
+    /// Whether a request of `size` bytes above `Config::arena_max_bytes` (up to
+    /// `ADAPTIVE_ARENA_MAX_BYTES`) comes to the arena, noting it for the next rewind's choice.
+    /// The arena must be in the allocator's `epoch`.
+    #[inline]
+    pub(crate) fn takes_large(&mut self, epoch: usize, size: usize) -> bool {
+        debug_assert_eq!(
+            self.epoch, epoch,
+            "a large request counted in a past interval"
+        );
+        // Saturating: a thread may go without a reset for ever.
+        if self.large {
+            self.large_in = self.large_in.saturating_add(granules(size));
+        } else {
+            self.large_elsewhere = self.large_elsewhere.saturating_add(granules(size));
+        }
+        self.large
     }
 
     /// [`bump`](Self::bump), noting a request the chunk could not take (see `missed`).
@@ -649,9 +725,18 @@ impl Arena {
     /// missed (see [`missed`](Self::missed)) is most of it: the size classes then serve the
     /// request with a block of that size, which the rewind takes back from the idle blocks
     /// as the new chunk (no second system allocation, no second copy of a large buffer).
+    ///
+    /// With `adaptive`, the next chunk is the one [`choose_large`](Self::choose_large) would
+    /// ask for now.
     #[inline]
-    pub(crate) fn successor_for(&self, size: usize) -> Option<usize> {
-        let next = next_chunk(self.want.max(self.top), self.len)?;
+    pub(crate) fn successor_for(&self, size: usize, adaptive: bool) -> Option<usize> {
+        let want = self.want.max(self.top);
+        let want = if adaptive {
+            large_target(want, self.large_in, self.large_elsewhere).0
+        } else {
+            want
+        };
+        let next = next_chunk(want, self.len)?;
         (granules(size) * 2 >= next).then_some(next)
     }
 
@@ -972,7 +1057,7 @@ mod tests {
         let stale = sh.find_foreign(&epoch, b1).expect("b1 is live");
         // A reset; the owner rewinds and bumps the next block into the same slot.
         epoch.store(1, Ordering::Release);
-        assert_eq!(f.owner().rewind(sh, 1), None);
+        assert_eq!(f.owner().rewind(sh, 1, false), None);
         let b2 = f.bump(256);
         assert_eq!(b1, b2, "the later block reuses the slot and the address");
         // Queued now, the entry is refused.

@@ -24,6 +24,7 @@ pub struct Config {
     pub(crate) debug_checks: bool,
     pub(crate) scope_chunk_bytes: usize,
     pub(crate) arena_max_bytes: usize,
+    pub(crate) arena_adaptive: bool,
     pub(crate) max_oversize: f64,
     pub(crate) working_set_slack: Option<f64>,
     pub(crate) evict_before_new_peak: bool,
@@ -43,13 +44,15 @@ pub const DEFAULT_ARENA_MAX_BYTES: usize = 32 << 10;
 
 /// The most [`Config::arena_max_bytes`] takes: 4 MiB, the arena's largest chunk. With it,
 /// every block of a kernel call is bumped through one chunk, large ones included, and a reset
-/// takes them all back in one step: ExecuTorch's decode call (20 KiB + 2 MiB + reset) costs
-/// 184 instructions instead of 745 (`examples/hotpath.rs`). It is not the default: the arena
-/// gives its bytes back only at a reset or in stack order (a block released below a live one
-/// waits for it), the cap counts a chunk as a whole, and on allocbench's medium mix (eight
-/// blocks of 64 KiB - 1 MiB, one write per page) one chunk measured 5-8% slower than blocks of
-/// their own, for 25% more memory held.
+/// takes them all back in one step. The default reaches much the same for the calls that fit
+/// a chunk, without this bound (see [`Config::arena_adaptive`]).
 pub const MAX_ARENA_BYTES: usize = crate::arena::MAX_CHUNK;
+
+/// The largest request the adaptive arena takes ([`Config::arena_adaptive`]): 2 MiB,
+/// ExecuTorch's attention scratch at 8 threads and a 512-token split. Its decode call
+/// (20 KiB + 2 MiB + reset) then costs 261 instructions instead of 740 through the size
+/// classes (`examples/hotpath.rs`: `reset2-default`, `reset2-classes`).
+pub const ADAPTIVE_ARENA_MAX_BYTES: usize = 2 << 20;
 
 /// Requests up to this many bytes are served from a scope's chunk (when chunks are on).
 pub const SCOPE_BUMP_MAX: usize = 4 << 10;
@@ -64,6 +67,7 @@ impl Default for Config {
             debug_checks: false,
             scope_chunk_bytes: DEFAULT_SCOPE_CHUNK_BYTES,
             arena_max_bytes: DEFAULT_ARENA_MAX_BYTES,
+            arena_adaptive: true,
             max_oversize: 2.0,
             working_set_slack: None,
             evict_before_new_peak: false,
@@ -213,11 +217,30 @@ impl Config {
     /// one chunk holds a kernel call's blocks. `0` turns the arena off; values above
     /// [`MAX_ARENA_BYTES`] count as that.
     /// The arena is off with debug checks (each block needs its canary) and with a
-    /// `max_cached_bytes` below 64 KiB (the smallest chunk, charged to the cap). Default
-    /// [`DEFAULT_ARENA_MAX_BYTES`].
+    /// `max_cached_bytes` below 64 KiB (the smallest chunk, charged to the cap).
+    ///
+    /// Default [`DEFAULT_ARENA_MAX_BYTES`]; larger requests may come too (see
+    /// [`Config::arena_adaptive`]).
     pub fn arena_max_bytes(mut self, bytes: usize) -> Self {
         self.arena_max_bytes = bytes.min(MAX_ARENA_BYTES);
         self
+    }
+
+    /// With `on` (the default), requests above [`Config::arena_max_bytes`] and up to
+    /// [`ADAPTIVE_ARENA_MAX_BYTES`] go to the arena too, while the thread's last reset
+    /// interval asked for no more than one chunk holds, large requests included; otherwise,
+    /// and with `false`, the size classes serve them. So a kernel call of a few large buffers
+    /// and a reset (an attention decode step) is bumped and rewound, and a mix whose
+    /// intervals outgrow a chunk keeps blocks of their own. No effect while the arena is off.
+    pub fn arena_adaptive(mut self, on: bool) -> Self {
+        self.arena_adaptive = on;
+        self
+    }
+
+    /// Whether the arena takes larger requests while they fit (see
+    /// [`Config::arena_adaptive`]).
+    pub fn get_arena_adaptive(&self) -> bool {
+        self.arena_adaptive
     }
 
     /// The arena's largest request, 0 when it is off (see [`Config::arena_max_bytes`]).
@@ -266,6 +289,7 @@ impl fmt::Debug for Config {
             .field("debug_checks", &self.debug_checks)
             .field("scope_chunk_bytes", &self.scope_chunk_bytes)
             .field("arena_max_bytes", &self.arena_max_bytes)
+            .field("arena_adaptive", &self.arena_adaptive)
             .field("max_oversize", &self.max_oversize)
             .field("working_set_slack", &self.working_set_slack)
             .field("evict_before_new_peak", &self.evict_before_new_peak)

@@ -81,8 +81,8 @@ pub use allocator_api2;
 
 pub use allocator::CachingAllocator;
 pub use config::{
-    Config, DEFAULT_ARENA_MAX_BYTES, DEFAULT_SCOPE_CHUNK_BYTES, DEFAULT_WORKING_SET_SLACK,
-    MAX_ARENA_BYTES, SCOPE_BUMP_MAX,
+    Config, ADAPTIVE_ARENA_MAX_BYTES, DEFAULT_ARENA_MAX_BYTES, DEFAULT_SCOPE_CHUNK_BYTES,
+    DEFAULT_WORKING_SET_SLACK, MAX_ARENA_BYTES, SCOPE_BUMP_MAX,
 };
 pub use error::AllocError;
 pub use scope::Scope;

@@ -1100,11 +1100,28 @@ fn et_multi_size_reuse_matches_classes() {
 
 #[test]
 fn et_one_mib_reused_under_a_ten_mib_cap() {
-    let mut alloc = CachingAllocator::new(10 << 20);
+    // Through the size classes (the adaptive arena off): the block itself comes back.
+    let mut alloc = CachingAllocator::with_config(
+        Config::default()
+            .max_cached_bytes(10 << 20)
+            .arena_adaptive(false),
+    );
     let p = alloc.allocate(1 << 20, 64).unwrap();
     write_read(p, 1 << 20, 9);
     alloc.reset();
     assert_eq!(alloc.allocate(1 << 20, 64).unwrap(), p);
+
+    // With the default (adaptive) arena the first reset moves the call into the arena's
+    // chunk; from then on the same memory comes back, with no system allocation.
+    let mut alloc = CachingAllocator::new(10 << 20);
+    let mut seen = Vec::new();
+    for call in 0..4 {
+        let p = alloc.allocate(1 << 20, 64).unwrap();
+        write_read(p, 1 << 20, call);
+        seen.push((p, alloc.stats().system_allocs));
+        alloc.reset();
+    }
+    assert!(seen[1..].iter().all(|&s| s == seen[1]), "{seen:?}");
 }
 
 #[test]

@@ -583,3 +583,102 @@ fn a_large_request_the_chunk_misses_gets_the_block_that_becomes_the_next_chunk()
         "{s}"
     );
 }
+
+/// Calls of the given sizes, each byte of each block tagged and checked, then a reset: `calls`
+/// times on an allocator built from `config`. Returns each call's `arena_live_blocks` (taken
+/// before its reset) and the stats at the end.
+fn calls_of(
+    config: Config,
+    sizes: &[usize],
+    calls: usize,
+) -> (Vec<usize>, caching_allocator::Stats) {
+    let mut alloc = CachingAllocator::with_config(config);
+    let mut in_arena = Vec::new();
+    for call in 0..calls {
+        let blocks: Vec<_> = sizes
+            .iter()
+            .enumerate()
+            .map(|(k, &size)| {
+                let p = alloc.allocate(size, 64).unwrap();
+                tag(p, size, (call + k) as u8);
+                p
+            })
+            .collect();
+        for (k, (&p, &size)) in blocks.iter().zip(sizes).enumerate() {
+            assert!(
+                has_tag(p, size, (call + k) as u8),
+                "call {call}: block {k} overlaps"
+            );
+        }
+        in_arena.push(alloc.stats().arena_live_blocks);
+        alloc.reset();
+    }
+    (in_arena, alloc.stats())
+}
+
+#[test]
+fn the_default_arena_takes_a_calls_large_blocks_once_they_fit_a_chunk() {
+    let calls = if cfg!(miri) { 4 } else { 12 };
+    // ExecuTorch's decode call at 8 threads: 20 KiB and 2 MiB.
+    let sizes = [20 << 10, 2 << 20];
+    let (in_arena, s) = calls_of(Config::default(), &sizes, calls);
+    // The first call is the size classes' for the large block (nothing is known yet); from
+    // the second on, both blocks are bumped through one chunk.
+    assert_eq!(in_arena[0], 1, "{in_arena:?}");
+    assert!(in_arena[1..].iter().all(|&n| n == 2), "{in_arena:?}");
+    // Three system allocations in all: the first chunk, the first call's 2 MiB block (idle
+    // since, evicted first when the cap needs room) and the chunk that holds both blocks.
+    assert!(s.system_allocs <= 3, "{s}");
+    assert!(s.reserved_bytes <= (4 << 20) + (512 << 10), "{s}");
+
+    // The same calls with the adaptive part off: the large block is always a size class's.
+    let fixed = Config::default().arena_adaptive(false);
+    let (in_arena, _) = calls_of(fixed, &sizes, calls);
+    assert!(in_arena.iter().all(|&n| n == 1), "{in_arena:?}");
+}
+
+#[test]
+fn calls_that_outgrow_a_chunk_keep_their_large_blocks_in_the_size_classes() {
+    let calls = if cfg!(miri) { 4 } else { 12 };
+    // 4.5 MiB a call: more than the largest chunk holds.
+    let sizes = [1536 << 10, 1536 << 10, 1536 << 10];
+    let (in_arena, s) = calls_of(Config::default(), &sizes, calls);
+    // After the first call the arena knows the calls do not fit and leaves them alone.
+    assert!(in_arena[1..].iter().all(|&n| n == 0), "{in_arena:?}");
+    // And its chunk did not grow for them: what is held is the three blocks and at most the
+    // smallest chunk.
+    assert!(s.reserved_bytes <= 3 * (2 << 20) + (64 << 10), "{s}");
+}
+
+#[test]
+fn a_decode_whose_buffer_grows_stays_in_the_default_arena() {
+    // `growing_decode`'s calls with the default configuration: after the first call both
+    // buffers are the arena's, and the chunk grows ahead of them.
+    let mut alloc = CachingAllocator::with_config(
+        Config::default()
+            .max_cached_bytes(10 << 20)
+            .working_set_slack(Some(caching_allocator::DEFAULT_WORKING_SET_SLACK)),
+    );
+    let tokens = if cfg!(miri) { 24 } else { 512 };
+    let mut largest = 0;
+    for t in 1..=tokens {
+        let sizes = [8 * (t + 130) * 4, 8 * t * 128 * 4];
+        largest = largest.max(sizes[0] + sizes[1]);
+        for _ in 0..4 {
+            for size in sizes {
+                tag(alloc.allocate(size, 64).unwrap(), 64, t as u8);
+            }
+            if t > 1 {
+                assert_eq!(alloc.stats().arena_live_blocks, 2, "token {t}");
+            }
+            alloc.reset();
+        }
+    }
+    let s = alloc.stats();
+    assert!(
+        s.peak_reserved_bytes as f64 <= 1.25 * largest as f64 + (64 << 10) as f64,
+        "peak reserved {} for calls of at most {largest} bytes: {s}",
+        s.peak_reserved_bytes
+    );
+    assert!(s.system_allocs <= 64, "{s}");
+}

@@ -132,6 +132,12 @@ typedef struct CaConfig {
      * `ca_config_default()` gives 32 KiB. Off with `debug_checks`.
      */
     size_t arena_max_bytes;
+    /**
+     * Larger requests, up to 2 MiB, go to the arena too while the thread's last reset
+     * interval fit one chunk (an attention decode step: two buffers and a reset); the size
+     * classes serve them otherwise. `ca_config_default()` gives true.
+     */
+    bool arena_adaptive;
 } CaConfig;
 
 /**

@@ -155,6 +155,10 @@ pub struct CaConfig {
     /// calling thread's arena, which a reset takes back in one atomic step; 0 turns it off.
     /// `ca_config_default()` gives 32 KiB. Off with `debug_checks`.
     pub arena_max_bytes: usize,
+    /// Larger requests, up to 2 MiB, go to the arena too while the thread's last reset
+    /// interval fit one chunk (an attention decode step: two buffers and a reset); the size
+    /// classes serve them otherwise. `ca_config_default()` gives true.
+    pub arena_adaptive: bool,
 }
 
 impl From<CaConfig> for Config {
@@ -165,7 +169,8 @@ impl From<CaConfig> for Config {
             .max_cached_bytes(c.max_cached_bytes)
             .debug_checks(c.debug_checks)
             .working_set_slack(slack)
-            .arena_max_bytes(c.arena_max_bytes);
+            .arena_max_bytes(c.arena_max_bytes)
+            .arena_adaptive(c.arena_adaptive);
         if c.limit_bytes == 0 {
             config
         } else {
@@ -375,6 +380,7 @@ pub extern "C" fn ca_config_default() -> CaConfig {
         debug_checks: d.get_debug_checks(),
         working_set_slack: d.get_working_set_slack().unwrap_or(0.0),
         arena_max_bytes: d.get_arena_max_bytes(),
+        arena_adaptive: d.get_arena_adaptive(),
     }
 }
 

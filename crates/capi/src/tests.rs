@@ -628,6 +628,7 @@ fn config_maps_zero_limit_to_none_and_defaults_match_the_core() {
         debug_checks: true,
         working_set_slack: 0.0,
         arena_max_bytes: 0,
+        arena_adaptive: false,
     }
     .into();
     assert_eq!(
