@@ -281,36 +281,61 @@ impl CachingAllocator {
         }
         let local = self.thread_cache();
         if local.owned() {
-            let arena = self.arena_serves(size, align)
-                || (self.arena_may_take(size, align) && self.arena_takes(local, size));
-            if arena {
+            if self.arena_serves(size, align) {
                 return match self.arena_slow(local, size, align) {
                     Some(ptr) => Ok(ptr),
                     None => self.allocate_missed(local, size, align),
                 };
             }
+            if self.arena_may_take(size, align) {
+                return self.allocate_large_slow(local, size, align);
+            }
         }
         self.allocate_block(local, size, align)
     }
 
-    /// Whether the adaptive arena of `local` (owned) takes a large request of `size` bytes
-    /// (see `Arena::takes_large`). An arena behind the epoch is rewound first, so the choice
-    /// and the count are this interval's.
-    fn arena_takes(&self, local: Local<'_>, size: usize) -> bool {
+    /// A large request (`arena_may_take`) on the owner's thread (`local`, owned) that
+    /// `allocate_large` could not serve: an arena behind the epoch is rewound first, so the
+    /// choice (`Arena::takes_large`) and its count are this interval's. A request left to the
+    /// size classes is served before the arena takes a larger chunk for its small requests,
+    /// so a refusal changes nothing.
+    #[cold]
+    fn allocate_large_slow(
+        &self,
+        local: Local<'_>,
+        size: usize,
+        align: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
         let epoch = self.epoch.load(Ordering::Acquire);
-        // SAFETY: the owner thread (the caller checked `owned`); one borrow at a time (this
-        // one ends before `replace_chunk`, the next begins after it).
-        let arena = unsafe { local.arena.owner() };
-        if arena.epoch() != epoch {
-            if let Some(bytes) = self.rewind_arena(local, arena, epoch) {
+        let (grow, takes) = {
+            // SAFETY: the owner thread (the caller checked `owned`); the borrow ends in this
+            // block.
+            let arena = unsafe { local.arena.owner() };
+            let grow = if arena.epoch() != epoch {
+                self.rewind_arena(local, arena, epoch)
+            } else {
+                None
+            };
+            (grow, arena.takes_large(epoch, size))
+        };
+        if !takes {
+            let ptr = self.allocate_block(local, size, align)?;
+            if let Some(bytes) = grow {
                 if !self.replace_chunk(local, bytes) {
-                    // SAFETY: as above.
+                    // SAFETY: as above; `replace_chunk` holds no borrow of the arena.
                     unsafe { local.arena.owner() }.refuse(epoch);
                 }
             }
+            return Ok(ptr);
         }
-        // SAFETY: as above.
-        unsafe { local.arena.owner() }.takes_large(epoch, size)
+        let bumped = match grow {
+            None => self.arena_slow(local, size, align),
+            grow => self.grow_and_bump(local, grow, epoch, size, align),
+        };
+        match bumped {
+            Some(ptr) => Ok(ptr),
+            None => self.allocate_missed(local, size, align),
+        }
     }
 
     /// A request the owner's arena (of `local`, owned) missed, through the size classes: in

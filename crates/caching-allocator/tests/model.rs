@@ -185,6 +185,7 @@ fn run(ops: Vec<Op>, cap: usize, debug: bool, arena: usize, peak_bound: bool) {
         CachingAllocator::with_config(
             Config::default()
                 .arena_max_bytes(arena)
+                .arena_adaptive(arena == DEFAULT_ARENA_MAX_BYTES)
                 .scope_chunk_bytes(0)
                 .max_cached_bytes(cap)
                 .evict_before_new_peak(peak_bound)
@@ -201,7 +202,14 @@ fn run(ops: Vec<Op>, cap: usize, debug: bool, arena: usize, peak_bound: bool) {
                 let before = alloc.stats();
                 let ptr = alloc.allocate(size, align).unwrap();
                 // A request the arena serves that it missed may get the block its next chunk is.
-                let arena_missed = size <= arena && align <= 4096 && !debug;
+                // With the default bound the arena is adaptive: it may take (and miss) larger
+                // requests too.
+                let bound = if arena == DEFAULT_ARENA_MAX_BYTES {
+                    caching_allocator::ADAPTIVE_ARENA_MAX_BYTES
+                } else {
+                    arena
+                };
+                let arena_missed = size <= bound && align <= 4096 && !debug && arena > 0;
                 let (block, in_arena) =
                     block_taken(size, arena_missed, debug, cap, &before, &alloc.stats());
                 fill(ptr, size, tag);

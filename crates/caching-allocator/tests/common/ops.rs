@@ -58,9 +58,11 @@ const MAX_CHUNK: usize = 4 << 20;
 pub enum ArenaMode {
     /// `arena_max_bytes(0)`: every block is a size class, which the model predicts.
     Off,
-    /// The default bound ([`DEFAULT_ARENA_MAX_BYTES`]): nearly every small request is bumped.
+    /// The default configuration: requests up to [`DEFAULT_ARENA_MAX_BYTES`] are bumped, and
+    /// larger ones (up to `ADAPTIVE_ARENA_MAX_BYTES`) while the intervals fit a chunk.
     Default,
-    /// A bound of 256 bytes: tiny requests are bumped, the rest take size classes, mixed.
+    /// A bound of 256 bytes and the adaptive part off: tiny requests are bumped, the rest take
+    /// size classes, mixed.
     Small,
 }
 
@@ -74,6 +76,14 @@ impl ArenaMode {
             ArenaMode::Off => 0,
             ArenaMode::Default => DEFAULT_ARENA_MAX_BYTES,
             ArenaMode::Small => 256,
+        }
+    }
+
+    /// The largest request the arena may serve in this mode (`Config::arena_adaptive`).
+    fn bound(self) -> usize {
+        match self {
+            ArenaMode::Default => caching_allocator::ADAPTIVE_ARENA_MAX_BYTES,
+            _ => self.max_bytes(),
         }
     }
 }
@@ -722,6 +732,7 @@ pub fn run(input: &Input, mode: ArenaMode) {
     let mut config = Config::default()
         .scope_chunk_bytes(0)
         .arena_max_bytes(mode.max_bytes())
+        .arena_adaptive(mode == ArenaMode::Default)
         .max_cached_bytes(cap)
         .debug_checks(cfg.debug)
         // Working-set retention (a budget and wide fit) on half the inputs.
@@ -735,7 +746,7 @@ pub fn run(input: &Input, mode: ArenaMode) {
         cap,
         limit,
         debug: cfg.debug,
-        arena_max: if cfg.debug { 0 } else { mode.max_bytes() },
+        arena_max: if cfg.debug { 0 } else { mode.bound() },
         live: BTreeMap::new(),
         stale: Vec::new(),
         foreign: Box::new([0; 64]),
