@@ -63,6 +63,37 @@ mod hit {
         });
     }
 
+    /// Two release round trips per iteration on one allocator: the baseline of
+    /// `two_allocators_in_turn_4k`.
+    #[divan::bench(sample_size = 1000)]
+    fn one_allocator_twice_4k(b: Bencher) {
+        let alloc = shared();
+        b.bench(|| {
+            for _ in 0..2 {
+                let p = alloc.allocate(black_box(4096), 64).unwrap();
+                // SAFETY: `p` was just allocated and is not used after.
+                unsafe { alloc.release(p).unwrap() };
+            }
+        });
+    }
+
+    /// One release round trip on each of two allocators per iteration, as a thread with a
+    /// temp and a persistent allocator makes them (goal: within 1.3x of
+    /// `one_allocator_twice_4k`).
+    #[divan::bench(sample_size = 1000)]
+    fn two_allocators_in_turn_4k(b: Bencher) {
+        static SECOND: OnceLock<CachingAllocator> = OnceLock::new();
+        let second = SECOND.get_or_init(|| CachingAllocator::new(256 << 20));
+        let allocators = [shared(), second];
+        b.bench(|| {
+            for alloc in allocators {
+                let p = alloc.allocate(black_box(4096), 64).unwrap();
+                // SAFETY: `p` was just allocated and is not used after.
+                unsafe { alloc.release(p).unwrap() };
+            }
+        });
+    }
+
     /// The baselines: a 4 KiB `alloc` + `dealloc` round trip through a global allocator.
     fn global_4k<G: GlobalAlloc + Sync>(b: Bencher, global: &G) {
         let layout = Layout::from_size_align(4096, 64).unwrap();

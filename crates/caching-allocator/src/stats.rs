@@ -2,6 +2,8 @@
 
 use core::fmt;
 
+use crate::sync::{lock, Ordering};
+
 /// A snapshot of an allocator's counters, from [`CachingAllocator::stats`].
 ///
 /// Byte counts of blocks are class sizes (what the blocks hold), except `requested_bytes`.
@@ -137,5 +139,71 @@ impl fmt::Display for Stats {
                 ""
             }
         )
+    }
+}
+
+impl crate::CachingAllocator {
+    /// A snapshot of the allocator's counters, summed over every thread's cache.
+    ///
+    /// Each cache is read under its own lock, one after the other, so while other threads
+    /// allocate the sum is not of one instant. `peak_live_bytes` is exact while one thread
+    /// allocates; with several it is the sum of each thread's peak (capped by
+    /// `peak_reserved_bytes`), never below the true peak.
+    pub fn stats(&self) -> Stats {
+        let mut stats = Stats::default();
+        let mut peak_live = 0usize;
+        let epoch = self.epoch.load(Ordering::Acquire);
+        self.registry.for_each(|cache| {
+            let state = cache.lock();
+            let arena = cache.arena.shared.figures(epoch);
+            stats.hits += arena.hits as u64 + cache.arena.shared.spare_lends();
+            stats.live_bytes += arena.live_bytes;
+            stats.live_blocks += arena.live_blocks;
+            stats.arena_live_blocks += arena.live_blocks;
+            stats.requested_bytes += arena.requested;
+            peak_live = peak_live.saturating_add(arena.max_peak);
+            if let Some(chunk) = state.arena_chunk {
+                // The chunk's bytes no live block of the arena has are cached.
+                stats.cached_bytes += chunk.size().saturating_sub(arena.live_bytes);
+                stats.arena_chunks += 1;
+            }
+            if let Some(chunk) = state.scope_chunk {
+                // As when the chunk was a scope's block of its own: live while a scope has it,
+                // idle otherwise.
+                if cache.arena.shared.spare_lent() {
+                    stats.live_bytes += chunk.size();
+                    stats.live_blocks += 1;
+                    stats.requested_bytes += chunk.size();
+                } else {
+                    stats.cached_bytes += chunk.size();
+                    stats.cached_blocks += 1;
+                }
+            }
+            let c = &state.counters;
+            let (interval, last) = c.interval(epoch);
+            stats.interval_peak_bytes += interval + arena.peak;
+            stats.last_interval_peak_bytes += last + arena.last_peak;
+            stats.hits += c.hits;
+            stats.oversize_hits += c.oversize_hits;
+            stats.misses += c.misses;
+            stats.live_bytes += c.live_bytes;
+            stats.live_blocks += c.live_blocks;
+            stats.requested_bytes += c.requested_bytes;
+            peak_live = peak_live.saturating_add(c.peak_live_bytes);
+            stats.cached_bytes += state.idle.bytes();
+            stats.cached_blocks += state.idle.blocks();
+        });
+        lock(&self.shared).add_to(&mut stats, peak_live, epoch);
+        stats.working_set_mode = self.budget.engaged();
+        stats
+    }
+
+    /// How many thread caches the allocator keeps: one per thread that has used it, plus one
+    /// for calls made while a thread's locals are torn down. The cache of an exited thread is
+    /// dropped once it holds no live block: when the next new thread arrives, or at
+    /// `reset(&mut self)`. (Not part of [`Stats`]: registering a thread is not a change of
+    /// the allocator's blocks, and a failed call may register one.)
+    pub fn thread_caches(&self) -> usize {
+        self.registry.len()
     }
 }

@@ -1,0 +1,414 @@
+//! The arena's side of `allocate` and `release` past their fast paths, and its chunk's life:
+//! the first chunk, growth at a rewind, the rewind itself (under the cache's lock), the
+//! revocation of a stale arena's chunk by a trim, parking at a thread's trim. The arena's own
+//! state and rules are in `arena`; this module is where the allocator's books (the cap's
+//! credit, the idle blocks) meet them, through `take` and `keep_idle`.
+
+use core::ptr::NonNull;
+
+use crate::allocator::{CachingAllocator, Request};
+use crate::arena::{ARENA_MAX_ALIGN, MIN_CHUNK};
+use crate::block::Block;
+use crate::sync::Ordering;
+use crate::thread_cache::{CacheState, Local};
+use crate::{AllocError, SizeClass};
+
+impl CachingAllocator {
+    /// A request above `arena_max` that the adaptive arena may take (`arena_may_take`): bumped
+    /// if this thread's arena, in the current interval, takes large requests now
+    /// (`Arena::takes_large`), else through the size classes. `None` for a first call or an
+    /// arena behind the epoch: the rest of `allocate_slow` rewinds it first.
+    #[inline(always)]
+    pub(crate) fn allocate_large(
+        &self,
+        size: usize,
+        align: usize,
+    ) -> Option<Result<NonNull<u8>, AllocError>> {
+        let local = self.last_local()?;
+        let epoch = self.epoch.load(Ordering::Acquire);
+        // SAFETY: as in `allocate`.
+        let arena = unsafe { local.arena.current(epoch) }?;
+        if !arena.takes_large(epoch, size) {
+            return Some(self.allocate_block(local, size, align));
+        }
+        if let Some(ptr) = arena.bump(&local.arena.shared, size, align) {
+            return Some(Ok(ptr));
+        }
+        // The arena's slow path: its inbox, its first chunk, or a miss.
+        Some(match self.arena_slow(local, size, align) {
+            Some(ptr) => Ok(ptr),
+            None => self.allocate_missed(local, size, align),
+        })
+    }
+
+    /// Whether a request above `arena_max` is one the adaptive arena may take: at most
+    /// `arena_large` bytes, aligned as the arena serves.
+    #[inline(always)]
+    pub(crate) fn arena_may_take(&self, size: usize, align: usize) -> bool {
+        self.arena_max < size
+            && size <= self.arena_large
+            && align.wrapping_sub(1) < ARENA_MAX_ALIGN
+            && align & (align - 1) == 0
+    }
+
+    /// The first small request on this thread since a reset (or any request on a shared
+    /// cache): rewinds the arena, then bumps; anything else goes to `allocate_slow`.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn allocate_after_reset(
+        &self,
+        local: Local<'_>,
+        size: usize,
+        align: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
+        if !local.owned() {
+            return self.allocate_slow(size, align);
+        }
+        let epoch = self.epoch.load(Ordering::Acquire);
+        // SAFETY: the owner thread (`owned`, and `Local` is this thread's); one borrow at a
+        // time (this one ends before `grow_and_bump` borrows again).
+        let arena = unsafe { local.arena.owner() };
+        let bumped = match self.rewind_arena(local, arena, epoch) {
+            None => arena.bump_or_miss(&local.arena.shared, size, align),
+            grow => self.grow_and_bump(local, grow, epoch, size, align),
+        };
+        match bumped {
+            Some(ptr) => Ok(ptr),
+            None => self.allocate_missed(local, size, align),
+        }
+    }
+
+    /// A large request (`arena_may_take`) on the owner's thread (`local`, owned) that
+    /// `allocate_large` could not serve: an arena behind the epoch is rewound first, so the
+    /// choice (`Arena::takes_large`) and its count are this interval's. A request left to the
+    /// size classes is served before the arena takes a larger chunk for its small requests,
+    /// so a refusal changes nothing.
+    #[cold]
+    pub(crate) fn allocate_large_slow(
+        &self,
+        local: Local<'_>,
+        size: usize,
+        align: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let (grow, takes) = {
+            // SAFETY: the owner thread (the caller checked `owned`); the borrow ends in this
+            // block.
+            let arena = unsafe { local.arena.owner() };
+            let grow = if arena.epoch() != epoch {
+                self.rewind_arena(local, arena, epoch)
+            } else {
+                None
+            };
+            (grow, arena.takes_large(epoch, size))
+        };
+        if !takes {
+            let ptr = self.allocate_block(local, size, align)?;
+            if let Some(bytes) = grow {
+                if !self.replace_chunk(local, bytes) {
+                    // SAFETY: as above; `replace_chunk` holds no borrow of the arena.
+                    unsafe { local.arena.owner() }.refuse(epoch);
+                }
+            }
+            return Ok(ptr);
+        }
+        let bumped = match grow {
+            None => self.arena_slow(local, size, align),
+            grow => self.grow_and_bump(local, grow, epoch, size, align),
+        };
+        match bumped {
+            Some(ptr) => Ok(ptr),
+            None => self.allocate_missed(local, size, align),
+        }
+    }
+
+    /// A request the owner's arena (of `local`, owned) missed, through the size classes: in
+    /// the block its next chunk will be, when the request is most of that chunk
+    /// (`Arena::successor_for`), else in a block of its own class.
+    #[cold]
+    pub(crate) fn allocate_missed(
+        &self,
+        local: Local<'_>,
+        size: usize,
+        align: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
+        debug_assert!(local.owned());
+        // SAFETY: the owner thread (the callers checked `owned`); the borrow ends here.
+        let next = unsafe { local.arena.owner() }.successor_for(size, self.arena_large > 0);
+        // Under a hard limit the larger block could be what passes it: its own class only.
+        let next = next.filter(|_| self.limit == usize::MAX);
+        let req = self.request(size, align)?;
+        let larger = next
+            .and_then(SizeClass::for_size)
+            .filter(|&chunk| req.class.is_some_and(|own| chunk > own));
+        if let Some(chunk) = larger {
+            // Aligned as a chunk must be, so the rewind can take it as one.
+            let req = Request {
+                align: ARENA_MAX_ALIGN,
+                ..req
+            };
+            // Refused (the cap or the limit): the request's own class may still fit.
+            if let Ok(ptr) = self.take_live(local, chunk, &req) {
+                return Ok(ptr);
+            }
+        }
+        self.allocate_request(local, &req)
+    }
+
+    /// The arena could not serve a request on its fast path: rewind it after a reset (swapping
+    /// its chunk for a larger one if the last interval wanted more), apply other threads'
+    /// releases, or give it its first chunk; then try once more. `None`: the size classes
+    /// serve this request (the chunk is full for this interval, or the cap cannot cover one).
+    #[cold]
+    pub(crate) fn arena_slow(
+        &self,
+        local: Local<'_>,
+        size: usize,
+        align: usize,
+    ) -> Option<NonNull<u8>> {
+        let sh = &local.arena.shared;
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let grow = {
+            // SAFETY: as in `allocate_after_reset`.
+            let arena = unsafe { local.arena.owner() };
+            if arena.epoch() != epoch {
+                self.rewind_arena(local, arena, epoch)
+            } else {
+                arena.apply_inbox(sh);
+                if let Some(ptr) = arena.bump(sh, size, align) {
+                    return Some(ptr);
+                }
+                if !arena.is_empty(sh) || arena.chunk().is_some() || arena.refused(epoch) {
+                    arena.missed(size);
+                    return None;
+                }
+                // No chunk yet.
+                Some(MIN_CHUNK)
+            }
+        };
+        self.grow_and_bump(local, grow, epoch, size, align)
+    }
+
+    /// Gives the arena (just rewound or empty, in `epoch`) a chunk of `grow` bytes if asked,
+    /// then bumps.
+    #[cold]
+    pub(crate) fn grow_and_bump(
+        &self,
+        local: Local<'_>,
+        grow: Option<usize>,
+        epoch: usize,
+        size: usize,
+        align: usize,
+    ) -> Option<NonNull<u8>> {
+        // A new chunk holds this request too.
+        let grow = grow.map(|bytes| bytes.max(crate::arena::first_chunk(size)));
+        let got = grow.is_none_or(|bytes| self.replace_chunk(local, bytes));
+        // SAFETY: as in `allocate_after_reset`; `replace_chunk` holds no borrow of the arena.
+        let arena = unsafe { local.arena.owner() };
+        if !got {
+            // No chunk to be had (the cap, the limit or the system): the size classes serve
+            // this interval's small requests, rather than one failed chunk per request.
+            arena.refuse(epoch);
+        }
+        arena.bump_or_miss(&local.arena.shared, size, align)
+    }
+
+    /// Gives the (empty) arena of this thread a chunk of at least `bytes` instead of the one it
+    /// has, which goes back to the cache's idle blocks. `false`: no chunk could be had (the
+    /// cap, the limit or the system refused), and the arena is left without one.
+    #[cold]
+    pub(crate) fn replace_chunk(&self, local: Local<'_>, bytes: usize) -> bool {
+        let sh = &local.arena.shared;
+        {
+            // SAFETY: as in `allocate`; the borrow ends in this block.
+            let arena = unsafe { local.arena.owner() };
+            debug_assert!(arena.is_empty(sh));
+            arena.set_chunk(sh, core::ptr::null_mut(), 0);
+        }
+        let mut state = local.lock();
+        self.chunk_to_idle(&mut state);
+        local.publish(&state);
+        drop(state);
+        let Some(class) = SizeClass::for_size(bytes) else {
+            return false;
+        };
+        let req = Request {
+            size: class.size(),
+            align: ARENA_MAX_ALIGN,
+            class: Some(class),
+            retry: false,
+        };
+        // In nobody's books until the cap covers it.
+        let Ok(chunk) = self.take(local, class, &req, false, |_, _| {}) else {
+            return false;
+        };
+        if !self.charge_chunk(local, chunk) {
+            let mut state = local.lock();
+            let spilled = self.keep_idle(&mut state, chunk);
+            local.publish(&state);
+            drop(state);
+            if let Some(block) = spilled {
+                self.keep_or_free(&local, block);
+            }
+            return false;
+        }
+        // SAFETY: as in `allocate`.
+        let arena = unsafe { local.arena.owner() };
+        arena.set_chunk(sh, chunk.ptr.as_ptr(), chunk.size());
+        true
+    }
+
+    /// Books `chunk` as the thread's arena chunk once its credit covers it, asking the cap for
+    /// more if needed (so `held() <= credit` holds at every unlock). `false` if the cap cannot.
+    pub(crate) fn charge_chunk(&self, local: Local<'_>, chunk: Block) -> bool {
+        for _ in 0..3 {
+            let mut state = local.lock();
+            let short = (state.held() + chunk.size()).saturating_sub(state.credit);
+            if short == 0 {
+                state.arena_chunk = Some(chunk);
+                return true;
+            }
+            drop(state);
+            let Some(grant) = self.make_room(short) else {
+                return false;
+            };
+            local.lock().credit += grant;
+        }
+        false
+    }
+
+    /// Rewinds this thread's arena (`arena`, of `local`) to `epoch`, under the cache's lock: a
+    /// trim on another thread may have taken the chunk of an arena whose epoch was behind
+    /// (see `revoke_stale_chunks`), and the lock orders the two. Returns what `Arena::rewind`
+    /// does, or the chunk to take when the old one was taken.
+    #[inline]
+    pub(crate) fn rewind_arena(
+        &self,
+        local: Local<'_>,
+        arena: &mut crate::arena::Arena,
+        epoch: usize,
+    ) -> Option<usize> {
+        let sh = &local.arena.shared;
+        let state = local.lock();
+        let old_len = arena.len();
+        let grow = arena.rewind(sh, epoch, self.arena_large > 0);
+        if state.arena_chunk.is_none() && arena.chunk().is_some() {
+            // Taken by a trim while the arena was behind: forget it, take another next.
+            arena.set_chunk(sh, core::ptr::null_mut(), 0);
+            return Some(grow.unwrap_or(old_len).max(MIN_CHUNK));
+        }
+        grow
+    }
+
+    /// Takes the chunks of other threads' arenas whose epoch is behind the allocator's (a
+    /// reset took their blocks and their owners have not called since) into their caches'
+    /// idle blocks, where a trim reaches them. The lock orders this with the owner's rewind.
+    ///
+    /// The allocator's epoch is read under each cache's lock, after the arena's: an owner
+    /// rewinds under that lock to an epoch it read from the allocator, so the read here sees
+    /// that epoch or a later one, and the arena is never *ahead* of it. Only an arena strictly
+    /// behind is revoked. (Reading the epoch once before the walk revoked arenas that had
+    /// rewound past that stale value meanwhile: a chunk in use in the current interval, then
+    /// freed by the trim under its owner's blocks.)
+    pub(crate) fn revoke_stale_chunks(&self) {
+        self.registry.for_each(|cache| {
+            if !cache.owned() {
+                return;
+            }
+            let mut state = cache.lock();
+            let arena_epoch = cache.arena.shared.epoch();
+            let epoch = self.epoch.load(Ordering::Acquire);
+            debug_assert!(
+                !crate::arena::epoch_behind(epoch, arena_epoch),
+                "an arena rewound to epoch {arena_epoch}, ahead of the allocator's {epoch}"
+            );
+            if state.arena_chunk.is_some() && crate::arena::epoch_behind(arena_epoch, epoch) {
+                self.chunk_to_idle(&mut state);
+                cache.publish(&state);
+            }
+        });
+    }
+
+    /// On the owner's thread: gives the arena's chunk back to the idle blocks if the arena
+    /// holds nothing live, and the spare scope chunk if no scope has it (so a trim can free
+    /// them).
+    pub(crate) fn park_own_chunk(&self) {
+        let local = self.thread_cache();
+        if !local.owned() {
+            return;
+        }
+        let sh = &local.arena.shared;
+        let epoch = self.epoch.load(Ordering::Acquire);
+        {
+            // SAFETY: as in `allocate`; the borrow ends in this block (nothing in it comes back
+            // into the arena).
+            let arena = unsafe { local.arena.owner() };
+            if arena.epoch() != epoch {
+                self.rewind_arena(local, arena, epoch);
+            }
+            arena.apply_inbox(sh);
+            let spare = arena.spare_idle();
+            if spare {
+                arena.set_spare(None);
+            }
+            let chunk = arena.is_empty(sh) && arena.chunk().is_some();
+            if chunk {
+                arena.set_chunk(sh, core::ptr::null_mut(), 0);
+            }
+            if !spare && !chunk {
+                return;
+            }
+            let mut state = local.lock();
+            if chunk {
+                self.chunk_to_idle(&mut state);
+            }
+            if spare {
+                self.spare_to_idle(&mut state);
+            }
+            local.publish(&state);
+        }
+    }
+
+    /// Moves a locked cache's spare scope chunk, if any, into its idle blocks (see
+    /// `chunk_to_idle`). Only for a spare no scope has and none will borrow again.
+    pub(crate) fn spare_to_idle(&self, state: &mut CacheState) {
+        if let Some(chunk) = state.scope_chunk.take() {
+            let stamp = self.clock.stamp(state);
+            state.idle.push(chunk, stamp);
+        }
+    }
+
+    /// Moves a locked cache's arena chunk, if any, into its idle blocks (the most recently used
+    /// of its class). Its credit stays: the chunk was charged as if idle, and now is. Only for
+    /// a chunk no arena bumps through any more (see the callers).
+    pub(crate) fn chunk_to_idle(&self, state: &mut CacheState) {
+        if let Some(chunk) = state.arena_chunk.take() {
+            let stamp = self.clock.stamp(state);
+            state.idle.push(chunk, stamp);
+        }
+    }
+
+    /// Releases `addr` if it is a live block of the calling thread's arena (`here`), with the
+    /// arena's gate open.
+    #[inline(always)]
+    pub(crate) fn release_in_arena(&self, here: Local<'_>, addr: usize) -> bool {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        // SAFETY: as in `allocate`: this thread's own cache or a shared one, one borrow, in
+        // this function.
+        match unsafe { here.arena.open(epoch) } {
+            Some(arena) => arena.release(&here.arena.shared, addr),
+            None => false,
+        }
+    }
+
+    /// [`release_in_arena`](Self::release_in_arena) past a closed gate: the releases other
+    /// threads queued go first.
+    pub(crate) fn release_in_arena_applied(&self, here: Local<'_>, addr: usize) -> bool {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        // SAFETY: as in `release_in_arena`.
+        match unsafe { here.arena.current_applied(epoch) } {
+            Some(arena) => arena.release(&here.arena.shared, addr),
+            None => false,
+        }
+    }
+}
