@@ -389,10 +389,11 @@ const NONE_RECENT: [Cell<Remembered>; RECENT_LEN] =
 
 #[cfg(not(loom))]
 thread_local! {
-    /// The allocators this thread used last and their caches, most recent first. Slot 0 is
-    /// the fast path's one comparison; a thread that alternates between a few allocators (a
-    /// temp one and a persistent one, two modules on one worker) finds the others' caches in
-    /// the next slots, off the fast path but without the search of `OWNED`.
+    /// The allocators this thread used lately and their caches; a new one goes first. Slot 0
+    /// is the fast path's one comparison; a thread that alternates between two allocators (a
+    /// temp one and a persistent one, two modules on one worker) finds the other's cache in
+    /// slot 1 with one more call and load, and a few more in the next slots, all without the
+    /// search of `OWNED`.
     static RECENT: [Cell<Remembered>; RECENT_LEN] = const { NONE_RECENT };
     /// Every cache this thread owns; keeps them alive as long as the thread is.
     static OWNED: RefCell<OwnedCaches> = const { RefCell::new(OwnedCaches(Vec::new())) };
@@ -403,36 +404,42 @@ thread_local! {
 // initialisers, so the same two locals are declared again, initialised lazily.
 #[cfg(loom)]
 loom::thread_local! {
-    /// The allocators this thread used last and their caches, most recent first.
+    /// The allocators this thread used lately and their caches (see the `std` declaration).
     static RECENT: [Cell<Remembered>; RECENT_LEN] = NONE_RECENT;
     /// Every cache this thread owns; keeps them alive as long as the thread is.
     static OWNED: RefCell<OwnedCaches> = RefCell::new(OwnedCaches(Vec::new()));
 }
 
-/// The cache this thread last used, if it belongs to allocator `id`; else one of the few it
-/// used before (which becomes the last).
+/// This thread's cache of allocator `id`, if the thread used it lately: the first slot's in
+/// one comparison, the second's without reordering the table (two allocators in turn), the
+/// others' moved to the front.
 #[inline]
 pub(crate) fn last_cache(id: u64) -> Option<*const ThreadCache> {
     match RECENT.try_with(|recent| recent[0].get()) {
         Ok((last_id, cache)) if last_id == id => Some(cache),
+        _ => second_cache(id),
+    }
+}
+
+/// [`last_cache`] past its one comparison: the second slot, read without a store, so two
+/// allocators used in turn cost the second one a call and a load, not a reordering of the
+/// table. Out of line (and marked cold), so the first slot's hit stays one comparison.
+#[cold]
+#[inline(never)]
+fn second_cache(id: u64) -> Option<*const ThreadCache> {
+    match RECENT.try_with(|recent| recent[1].get()) {
+        Ok((second_id, cache)) if second_id == id => Some(cache),
         _ => recent_cache(id),
     }
 }
 
-/// [`last_cache`] past its one comparison: `id`'s cache among the recent ones, moved to the
-/// front, so two allocators used in turn cost one swap each.
+/// [`last_cache`] past its first two slots: `id`'s cache among the others, moved to the
+/// front.
 #[cold]
 #[inline(never)]
 fn recent_cache(id: u64) -> Option<*const ThreadCache> {
     RECENT
         .try_with(|recent| {
-            // Two allocators in turn: a swap of the first two slots, without the search.
-            let (first, second) = (recent[0].get(), recent[1].get());
-            if second.0 == id {
-                recent[0].set(second);
-                recent[1].set(first);
-                return Some(second.1);
-            }
             let i = (2..RECENT_LEN).find(|&i| recent[i].get().0 == id)?;
             let found = recent[i].get();
             move_down(recent, i);
