@@ -74,6 +74,20 @@ impl Sampler {
         }
     }
 
+    /// The kernel name a model runs this sampler's calls under, for the scratch profile:
+    /// `sample_greedy` (no scratch), `sample_temperature` (the probabilities: 4 bytes per
+    /// vocabulary entry) or `sample_top_p` (those and the sorted candidate ids: 8 bytes per
+    /// entry, 2 MiB for a 262,144-token vocabulary).
+    pub fn kernel_name(&self) -> &'static str {
+        if self.temperature <= 0.0 || !self.temperature.is_finite() {
+            "sample_greedy"
+        } else if self.top_p >= 1.0 {
+            "sample_temperature"
+        } else {
+            "sample_top_p"
+        }
+    }
+
     /// Picks a token from `logits`; top-p sorts candidate indices in scratch (no heap).
     pub fn sample<A: TempAllocator + ?Sized>(
         &mut self,
