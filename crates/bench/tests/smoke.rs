@@ -278,8 +278,8 @@ fn sdpa_runs_on_every_source_with_tiny_shapes() {
 }
 
 /// A tiny model through the whole run: rows for every (phase, source), ratios against
-/// static, zero system allocations per token for the cache in steady state, the scratch
-/// profile, JSON units.
+/// static, zero system allocations per token for the cache in steady state (greedy and
+/// sampled decode), the scratch profile with the sampler's scratch, JSON units.
 #[test]
 fn llm_runs_on_a_tiny_model() {
     let cfg = LlmConfig::tiny();
@@ -290,7 +290,7 @@ fn llm_runs_on_a_tiny_model() {
     assert_eq!(kinds.len(), 3);
     let s = allocbench::llm::run_part(&cfg, true, &kinds);
     assert!(s.errors.is_empty(), "{:?}", s.errors);
-    assert_eq!(s.rows.len(), 6);
+    assert_eq!(s.rows.len(), 9);
     let get = |phase: &str, source: &str| {
         s.rows
             .iter()
@@ -307,6 +307,15 @@ fn llm_runs_on_a_tiny_model() {
         "system mallocs every kernel's scratch"
     );
     assert!(get("llm-prefill", "static").ns_per_call.median > 0.0);
+    // Sampled decode: top-p's probabilities and sorted ids (8 bytes per vocabulary entry)
+    // on top of the greedy step's scratch (whose attention reads a little more at the later
+    // positions), still no system allocation for the cache.
+    let sampled = get("llm-decode-sampled", "caching");
+    assert_eq!(sampled.sys_allocs_per_call, Some(0.0));
+    let vocab = 300.0; // LlmConfig::tiny's
+    let temp = |m: &allocbench::harness::Measurement| m.temp_bytes_per_call.unwrap();
+    let extra = temp(sampled) - temp(caching);
+    assert!((8.0 * vocab..9.0 * vocab).contains(&extra), "{extra}");
     let (key, j) = s.json.clone().unwrap();
     assert_eq!(key, "llm");
     assert_eq!(
@@ -357,6 +366,15 @@ fn llm_runs_on_a_tiny_model() {
         .count();
     let decode_kernels = kernels.iter().filter(|k| k["phase"] == "decode").count();
     assert_eq!(rows, decode_kernels + 1, "{details}"); // + the efficiency table's row
+                                                       // The profile samples as the sampled row does: its top-p scratch in both phases.
+    for phase in ["prefill", "decode"] {
+        let sample = kernels
+            .iter()
+            .find(|k| k["phase"] == phase && k["kernel"] == "sample_top_p");
+        let max = sample.and_then(|k| k["max_call_bytes"].as_u64());
+        assert_eq!(max, Some(8 * 300), "{phase}: {j}");
+    }
+    assert!(details.contains("| decode  | sample_top_p"), "{details}");
 }
 
 #[test]

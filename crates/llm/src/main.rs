@@ -128,7 +128,7 @@ fn write_profile(
     })?;
     eprintln!("scratch profile ({}):", path.display());
     eprintln!(
-        "{:<8} {:<14} {:>8} {:>14} {:>16} {:>12} {:>7}",
+        "{:<8} {:<18} {:>8} {:>14} {:>16} {:>12} {:>7}",
         "phase", "kernel", "calls", "max call B", "per token B", "per token us", "time %"
     );
     // A kernel's share of the time of all kernel calls of its phase (what runs between the
@@ -147,7 +147,7 @@ fn write_profile(
             st.prompt_tokens
         };
         eprintln!(
-            "{:<8} {:<14} {:>8} {:>14} {:>16.0} {:>12.1} {:>6.1}%",
+            "{:<8} {:<18} {:>8} {:>14} {:>16.0} {:>12.1} {:>6.1}%",
             e.phase,
             e.kernel,
             e.calls,

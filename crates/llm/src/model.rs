@@ -216,8 +216,9 @@ impl<A: TempReset> Model<A> {
         Ok(&self.bufs.logits[..tokens.len() * self.w.config.vocab_size])
     }
 
-    /// Chooses the next token from the last forward's last logits (a kernel call: top-p's
-    /// sort takes its scratch from the temp allocator).
+    /// Chooses the next token from the last forward's last logits (a kernel call named
+    /// [`Sampler::kernel_name`]: the probabilities and top-p's sort take their scratch from
+    /// the temp allocator).
     pub fn sample(&mut self, sampler: &mut Sampler) -> Result<u32> {
         if self.last_logit_rows == 0 {
             return Err(LlmError::InvalidArgument {
@@ -226,7 +227,8 @@ impl<A: TempReset> Model<A> {
         }
         let v = self.w.config.vocab_size;
         let logits = &self.bufs.logits[(self.last_logit_rows - 1) * v..][..v];
-        self.rt.run("sample", |s| sampler.sample(s, logits))
+        self.rt
+            .run(sampler.kernel_name(), |s| sampler.sample(s, logits))
     }
 
     /// One forward pass over `tokens` appended at the current position: the embedding (scaled

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::gemma3::{GemmaSpec, GemmaWeights};
@@ -15,22 +14,6 @@ use common::gemma3::{GemmaSpec, GemmaWeights};
 use llm::arch::Architecture;
 use llm::gguf::{GgufFile, Value};
 use llm::{caching_temp, Llama, ModelOptions, Module, Sampler};
-
-fn model_path() -> PathBuf {
-    let p = std::env::var_os("LLM_GEMMA3_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").expect("HOME");
-            PathBuf::from(home)
-                .join(".cache/caching-allocator/models/gemma3/gemma-3-270m-q4_k_m.gguf")
-        });
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/fetch-model.sh gemma3 (or set LLM_GEMMA3_MODEL)",
-        p.display()
-    );
-    p
-}
 
 /// The text of `ids` from the file's SentencePiece pieces (`▁` is a space).
 fn detok(f: &GgufFile, ids: &[u32]) -> String {
@@ -55,7 +38,7 @@ const PROMPT: [u32; 6] = [2, 818, 5279, 529, 7001, 563];
 #[test]
 #[ignore = "needs the model: scripts/fetch-model.sh gemma3"]
 fn gemma3_270m_metadata_and_greedy_continuation() {
-    let path = model_path();
+    let path = common::real_model::GEMMA3.path();
     let f = GgufFile::open(&path).unwrap();
     let w = Arc::new(llm::gguf::weights_from(&f).unwrap());
     let c = &w.config;
@@ -141,7 +124,7 @@ fn gemma3_270m_metadata_and_greedy_continuation() {
 #[test]
 #[ignore = "needs the model: scripts/fetch-model.sh gemma3"]
 fn gemma3_270m_greedy_equals_f64_forward() {
-    let f = GgufFile::open(&model_path()).unwrap();
+    let f = GgufFile::open(&common::real_model::GEMMA3.path()).unwrap();
     let w = Arc::new(llm::gguf::weights_from(&f).unwrap());
     let c = &w.config;
     let Architecture::Gemma3(g) = &c.arch else {

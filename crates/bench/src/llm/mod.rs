@@ -5,11 +5,14 @@
 //! (random, seeded, bf16, at a named real shape; or a checkpoint). Every source is warmed up
 //! in turn (a prefill and the decode steps: every scratch size of the run seen once). A
 //! measured *round* is `prefill_reps` prefills of the prompt (+ sampling the first token),
-//! then `decode_tokens` decode steps (forward of one token + greedy sampling), each step run
-//! on every source back to back in the order of [`crate::steps::step_order`] (forward,
-//! backward, ...), so machine noise hits every source alike. `x static` is the median of a
-//! source's step-by-step time over `static`'s; system allocations, page faults and temp bytes
-//! are per token.
+//! then `decode_tokens` decode steps (forward of one token + greedy sampling: the
+//! `llm-decode` row), then as many more with sampling as a chat runner samples
+//! ([`sampled`]: temperature, top-p and a fixed seed, so every source and every round draws
+//! the same tokens; the `llm-decode-sampled` row, whose top-p sort over the vocabulary takes
+//! megabytes of scratch), each step run on every source back to back in the order of
+//! [`crate::steps::step_order`] (forward, backward, ...), so machine noise hits every source
+//! alike. `x static` is the median of a source's step-by-step time over `static`'s; system
+//! allocations, page faults and temp bytes are per token.
 //!
 //! **Efficiency**, with the `caching` source: decode tokens/s times the bytes of weights a
 //! step reads, against a streaming read of as many bytes ([`crate::measure::stream_read`]);
@@ -17,8 +20,9 @@
 //! timed in alternating turns (module `probe`).
 //!
 //! **Scratch profile**: per phase and kernel name, what the kernels took from the runner's
-//! default temp allocator over one prefill and a round's decode tokens. Module `section`
-//! turns it all into the report's section.
+//! default temp allocator over one prefill and `decode_tokens` decode steps, every token
+//! sampled as the `llm-decode-sampled` row samples (so the sampler's scratch shows beside
+//! the logits'). Module `section` turns it all into the report's section.
 
 mod probe;
 mod section;
@@ -59,6 +63,21 @@ pub fn llm_source_config() -> SourceConfig {
     }
 }
 
+/// The temperature of the sampled decode: ExecuTorch's LLM runner's default.
+pub const SAMPLED_TEMPERATURE: f32 = 0.8;
+
+/// The top-p of the sampled decode: ExecuTorch's LLM runner's (its `kTopp`).
+pub const SAMPLED_TOP_P: f32 = 0.9;
+
+/// The sampler of the `llm-decode-sampled` row and of the scratch profile: temperature
+/// [`SAMPLED_TEMPERATURE`], top-p [`SAMPLED_TOP_P`], seeded with `seed` (reproducible: the
+/// same logits draw the same tokens).
+pub fn sampled(seed: u64) -> Sampler {
+    // Both constants are in range, so `new` cannot refuse them; greedy would only hide the
+    // sampler's scratch, which is why the row exists.
+    Sampler::new(SAMPLED_TEMPERATURE, SAMPLED_TOP_P, seed).unwrap_or_else(|_| Sampler::greedy())
+}
+
 /// What `allocbench llm` runs.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct LlmConfig {
@@ -69,7 +88,7 @@ pub struct LlmConfig {
     pub model_dir: Option<PathBuf>,
     /// Prompt tokens (random ids, seeded).
     pub prompt_tokens: usize,
-    /// Decode steps per round.
+    /// Decode steps per round, and as many more sampled ones.
     pub decode_tokens: usize,
     /// Prefills per measured round (each on every source, interleaved).
     pub prefill_reps: usize,
@@ -77,7 +96,7 @@ pub struct LlmConfig {
     pub rounds: usize,
     /// Alternating turns of each efficiency measurement.
     pub eff_reps: usize,
-    /// Weight and prompt seed.
+    /// Weight, prompt and sampling seed.
     pub seed: u64,
 }
 
@@ -183,7 +202,7 @@ pub fn run(
 ) -> (LlmRun, Option<ScratchProfile>) {
     let prompt = prompt(cfg, weights);
     let opts = ModelOptions {
-        context: Some(prompt.len() + cfg.decode_tokens + cfg.eff_reps + 8),
+        context: Some(prompt.len() + 2 * cfg.decode_tokens + cfg.eff_reps + 8),
         ..Default::default()
     };
     let mut out = LlmRun::default();
@@ -198,9 +217,10 @@ pub fn run(
     };
     let profile = model().and_then(|mut m| {
         m.enable_scratch_profile();
-        let mut tok = prefill(&mut m, &prompt)?;
+        let mut sampler = sampled(cfg.seed);
+        let mut tok = prefill(&mut m, &prompt, &mut sampler)?;
         for _ in 0..cfg.decode_tokens {
-            tok = decode(&mut m, tok)?;
+            tok = decode(&mut m, tok, &mut sampler)?;
         }
         Ok(m.scratch_profile().cloned().unwrap_or_default())
     });
@@ -222,20 +242,58 @@ pub fn run(
     (out, profile)
 }
 
-/// A prefill of `prompt` from an empty cache, then the first token sampled (greedy).
+/// A prefill of `prompt` from an empty cache, then the first token sampled by `sampler`.
 fn prefill<A: caching_allocator::TempReset>(
     m: &mut Llama<A>,
     prompt: &[u32],
+    sampler: &mut Sampler,
 ) -> Result<u32, String> {
     m.clear();
     m.forward(prompt).map_err(|e| e.to_string())?;
-    m.sample(&mut Sampler::greedy()).map_err(|e| e.to_string())
+    m.sample(sampler).map_err(|e| e.to_string())
 }
 
-/// One decode step: the forward pass of `tok`, then the next token sampled (greedy).
-fn decode<A: caching_allocator::TempReset>(m: &mut Llama<A>, tok: u32) -> Result<u32, String> {
+/// One decode step: the forward pass of `tok`, then the next token sampled by `sampler`.
+fn decode<A: caching_allocator::TempReset>(
+    m: &mut Llama<A>,
+    tok: u32,
+    sampler: &mut Sampler,
+) -> Result<u32, String> {
     m.forward(&[tok]).map_err(|e| e.to_string())?;
-    m.sample(&mut Sampler::greedy()).map_err(|e| e.to_string())
+    m.sample(sampler).map_err(|e| e.to_string())
+}
+
+/// A measured phase of a round: its workload name, its unit, and how it samples.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// `prefill_reps` prefills of the prompt, greedy first token.
+    Prefill,
+    /// `decode_tokens` decode steps, greedy.
+    Decode,
+    /// `decode_tokens` more decode steps, [`sampled`].
+    DecodeSampled,
+}
+
+impl Phase {
+    /// Every phase, in round order.
+    const ALL: [Phase; 3] = [Phase::Prefill, Phase::Decode, Phase::DecodeSampled];
+
+    /// The workload name of its rows.
+    fn workload(self) -> &'static str {
+        match self {
+            Phase::Prefill => "llm-prefill",
+            Phase::Decode => "llm-decode",
+            Phase::DecodeSampled => "llm-decode-sampled",
+        }
+    }
+
+    /// The unit of one step.
+    fn unit(self) -> &'static str {
+        match self {
+            Phase::Prefill => "prefill",
+            _ => "token",
+        }
+    }
 }
 
 /// The allocator comparison: one model per source, warmed up in turn, then the measured
@@ -258,48 +316,49 @@ fn compare(
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
     let counters = |i: usize| sources[i].counters().plus(workers[i].counters());
-    let mut pre = Steps::new(kinds, &counters);
-    let mut dec = Steps::new(kinds, &counters);
-    // The next token of each source's model, and its temp bytes per phase (measured steps).
+    let mut steps = Phase::ALL.map(|_| Steps::new(kinds, &counters));
+    // Each source's next token, its sampler (re-seeded as each phase starts, so every source
+    // and round draws alike), and its temp bytes per phase (measured steps).
     let mut next_tok = vec![0u32; models.len()];
-    let mut temp = vec![[0u64; 2]; models.len()];
+    let mut samplers = vec![sampled(cfg.seed); models.len()];
+    let mut temp = vec![[0u64; Phase::ALL.len()]; models.len()];
+    // The steps of `phase` in one round.
+    let reps = |phase: Phase| match phase {
+        Phase::Prefill => cfg.prefill_reps.max(1),
+        _ => cfg.decode_tokens,
+    };
     // Warm-up: one round per source, in turn (every scratch size of the run seen once).
     for (i, m) in models.iter_mut().enumerate() {
-        pre.warm_up(i, || {
-            next_tok[i] = prefill(m, prompt)?;
-            Ok(())
-        });
-        dec.warm_up(i, || {
-            for _ in 0..cfg.decode_tokens {
-                next_tok[i] = decode(m, next_tok[i])?;
-            }
-            Ok(())
-        });
-    }
-    // One measured step of `phase` (0 prefill, 1 decode) on source `i`, its temp bytes counted.
-    let mut step = |i: usize, phase: usize| {
-        let m = &mut models[i];
-        let b0 = m.temp_usage().bytes;
-        next_tok[i] = match phase {
-            0 => prefill(m, prompt)?,
-            _ => decode(m, next_tok[i])?,
-        };
-        temp[i][phase] += m.temp_usage().bytes - b0;
-        Ok(if phase == 0 { prompt.len() as u64 } else { 1 })
-    };
-    for _ in 0..cfg.rounds {
-        for _ in 0..cfg.prefill_reps.max(1) {
-            pre.step(|i| step(i, 0));
-            tick();
+        for (p, phase) in Phase::ALL.into_iter().enumerate() {
+            samplers[i] = sampled(cfg.seed);
+            let (tok, sampler) = (&mut next_tok[i], &mut samplers[i]);
+            steps[p].warm_up(i, || {
+                (0..reps(phase))
+                    .try_for_each(|_| phase_step(m, phase, prompt, tok, sampler).map(drop))
+            });
         }
-        for _ in 0..cfg.decode_tokens {
-            dec.step(|i| step(i, 1));
-            tick();
+    }
+    for _ in 0..cfg.rounds {
+        for (p, phase) in Phase::ALL.into_iter().enumerate() {
+            samplers.fill(sampled(cfg.seed));
+            for _ in 0..reps(phase) {
+                // One measured step on source `i`, its temp bytes counted.
+                steps[p].step(|i| {
+                    let m = &mut models[i];
+                    let b0 = m.temp_usage().bytes;
+                    let n = phase_step(m, phase, prompt, &mut next_tok[i], &mut samplers[i])?;
+                    temp[i][p] += m.temp_usage().bytes - b0;
+                    Ok(n)
+                });
+                tick();
+            }
         }
     }
     let ns = |t: &[f64]| t.iter().map(|x| x * 1e9).collect();
-    let mut rows = pre.measurements("llm-prefill", "prefill", ns);
-    rows.extend(dec.measurements("llm-decode", "token", ns));
+    let mut rows = Vec::new();
+    for (s, phase) in steps.iter().zip(Phase::ALL) {
+        rows.extend(s.measurements(phase.workload(), phase.unit(), ns));
+    }
     let n = kinds.len();
     for (k, r) in rows.iter_mut().enumerate() {
         r.temp_bytes_per_call = Some(temp[k % n][k / n] as f64 / r.calls_total.max(1) as f64);
@@ -307,9 +366,31 @@ fn compare(
     Ok(rows)
 }
 
+/// One step of `phase` on model `m`: a prefill of `prompt` or a decode of `tok`, then `tok`
+/// set to the next token (greedy but in [`Phase::DecodeSampled`], which takes `sampler`);
+/// the tokens it ran.
+fn phase_step<A: caching_allocator::TempReset>(
+    m: &mut Llama<A>,
+    phase: Phase,
+    prompt: &[u32],
+    tok: &mut u32,
+    sampler: &mut Sampler,
+) -> Result<u64, String> {
+    *tok = match phase {
+        Phase::Prefill => prefill(m, prompt, &mut Sampler::greedy())?,
+        Phase::Decode => decode(m, *tok, &mut Sampler::greedy())?,
+        Phase::DecodeSampled => decode(m, *tok, sampler)?,
+    };
+    Ok(if phase == Phase::Prefill {
+        prompt.len() as u64
+    } else {
+        1
+    })
+}
+
 /// Progress units of a run: the measured steps, plus two efficiency figures.
 pub fn progress_units(cfg: &LlmConfig) -> usize {
-    cfg.rounds * (cfg.decode_tokens + cfg.prefill_reps.max(1)) + 2
+    cfg.rounds * (2 * cfg.decode_tokens + cfg.prefill_reps.max(1)) + 2
 }
 
 /// The model's architecture in one line.

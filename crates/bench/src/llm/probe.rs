@@ -3,7 +3,7 @@
 //! in alternating turns with its baseline.
 
 use caching_allocator::CachingAllocator;
-use llm::Llama;
+use llm::{Llama, Sampler};
 
 use super::{decode, prefill};
 use crate::measure::{gbs, interleaved, sgemm, stream_read, Ratios};
@@ -49,15 +49,16 @@ pub(super) struct Probe<'a> {
 }
 
 impl Probe<'_> {
-    /// Decode against a streaming read of the weight bytes one step reads.
+    /// Decode against a streaming read of the weight bytes one step reads (greedy decode: a
+    /// sampler's sort reads no weights).
     pub(super) fn decode(&mut self) -> Result<WeightReadEfficiency, String> {
         let (model, prompt, reps) = (&mut *self.model, self.prompt, self.reps);
         let wbytes = model.weights().decode_weight_bytes();
-        let mut tok = prefill(model, prompt)?;
+        let mut tok = prefill(model, prompt, &mut Sampler::greedy())?;
         let buf = vec![1.0f32; wbytes / 4];
         let mut err = None;
         let mut read = || stream_read(&buf, 1);
-        let mut step = || match decode(model, tok) {
+        let mut step = || match decode(model, tok, &mut Sampler::greedy()) {
             Ok(t) => tok = t,
             Err(e) => err = err.take().or(Some(e)),
         };
@@ -97,7 +98,7 @@ impl Probe<'_> {
         let mut err = None;
         let mut gemm = || sgemm(m, k, n, &a, &b, &mut cbuf);
         let mut run = || {
-            if let Err(e) = prefill(model, prompt) {
+            if let Err(e) = prefill(model, prompt, &mut Sampler::greedy()) {
                 err.get_or_insert(e);
             }
         };

@@ -4,7 +4,7 @@
 use comfy_table::Table;
 use serde_json::json;
 
-use super::{LlmConfig, LlmRun};
+use super::{LlmConfig, LlmRun, SAMPLED_TEMPERATURE, SAMPLED_TOP_P};
 use crate::harness::Measurement;
 use crate::report::{
     comparison_table, efficiency_check, find, goal, pct, table, within_static, Column, RunInfo,
@@ -49,12 +49,23 @@ pub(super) fn section(
         &[Column::new("temp B/token", &temp)],
     );
     let headline = headline(&r.rows);
+    let sampling = format!(
+        "temperature {SAMPLED_TEMPERATURE}, top-p {SAMPLED_TOP_P}, seed {}",
+        cfg.seed
+    );
     let mut blocks = vec![
         format!(
             "{} measured rounds after 1 warm-up; {} rayon threads, kernels {}; weights ready in \
-             {ready_s:.1} s\nmodel: {}\nround: prefill of {} tokens, then {} decode tokens, \
+             {ready_s:.1} s\nmodel: {}\nround: prefill of {} tokens, then {} decode tokens \
+             greedy (llm-decode) and {} more sampled ({sampling}: llm-decode-sampled), \
              interleaved across sources",
-            cfg.rounds, s.threads, s.isa, s.arch, cfg.prompt_tokens, cfg.decode_tokens,
+            cfg.rounds,
+            s.threads,
+            s.isa,
+            s.arch,
+            cfg.prompt_tokens,
+            cfg.decode_tokens,
+            cfg.decode_tokens,
         ),
         format!(
             "Allocator comparison (median step; x static / x caching: median of step-by-step \
@@ -69,8 +80,9 @@ pub(super) fn section(
     ];
     if let Some(p) = profile {
         blocks.push(format!(
-            "Scratch profile (caching source; one prefill of {} tokens and {} decode tokens; \
-             per token: over the prompt's tokens for prefill, per decode step):\n\n{}",
+            "Scratch profile (caching source; one prefill of {} tokens and {} decode tokens, \
+             every token sampled ({sampling}); greedy sampling takes no scratch; per token: \
+             over the prompt's tokens for prefill, per decode step):\n\n{}",
             cfg.prompt_tokens,
             cfg.decode_tokens,
             profile_table(p, cfg.prompt_tokens, cfg.decode_tokens)
@@ -92,11 +104,20 @@ pub(super) fn section(
                 cfg.model, cfg.decode_tokens
             ),
         ),
+        (
+            "llm-decode-sampled",
+            format!(
+                "{}: one decode token (forward + sampling: {sampling}), {} per round after \
+                 llm-decode's",
+                cfg.model, cfg.decode_tokens
+            ),
+        ),
     ];
     let fields = json!({
         "sgemm_threads": crate::measure::sgemm_threads(),
         "kernels": s.isa,
         "config": cfg,
+        "sampled": {"temperature": SAMPLED_TEMPERATURE, "top_p": SAMPLED_TOP_P, "seed": cfg.seed},
         "architecture": s.arch,
         "workloads": workloads.iter().map(|(n, d)| json!({"name": n, "step": d})).collect::<Vec<_>>(),
         "headline": headline,
@@ -168,7 +189,7 @@ pub fn profile_table(p: &ScratchProfile, prefill_tokens: usize, decode_tokens: u
 /// phase (their time over `caching`'s, median over the same steps).
 fn headline(rows: &[Measurement]) -> Vec<String> {
     let mut out = Vec::new();
-    for phase in ["llm-decode", "llm-prefill"] {
+    for phase in ["llm-decode", "llm-decode-sampled", "llm-prefill"] {
         for rival in ["system", "fresh-pages", "exact-cache"] {
             if let Some(x) = find(rows, phase, rival).and_then(|r| r.x_caching) {
                 out.push(format!(
@@ -184,7 +205,7 @@ fn headline(rows: &[Measurement]) -> Vec<String> {
 /// The developers' targets, met or missed as measured on `threads` threads.
 fn targets(r: &LlmRun, threads: usize) -> Vec<TargetCheck> {
     let mut out = within_static(&r.rows, goal::LLM_WITHIN_STATIC, &[CACHING], false);
-    for phase in ["llm-decode", "llm-prefill"] {
+    for phase in ["llm-decode", "llm-decode-sampled", "llm-prefill"] {
         let Some(m) = r
             .rows
             .iter()

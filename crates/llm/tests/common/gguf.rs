@@ -399,18 +399,31 @@ pub fn random_tensor_bytes(t: u32, rows: usize, cols: usize, seed: u64) -> Vec<u
 
 /// llama.cpp's converter permutation of q/k rows (`LlamaModel.permute`): HF row
 /// `h * hd + j * hd / 2 + i` goes to GGUF row `h * hd + 2 i + j`.
-pub fn permute_hf_to_gguf(rows: &[Vec<u8>], heads: usize) -> Vec<Vec<u8>> {
-    let hd = rows.len() / heads;
+pub fn permute_hf_to_gguf<T: Clone>(rows: &[T], heads: usize) -> Vec<T> {
+    let mut out = rows.to_vec();
+    for_each_permuted_row(rows.len(), heads, |hf, gguf| out[gguf] = rows[hf].clone());
+    out
+}
+
+/// The inverse of [`permute_hf_to_gguf`]: a GGUF file's q/k rows back in HF's order.
+pub fn permute_gguf_to_hf<T: Clone>(rows: &[T], heads: usize) -> Vec<T> {
+    let mut out = rows.to_vec();
+    for_each_permuted_row(rows.len(), heads, |hf, gguf| out[hf] = rows[gguf].clone());
+    out
+}
+
+/// Calls `f(hf_row, gguf_row)` for each of `rows` q/k rows of `heads` heads, as llama.cpp's
+/// converter moves them.
+fn for_each_permuted_row(rows: usize, heads: usize, mut f: impl FnMut(usize, usize)) {
+    let hd = rows / heads;
     let half = hd / 2;
-    let mut out = vec![Vec::new(); rows.len()];
     for h in 0..heads {
         for j in 0..2 {
             for i in 0..half {
-                out[h * hd + 2 * i + j] = rows[h * hd + j * half + i].clone();
+                f(h * hd + j * half + i, h * hd + 2 * i + j);
             }
         }
     }
-    out
 }
 
 /// A tiny llama GGUF model from `spec`'s random weights: matrices in `qt` (or F32 when
@@ -470,32 +483,82 @@ pub fn tiny_model(spec: &Spec, qt: Option<QType>) -> (Writer, NamedTensors) {
     (w, reference)
 }
 
+/// The whole-model tensors of a llama: (HF name, llama.cpp's name).
+const LLAMA_GLOBAL_NAMES: [(&str, &str); 3] = [
+    ("model.embed_tokens.weight", "token_embd.weight"),
+    ("model.norm.weight", "output_norm.weight"),
+    ("lm_head.weight", "output.weight"),
+];
+
+/// A llama layer's tensors: (HF name after `model.layers.{i}.`, llama.cpp's after `blk.{i}.`).
+const LLAMA_LAYER_NAMES: [(&str, &str); 9] = [
+    ("input_layernorm.weight", "attn_norm.weight"),
+    ("self_attn.q_proj.weight", "attn_q.weight"),
+    ("self_attn.k_proj.weight", "attn_k.weight"),
+    ("self_attn.v_proj.weight", "attn_v.weight"),
+    ("self_attn.o_proj.weight", "attn_output.weight"),
+    ("post_attention_layernorm.weight", "ffn_norm.weight"),
+    ("mlp.gate_proj.weight", "ffn_gate.weight"),
+    ("mlp.up_proj.weight", "ffn_up.weight"),
+    ("mlp.down_proj.weight", "ffn_down.weight"),
+];
+
 /// llama.cpp's tensor names for HF's.
 pub fn hf_to_gguf_name(hf: &str) -> String {
-    if hf == "model.embed_tokens.weight" {
-        return "token_embd.weight".into();
-    }
-    if hf == "model.norm.weight" {
-        return "output_norm.weight".into();
-    }
-    if hf == "lm_head.weight" {
-        return "output.weight".into();
+    if let Some(&(_, g)) = LLAMA_GLOBAL_NAMES.iter().find(|(h, _)| *h == hf) {
+        return g.into();
     }
     let rest = hf.strip_prefix("model.layers.").unwrap();
     let (i, t) = rest.split_once('.').unwrap();
-    let t = match t {
-        "input_layernorm.weight" => "attn_norm.weight",
-        "self_attn.q_proj.weight" => "attn_q.weight",
-        "self_attn.k_proj.weight" => "attn_k.weight",
-        "self_attn.v_proj.weight" => "attn_v.weight",
-        "self_attn.o_proj.weight" => "attn_output.weight",
-        "post_attention_layernorm.weight" => "ffn_norm.weight",
-        "mlp.gate_proj.weight" => "ffn_gate.weight",
-        "mlp.up_proj.weight" => "ffn_up.weight",
-        "mlp.down_proj.weight" => "ffn_down.weight",
-        other => panic!("no GGUF name for {other}"),
+    let Some(&(_, t)) = LLAMA_LAYER_NAMES.iter().find(|(h, _)| *h == t) else {
+        panic!("no GGUF name for {t}")
     };
     format!("blk.{i}.{t}")
+}
+
+/// HF's tensor name for llama.cpp's `gguf` name in a llama of `layers` layers.
+fn gguf_to_hf_name(gguf: &str, layers: usize) -> Option<String> {
+    if let Some(&(h, _)) = LLAMA_GLOBAL_NAMES.iter().find(|(_, g)| *g == gguf) {
+        return Some(h.into());
+    }
+    let (i, t) = gguf.strip_prefix("blk.")?.split_once('.')?;
+    let i: usize = i.parse().ok().filter(|&i| i < layers)?;
+    let &(h, _) = LLAMA_LAYER_NAMES.iter().find(|(_, g)| *g == t)?;
+    Some(format!("model.layers.{i}.{h}"))
+}
+
+/// The HF-named tensors of a `llama` GGUF file, read from its bytes with the tests' own
+/// decoders ([`dequant_reference`], not the library's loader) and the q/k rows put back in
+/// HF's order ([`permute_gguf_to_hf`]; `heads`, `kv_heads` from the file's metadata): the
+/// weights of an f64 [`super::Reference`] independent of the library's.
+pub fn llama_tensors_from_file(
+    f: &llm::gguf::GgufFile,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+) -> NamedTensors {
+    f.tensor_infos()
+        .iter()
+        .map(|t| {
+            let name = gguf_to_hf_name(&t.name, layers)
+                .unwrap_or_else(|| panic!("{}: not a llama tensor", t.name));
+            let bytes = f.tensor_bytes(&t.name).unwrap().unwrap();
+            let cols = t.dims[0] as usize;
+            let rows: Vec<Vec<f32>> = bytes
+                .chunks(row_bytes(t.ggml_type, cols))
+                .map(|r| dequant_reference(t.ggml_type, r))
+                .collect();
+            let rows = if name.ends_with("q_proj.weight") {
+                permute_gguf_to_hf(&rows, heads)
+            } else if name.ends_with("k_proj.weight") {
+                permute_gguf_to_hf(&rows, kv_heads)
+            } else {
+                rows
+            };
+            let shape = t.dims.iter().rev().map(|&d| d as usize).collect();
+            (name, shape, rows.concat())
+        })
+        .collect()
 }
 
 /// A simple K-quant quantizer (not ggml's search for the best scales; any valid bytes do, as
