@@ -8,6 +8,8 @@
 //! `reset2-classes` is `reset2` with the default bound (32 KiB) and the adaptive arena off,
 //! where the 2 MiB block is a size class's; `reset2-default` is `reset2` with the default
 //! configuration, whose arena takes the 2 MiB block once the calls are known to fit a chunk.
+//! `medium8` and `medium8-classes` are the same pair for allocbench's scratch-medium call
+//! (eight blocks of 64 KiB - 1 MiB, then a reset).
 //!
 //! Modes: `release` (allocate 4 KiB + release), `release-two` (the same round trip on two
 //! allocators in turn, as a thread with a temp and a persistent allocator makes), `scope` (open, 4 KiB, drop), `reset2`
@@ -19,6 +21,18 @@ use std::hint::black_box;
 
 use caching_allocator::{CachingAllocator, Config, MAX_ARENA_BYTES};
 
+/// The sizes of the `medium8` call: 64 KiB - 1 MiB, as allocbench's scratch-medium mix.
+const SIZES8: [usize; 8] = [
+    64 << 10,
+    (96 << 10) + 192,
+    128 << 10,
+    (200 << 10) + 64,
+    256 << 10,
+    (384 << 10) + 320,
+    640 << 10,
+    1 << 20,
+];
+
 /// The sizes of the `reset16` call: 64 B - 4 KiB, as allocbench's scratch-small mix.
 const SIZES16: [usize; 16] = [
     64, 128, 256, 512, 1024, 2048, 4096, 64, 128, 256, 512, 1024, 2048, 4096, 64, 128,
@@ -28,14 +42,14 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let what = args.get(1).map_or("release", String::as_str);
     let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(100_000);
-    let arena_max = if what == "reset2-classes" {
+    let arena_max = if what == "reset2-classes" || what == "medium8-classes" {
         caching_allocator::DEFAULT_ARENA_MAX_BYTES
     } else {
         MAX_ARENA_BYTES
     };
     let config = Config::default().max_cached_bytes(64 << 20);
     // `reset2-default`: the default configuration, whose arena adapts to the call.
-    let config = if what == "reset2-default" {
+    let config = if what == "reset2-default" || what == "medium8" {
         config
     } else {
         config.arena_max_bytes(arena_max).arena_adaptive(false)
@@ -67,6 +81,13 @@ fn main() {
             // SAFETY: nothing handed out above is used after this.
             unsafe { alloc.reset_unchecked() };
         }),
+        "medium8" | "medium8-classes" => (0..n).for_each(|_| {
+            for &size in &SIZES8 {
+                black_box(alloc.allocate(black_box(size), 64).unwrap());
+            }
+            // SAFETY: nothing handed out above is used after this.
+            unsafe { alloc.reset_unchecked() };
+        }),
         "reset16" => (0..n).for_each(|_| {
             for &size in &SIZES16 {
                 black_box(alloc.allocate(black_box(size), 64).unwrap());
@@ -80,7 +101,8 @@ fn main() {
             }
         }),
         _ => panic!(
-            "release, release-two, scope, reset2, reset2-classes, reset2-default, reset16 or static16"
+            "release, release-two, scope, reset2, reset2-classes, reset2-default, medium8, \
+             medium8-classes, reset16 or static16"
         ),
     }
 }
