@@ -543,3 +543,40 @@ fn foreign_release_racing_a_reset_then_the_owner_exits() {
         unsafe { release_at(alloc, b2) }.unwrap();
     });
 }
+
+/// The adaptive arena of the default configuration: once a reset showed that a call fits a
+/// chunk, a block above `arena_max_bytes` is bumped through the owner's arena. Released on
+/// another thread while the owner keeps allocating, it is applied once, never handed out
+/// over a live block, and the books balance.
+#[test]
+fn adaptive_large_block_released_on_another_thread() {
+    model(1 << 20, 1024, |alloc, counting| {
+        // The first call's large block comes from its class; the reset lets the arena take
+        // the next call's.
+        let first = block(alloc, 2048);
+        tag(first, 2048, 1);
+        // SAFETY: `first` is not used after the reset.
+        unsafe { alloc.reset_unchecked() };
+        let a = block(alloc, 2048);
+        tag(a, 2048, 2);
+        assert_eq!(
+            alloc.stats().arena_live_blocks,
+            1,
+            "the arena took the large block"
+        );
+        let releaser = spawn(alloc, move |alloc| {
+            // SAFETY: `a` was handed to this thread; nothing uses it after.
+            unsafe { release_at(&alloc, a) }
+        });
+        let b = block(alloc, 2048);
+        tag(b, 2048, 3);
+        assert_ne!(b, a, "a block was handed out over a live one");
+        assert_eq!(releaser.join().unwrap(), Ok(()));
+        assert!(tagged(b, 2048, 3));
+        let s = alloc.stats();
+        assert_eq!(s.live_blocks, 1, "{s:?}");
+        check_books(alloc, &s, counting);
+        // SAFETY: released once, not used after.
+        unsafe { release_at(alloc, b) }.unwrap();
+    });
+}
