@@ -1,5 +1,5 @@
-//! The decode matvec of the formats kept row by row ([`super::tensor::Layout::Rows`]: Q5_1,
-//! Q4_K, Q5_K, Q6_K), with f32 activations: each row's dot product with `x` by its
+//! The decode matvec of the formats kept row by row ([`super::tensor::Layout::Rows`]: Q5_1
+//! and Q5_K), with f32 activations: each row's dot product with `x` by its
 //! format's own kernel (`dot` in its file in `quant/formats/`), which widens the packed
 //! quants in registers and FMAs them against `x` per (sub-)block, then applies the block's
 //! scale, and its minimum or offset against the block's sum of `x`: the dot product of `x`
@@ -10,7 +10,7 @@
 use kernel_simd::Simd;
 
 use super::format::QType;
-use super::formats::{q4_k, q5_1, q5_k, q6_k};
+use super::formats::{q5_1, q5_k};
 use super::tensor::{Layout, QTensor};
 use crate::output::Output;
 
@@ -62,10 +62,10 @@ fn matvec_body<S: Simd>(s: S, w: Rows<'_>, x: &[f32], o: &mut [f32], output: Out
     for (oi, row) in o.iter_mut().zip(w.bytes.chunks_exact(rb.max(1))) {
         let dot = match w.qtype {
             QType::Q5_1 => q5_1::dot(s, row, x),
-            QType::Q4_K => q4_k::dot(s, row, x),
             QType::Q5_K => q5_k::dot(s, row, x),
-            QType::Q6_K => q6_k::dot(s, row, x),
-            QType::Q4_0 | QType::Q4_1 | QType::Q5_0 | QType::Q8_0 => f32::NAN,
+            QType::Q4_0 | QType::Q4_1 | QType::Q5_0 | QType::Q8_0 | QType::Q4_K | QType::Q6_K => {
+                f32::NAN
+            }
         };
         *oi = output.apply(*oi, dot);
     }
@@ -79,34 +79,13 @@ kernel_simd::instantiate! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::test_data::{close, data};
-    use crate::safetensors::f32_to_f16;
+    use crate::kernels::test_data::{close, data, file_rows};
     use kernel_simd::available_levels;
 
-    /// `rows` rows of `blocks` blocks of `t` from seeded data: quantized by ggml's reference
-    /// quantizer where there is one, else random bytes under small finite f16 scales.
+    /// `rows` rows of `blocks` blocks of `t` from seeded data.
     fn rows_of(t: QType, rows: usize, blocks: usize, seed: u32) -> QTensor {
         let k = blocks * t.block_len();
-        let bytes: Vec<u8> = match super::super::format::quantize_row(t, &data(k, seed)) {
-            Some(_) => data(rows * k, seed)
-                .chunks_exact(k)
-                .flat_map(|r| super::super::format::quantize_row(t, r).unwrap())
-                .collect(),
-            None => {
-                let noise = data(rows * t.row_bytes(k), seed);
-                let mut b: Vec<u8> = noise.iter().map(|v| (v.to_bits() >> 11) as u8).collect();
-                let d = f32_to_f16(0.01).to_le_bytes();
-                for blk in b.chunks_exact_mut(t.block_bytes()) {
-                    let at = if t == QType::Q6_K { 208 } else { 0 };
-                    blk[at..at + 2].copy_from_slice(&d);
-                    if t != QType::Q6_K {
-                        blk[2..4].copy_from_slice(&d);
-                    }
-                }
-                b
-            }
-        };
-        QTensor::from_bytes(t, rows, k, &bytes).unwrap()
+        QTensor::from_bytes(t, rows, k, &file_rows(t, rows, k, seed)).unwrap()
     }
 
     /// Every level's row matvec, in every format held row by row, against f64 dot products
@@ -149,7 +128,7 @@ mod tests {
     /// Lengths that do not fit give NaN, not a read out of bounds.
     #[test]
     fn row_matvec_refuses_short_inputs() {
-        let w = rows_of(QType::Q4_K, 2, 2, 3);
+        let w = rows_of(QType::Q5_K, 2, 2, 3);
         let x = data(256, 2); // one super-block of the two
         for level in available_levels() {
             let mut o = [0f32; 2];

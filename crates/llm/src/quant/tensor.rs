@@ -1,7 +1,7 @@
 //! A block-quantized matrix (rows of blocks in one of the formats of
 //! [`crate::quant::format`], HF `[out, in]` orientation), held in the layout its decode
-//! kernels read: groups of rows ([`RowGroups`]) for Q4_0, Q4_1 and Q8_0, the file's rows for
-//! the others ([`super::row_matvec`]).
+//! kernels read: groups of rows ([`RowGroups`]) for the formats [`QType::grouped`] names,
+//! the file's rows for the others ([`super::row_matvec`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,8 +10,7 @@ use crate::error::{LlmError, Result};
 use kernel_simd::Level;
 
 use crate::quant::format::{dequantize_row, QType};
-use crate::quant::formats::q5_0;
-use crate::quant::groups::RowGroups;
+use crate::quant::groups::{GroupFormat, RowGroups};
 use crate::safetensors::Backing;
 
 /// A block-quantized matrix `[rows, cols]` (`cols` a multiple of the format's block):
@@ -31,9 +30,10 @@ pub struct QTensor {
 #[derive(Clone, Debug)]
 pub enum Layout {
     /// Groups of 16 rows, interleaved ([`RowGroups`]), of blocks of the format given: Q4_0,
-    /// Q4_1 and Q8_0 as the file has them; Q5_0 transcoded to Q8_0 (the same values bit for
-    /// bit, read by Q8_0's faster kernel).
-    Groups(RowGroups, QType),
+    /// Q4_1 and Q8_0 as the file has them; Q5_0 transcoded to Q8_0, Q4_K's sub-blocks
+    /// repacked as Q4_1 with f32 scales, Q6_K's as Q8_0 with two f32 scales (the same values
+    /// bit for bit, read by the group kernels: [`GroupFormat::of`]).
+    Groups(RowGroups, GroupFormat),
     /// The file's rows, one after another (an owned copy): the other formats.
     Rows(Arc<[u8]>),
 }
@@ -42,18 +42,9 @@ impl Layout {
     /// `rows` rows of `cols` weights of `t` from the file's layout (`src`, whose length the
     /// callers check): grouped for the formats read in groups.
     fn pack(t: QType, rows: usize, cols: usize, src: &[u8]) -> Layout {
-        match t {
-            QType::Q4_0 | QType::Q4_1 | QType::Q8_0 => {
-                Layout::Groups(RowGroups::pack(t, rows, cols, src), t)
-            }
-            QType::Q5_0 => {
-                let (rb, bb) = (t.row_bytes(cols), t.block_bytes());
-                let groups = RowGroups::pack_blocks(QType::Q8_0, rows, cols, |r, b, blk| {
-                    q5_0::to_q8_0(&src[r * rb + b * bb..][..bb], blk);
-                });
-                Layout::Groups(groups, QType::Q8_0)
-            }
-            QType::Q5_1 | QType::Q4_K | QType::Q5_K | QType::Q6_K => Layout::Rows(src.into()),
+        match RowGroups::from_file(t, rows, cols, src) {
+            Some((groups, f)) => Layout::Groups(groups, f),
+            None => Layout::Rows(src.into()),
         }
     }
 }

@@ -1,36 +1,39 @@
-//! Whole quantized blocks in the file's layout dequantized with SIMD, exactly as
-//! [`crate::quant::format`] defines each format: prefill's widening of weight rows (through
+//! Whole quantized blocks dequantized with SIMD, exactly as each format defines them (the
+//! group formats of [`crate::quant::group_format`], and the row-held formats of
+//! [`crate::quant::format`]): prefill's widening of weight rows (through
 //! [`crate::quant::groups::RowGroups::dequantize_rows`]). One body over `kernel_simd::Simd`,
 //! instantiated for the portable, AVX2, AVX-512 and NEON levels.
 
 use kernel_simd::{load_nibbles, Simd};
 
-use crate::quant::format::{f16_at, QType, QK};
+use crate::quant::format::{QType, QK};
+use crate::quant::group_format::{scale_word, GroupFormat};
 
-/// `blocks` (whole file blocks of `t`, in the file's layout) dequantized, block `i` into
-/// `out[i * stride ..][..32]`, exactly as [`dequantize_block`](crate::quant::format::dequantize_block) defines the
-/// format (a product and a sum per weight, rounded as the definition rounds them). Does
-/// nothing if `out` cannot hold them (the callers size it).
+/// `blocks` (whole blocks of `f`, as [`super::group_format`] lays them out) dequantized,
+/// block `i` into `out[i * stride ..][..32]`, exactly as
+/// [`dequantize_block`](crate::quant::group_format::dequantize_block) defines the format (a
+/// product and a sum per weight, rounded as the definition rounds them). Does nothing if
+/// `out` cannot hold them (the callers size it).
 #[inline(always)]
-fn widen_blocks_body<S: Simd>(s: S, t: QType, blocks: &[u8], out: &mut [f32], stride: usize) {
-    let (l, bb) = (S::LANES, t.block_bytes());
+fn widen_blocks_body<S: Simd>(s: S, f: GroupFormat, blocks: &[u8], out: &mut [f32], stride: usize) {
+    let (l, bb, q0) = (S::LANES, f.block_bytes(), f.header_bytes());
     let n = blocks.len() / bb;
     if n == 0 || l > QK / 2 || out.len() < (n - 1) * stride + QK {
         return;
     }
     for (i, blk) in blocks.chunks_exact(bb).enumerate() {
         let o = &mut out[i * stride..][..QK];
-        let d = s.splat(f16_at(blk, 0));
+        let d = s.splat(scale_word(f, blk, 0));
         let (o, q) = (o.as_mut_ptr(), blk.as_ptr());
-        match t {
-            QType::Q4_0 | QType::Q4_1 => {
-                let q4_1 = t == QType::Q4_1;
-                let (q0, m) = if q4_1 { (4, f16_at(blk, 2)) } else { (2, 0.0) };
-                let (m, off) = (s.splat(m), s.splat_i32(if q4_1 { 0 } else { 8 }));
+        match f {
+            GroupFormat::Q4_0 | GroupFormat::Q4_1 | GroupFormat::Q4_1F32 => {
+                let with_min = f != GroupFormat::Q4_0;
+                let m = if with_min { scale_word(f, blk, 1) } else { 0.0 };
+                let (m, off) = (s.splat(m), s.splat_i32(if with_min { 0 } else { 8 }));
                 // `q * d + m` as two roundings, as the definition computes it.
                 let w = |q| {
                     let w = s.mul(s.i32_to_f32(s.sub_i32(q, off)), d);
-                    if q4_1 {
+                    if with_min {
                         s.add(w, m)
                     } else {
                         w
@@ -46,13 +49,18 @@ fn widen_blocks_body<S: Simd>(s: S, t: QType, blocks: &[u8], out: &mut [f32], st
                     }
                 }
             }
-            // Q8_0 (the other formats are never packed in groups, which alone come here).
-            _ => {
+            GroupFormat::Q8_0 | GroupFormat::Q8_0F32x2 => {
+                // Q8_0F32x2's second half has its own scale (`l <= 16`: a vector lies in one
+                // half).
+                let d1 = match f {
+                    GroupFormat::Q8_0F32x2 => s.splat(scale_word(f, blk, 1)),
+                    _ => d,
+                };
                 for c in (0..QK).step_by(l) {
-                    // SAFETY: `blk` has `2 + 32` bytes and `c + l <= 32`; `o` has 32 floats.
+                    // SAFETY: `blk` has `q0 + 32` bytes and `c + l <= 32`; `o` has 32 floats.
                     unsafe {
-                        let w = s.i32_to_f32(s.load_i8(q.add(2 + c).cast::<i8>()));
-                        s.store(o.add(c), s.mul(w, d));
+                        let w = s.i32_to_f32(s.load_i8(q.add(q0 + c).cast::<i8>()));
+                        s.store(o.add(c), s.mul(w, if c < QK / 2 { d } else { d1 }));
                     }
                 }
             }
@@ -62,7 +70,7 @@ fn widen_blocks_body<S: Simd>(s: S, t: QType, blocks: &[u8], out: &mut [f32], st
 
 kernel_simd::instantiate! {
     /// Whole file blocks dequantized into rows of a stride (prefill's widening).
-    pub fn widen_blocks(t: QType, blocks: &[u8], out: &mut [f32], stride: usize) = widen_blocks_body;
+    pub fn widen_blocks(f: GroupFormat, blocks: &[u8], out: &mut [f32], stride: usize) = widen_blocks_body;
 }
 
 /// `rows` (whole rows of a format held row by row, in the file's layout) dequantized into
