@@ -24,10 +24,10 @@ use crate::kernels::row_kernel::Kernel;
 use crate::kernels::simd::{self as dense, deinterleave, pair_block, Rows};
 use crate::kernels::{self, check_buffers, Gemm, Level};
 use crate::output::Output;
-use crate::quant::format::{QType, QK};
+use crate::quant::format::QK;
 use crate::quant::group_matvec::{self, Activation, Groups, Int8X};
 use crate::quant::row_matvec;
-use crate::quant::QTensor;
+use crate::quant::{Layout, QTensor};
 use crate::runtime::{Activations, Scratch};
 use crate::safetensors::{Tensor, TensorData};
 
@@ -158,7 +158,7 @@ struct DecodeX<'a> {
     pair_level: Level,
     /// `x` de-interleaved into pair blocks at `pair_level` (empty without bf16 rows).
     pairs: &'a [f32],
-    /// Sums of `x` per block of 32, of the quantized `x` when `int8` is set (empty without
+    /// Sums of `x` per block of 32, for the rows that read the f32 `x` (empty without
     /// quantized rows).
     sums: &'a [f32],
     /// `x` quantized to int8, with [`Activations::Int8`] and 4-bit rows.
@@ -194,16 +194,21 @@ impl<'a> DecodeX<'a> {
             deinterleave(pair_level, x, pairs);
             d.pairs = pairs;
         }
+        // Rows of 4-bit nibbles, which the int8 kernels read; the other quantized rows read
+        // the f32 `x` and its sums.
         let four_bit = |k: &Kernel<'_>| match k {
-            Kernel::Quant(q) => matches!(q.qtype(), QType::Q4_0 | QType::Q4_1),
+            Kernel::Quant(q) => matches!(q.layout(), Layout::Groups(_, f) if f.nibbles()),
             Kernel::Dense(_) => false,
         };
         let blocks = x.len() / QK;
-        if s.activations() == Activations::Int8 && readers.iter().any(four_bit) {
+        let int8 = s.activations() == Activations::Int8 && readers.iter().any(four_bit);
+        if int8 {
             let (q, scales, sums) = (s.i8s(blocks * QK)?, s.f32s(blocks)?, s.f32s(blocks)?);
             group_matvec::quantize::run(level, x, q, scales, sums);
-            (d.int8, d.sums) = (Some(Int8X { q, scales }), sums);
-        } else if readers.iter().any(|k| matches!(k, Kernel::Quant(_))) {
+            d.int8 = Some(Int8X { q, scales, sums });
+        }
+        let f32_rows = |k: &Kernel<'_>| matches!(k, Kernel::Quant(_)) && !(int8 && four_bit(k));
+        if readers.iter().any(f32_rows) {
             let sums = s.f32s(blocks)?;
             group_matvec::block_sums::run(level, x, sums);
             d.sums = sums;

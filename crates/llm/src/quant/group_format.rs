@@ -1,5 +1,5 @@
-//! The blocks of 32 weights the group layout ([`super::groups`]) holds: three of ggml's
-//! formats as the file has them (Q4_0, Q4_1, Q8_0), and two with f32 scales that the
+//! The blocks of 32 weights the group layout ([`super::groups`]) holds: five of ggml's
+//! formats as the file has them (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), and two with f32 scales that the
 //! K-quants are repacked into at load (Q4_K's sub-blocks as [`GroupFormat::Q4_1F32`], Q6_K's
 //! as [`GroupFormat::Q8_0F32x2`]), so they run the tuned 4-bit and 8-bit group kernels.
 //!
@@ -8,12 +8,12 @@
 //! repacked block dequantizes to the file's values bit for bit (each format's `to_*`
 //! function in `quant/formats/` says why).
 //!
-//! Every block is a header of scale words (the same width each) and then its quants; the
-//! group layout keeps each header word of 16 rows together and the quants byte position by
-//! byte position.
+//! Every block is a header of words of the same width (its scales, and for Q5_0 and Q5_1
+//! the two halves of `qh`, their fifth bits) and then its quants; the group layout keeps
+//! each header word of 16 rows together and the quants byte position by byte position.
 
 use crate::quant::format::{f16_at, QType, QK};
-use crate::quant::formats::{q4_0, q4_1, q8_0};
+use crate::quant::formats::{q4_0, q4_1, q5_0, q5_1, q8_0};
 
 /// The format of a block of 32 weights in the group layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -23,8 +23,13 @@ pub enum GroupFormat {
     Q4_0,
     /// ggml's Q4_1 (20 bytes): f16 `d`, f16 `m`, 16 bytes of nibbles; `q * d + m`.
     Q4_1,
-    /// ggml's Q8_0 (34 bytes): f16 `d`, 32 signed bytes; `q * d`. Also Q5_0's blocks,
-    /// transcoded at load.
+    /// ggml's Q5_0 (22 bytes): f16 `d`, then `qh` (fifth bits, little-endian `u32`) as two
+    /// 16-bit words (weights 0..16, 16..32), 16 bytes of nibbles; `(q - 16) * d`.
+    Q5_0,
+    /// ggml's Q5_1 (24 bytes): f16 `d`, f16 `m`, `qh` as Q5_0's, 16 bytes of nibbles; `q * d
+    /// + m`.
+    Q5_1,
+    /// ggml's Q8_0 (34 bytes): f16 `d`, 32 signed bytes; `q * d`.
     Q8_0,
     /// Q4_1 with f32 `d` and `m` (24 bytes): weight `j` is `(qs[j] & 15) * d + m`, weight
     /// `j + 16` is `(qs[j] >> 4) * d + m`. Q4_K's sub-blocks.
@@ -42,10 +47,12 @@ impl GroupFormat {
         match t {
             QType::Q4_0 => Some(GroupFormat::Q4_0),
             QType::Q4_1 => Some(GroupFormat::Q4_1),
-            QType::Q5_0 | QType::Q8_0 => Some(GroupFormat::Q8_0),
+            QType::Q5_0 => Some(GroupFormat::Q5_0),
+            QType::Q5_1 => Some(GroupFormat::Q5_1),
+            QType::Q8_0 => Some(GroupFormat::Q8_0),
             QType::Q4_K => Some(GroupFormat::Q4_1F32),
             QType::Q6_K => Some(GroupFormat::Q8_0F32x2),
-            QType::Q5_1 | QType::Q5_K => None,
+            QType::Q5_K => None,
         }
     }
 
@@ -54,18 +61,25 @@ impl GroupFormat {
         self.header_bytes() + self.quant_bytes()
     }
 
-    /// Scale words before the quants: the scale, and the minimum or the second scale.
+    /// Words before the quants: the scale; the minimum or the second scale; Q5's two
+    /// halves of `qh` last.
     pub const fn header_words(self) -> usize {
         match self {
             GroupFormat::Q4_0 | GroupFormat::Q8_0 => 1,
             GroupFormat::Q4_1 | GroupFormat::Q4_1F32 | GroupFormat::Q8_0F32x2 => 2,
+            GroupFormat::Q5_0 => 3,
+            GroupFormat::Q5_1 => 4,
         }
     }
 
-    /// Bytes of one scale word: 2 (f16) or 4 (f32).
+    /// Bytes of one header word: 2 (f16, or 16 fifth bits) or 4 (f32).
     pub const fn word_bytes(self) -> usize {
         match self {
-            GroupFormat::Q4_0 | GroupFormat::Q4_1 | GroupFormat::Q8_0 => 2,
+            GroupFormat::Q4_0
+            | GroupFormat::Q4_1
+            | GroupFormat::Q5_0
+            | GroupFormat::Q5_1
+            | GroupFormat::Q8_0 => 2,
             GroupFormat::Q4_1F32 | GroupFormat::Q8_0F32x2 => 4,
         }
     }
@@ -77,20 +91,26 @@ impl GroupFormat {
 
     /// Bytes of the quants: 16 (nibbles) or 32 (signed bytes).
     pub const fn quant_bytes(self) -> usize {
-        if self.nibbles() {
-            QK / 2
-        } else {
+        if self.bits() == 8 {
             QK
+        } else {
+            QK / 2
         }
     }
 
-    /// Whether the quants are nibbles (the 4-bit formats, which the int8-activation kernels
-    /// also read).
+    /// Bits of a quant: 4, 5 (a nibble and a bit of `qh`) or 8.
+    pub const fn bits(self) -> u32 {
+        match self {
+            GroupFormat::Q4_0 | GroupFormat::Q4_1 | GroupFormat::Q4_1F32 => 4,
+            GroupFormat::Q5_0 | GroupFormat::Q5_1 => 5,
+            GroupFormat::Q8_0 | GroupFormat::Q8_0F32x2 => 8,
+        }
+    }
+
+    /// Whether the quants are nibbles alone (the 4-bit formats, which the int8-activation
+    /// kernels also read).
     pub const fn nibbles(self) -> bool {
-        matches!(
-            self,
-            GroupFormat::Q4_0 | GroupFormat::Q4_1 | GroupFormat::Q4_1F32
-        )
+        self.bits() == 4
     }
 }
 
@@ -107,6 +127,8 @@ pub fn dequantize_block(f: GroupFormat, b: &[u8], out: &mut [f32]) {
     match f {
         GroupFormat::Q4_0 => q4_0::dequantize(b, out),
         GroupFormat::Q4_1 => q4_1::dequantize(b, out),
+        GroupFormat::Q5_0 => q5_0::dequantize(b, out),
+        GroupFormat::Q5_1 => q5_1::dequantize(b, out),
         GroupFormat::Q8_0 => q8_0::dequantize(b, out),
         GroupFormat::Q4_1F32 => {
             let (d, m) = (f32_at(b, 0), f32_at(b, 4));

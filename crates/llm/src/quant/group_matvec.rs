@@ -6,11 +6,12 @@
 //! A vector lane is a row: for each byte position `j` of a block, the 16 rows' quants are
 //! widened to f32 and multiplied by the broadcast `x[j]` (and `x[j + 16]` for the high
 //! nibbles), so a block's `q . x` of 16 rows ends in registers with no horizontal sum. Per
-//! block, `d * (q . x) + m * sum(x)` (Q4_1, Q4_1F32), `d * (q . x - 8 sum(x))` (Q4_0),
+//! block, `d * (q . x) + m * sum(x)` (Q4_1, Q4_1F32, Q5_1), `d * (q . x - 8 sum(x))`
+//! (Q4_0; 16 for Q5_0, whose fifth bits come from its `qh` words lane by lane),
 //! `d * (q . x)` (Q8_0) or `d0 * (q . x)_lo + d1 * (q . x)_hi` over its halves (Q8_0F32x2)
 //! is added to the rows' accumulators; the sums of `x` per block come from scratch.
 
-use kernel_simd::Simd;
+use kernel_simd::{load_nibbles, Simd};
 
 use crate::output::Output;
 use crate::quant::format::QK;
@@ -88,6 +89,40 @@ unsafe fn group_dots<S: Simd>(
                         }
                     }
                 }
+                GroupFormat::Q5_0 | GroupFormat::Q5_1 => {
+                    // Each lane's fifth bits: `qh`'s halves (weights 0..16 and 16..32) of
+                    // the vector's rows, the last two header words, shifted up by 4 so that
+                    // after `j` shifts right weight `j`'s bit is the 16 of its quant (one
+                    // shift a byte position: cheaper than a conversion and an FMA).
+                    let w = f.header_words() - 2;
+                    let sixteen = s.splat_i32(16);
+                    let mut qh = [[s.splat_i32(0); 2]; MAX_VECS];
+                    for (v, qv) in qh.iter_mut().enumerate().take(vecs) {
+                        for (h, qvh) in qv.iter_mut().enumerate() {
+                            let at = gb.add((w + h) * GROUP * 2).cast::<i16>();
+                            *qvh = s.shl_i32::<4>(s.load_i16(at.add(v * l)));
+                        }
+                    }
+                    for j in (0..QK / 2).step_by(2) {
+                        for (v, cv) in c.iter_mut().enumerate().take(vecs) {
+                            // Two chains, not four: AVX2's 16 registers hold the two
+                            // vectors' chains and fifth bits without spilling.
+                            for u in 0..2 {
+                                let p = q.add((j + u) * GROUP + v * l);
+                                let (lo, hi) = load_nibbles(s, p);
+                                let [qh_lo, qh_hi] = &mut qh[v];
+                                let lo = s.add_i32(lo, s.and_i32(*qh_lo, sixteen));
+                                let hi = s.add_i32(hi, s.and_i32(*qh_hi, sixteen));
+                                *qh_lo = s.shr_i32::<1>(*qh_lo);
+                                *qh_hi = s.shr_i32::<1>(*qh_hi);
+                                let (lo, hi) = (s.i32_to_f32(lo), s.i32_to_f32(hi));
+                                let (xl, xh) = (*xb.add(j + u), *xb.add(j + u + 16));
+                                cv[0] = s.fma(lo, s.splat(xl), cv[0]);
+                                cv[1] = s.fma(hi, s.splat(xh), cv[1]);
+                            }
+                        }
+                    }
+                }
                 GroupFormat::Q8_0F32x2 => {
                     // Chains 0 and 1 take the first half's byte positions, 2 and 3 the
                     // second's: each half has its own scale.
@@ -150,8 +185,8 @@ unsafe fn header_word<S: Simd>(s: S, f: GroupFormat, gb: *const u8, w: usize, v:
 }
 
 /// `acc` plus vector `v`'s rows of group-block `gb` (of `f`, a format of one scale per
-/// block): `d * qx` and the format's minimum (Q4_1, Q4_1F32: `m * xs`) or offset (Q4_0:
-/// `-8 d * xs`), where `qx` holds the rows' `q . x` and `xs` is the block's sum of `x`.
+/// block): `d * qx` and the format's minimum (Q4_1, Q4_1F32, Q5_1: `m * xs`) or offset
+/// (Q4_0: `-8 d * xs`, Q5_0: `-16 d * xs`), where `qx` holds the rows' `q . x` and `xs` is the block's sum of `x`.
 /// (Q8_0F32x2, of two scales, is summed by its caller; here it would take `d0 * qx`.)
 ///
 /// # Safety
@@ -172,7 +207,8 @@ unsafe fn add_block<S: Simd>(
         let d = header_word(s, f, gb, 0, v);
         match f {
             GroupFormat::Q4_0 => s.fma(d, s.sub(qx, s.splat(8.0 * xs)), acc),
-            GroupFormat::Q4_1 | GroupFormat::Q4_1F32 => {
+            GroupFormat::Q5_0 => s.fma(d, s.sub(qx, s.splat(16.0 * xs)), acc),
+            GroupFormat::Q4_1 | GroupFormat::Q4_1F32 | GroupFormat::Q5_1 => {
                 let m = header_word(s, f, gb, 1, v);
                 s.fma(m, s.splat(xs), s.fma(d, qx, acc))
             }
@@ -196,7 +232,8 @@ fn group_rows<S: Simd>(s: S, acc: &[S::F32; MAX_VECS]) -> [f32; GROUP] {
 /// [`group_dots`] of a 4-bit format against `x` quantized to int8 ([`Int8X`]): per block,
 /// the integer dots of the 16 rows ([`Simd::dot_nibbles16_i8`]) times the block's scale of
 /// `x`, then the format's scale and minimum (or offset) against the quantized block's sum,
-/// so each row meets one and the same quantized `x`. The 8-bit formats never come here.
+/// so each row meets one and the same quantized `x`. The 5- and 8-bit formats never come
+/// here.
 ///
 /// The walk over the blocks is written out here as in [`group_dots`], not shared through a
 /// closure: a closure is compiled without the target features of the function it is
@@ -216,7 +253,7 @@ unsafe fn group_dots_i8<S: Simd>(
     xscale: *const f32,
     xsum: *const f32,
 ) -> [f32; GROUP] {
-    debug_assert!(f.nibbles(), "8-bit rows take the f32 kernel");
+    debug_assert!(f.nibbles(), "5- and 8-bit rows take the f32 kernel");
     let l = S::LANES;
     let vecs = GROUP / l;
     let (gbb, sb) = (group_block_bytes(f), scale_bytes(f));
@@ -263,13 +300,18 @@ impl<'a> Groups<'a> {
         })
     }
 
-    /// Whether the groups cover `rows` rows and `x` their blocks.
+    /// Whether the groups cover `rows` rows and `x` (the form these rows read) their
+    /// blocks.
     fn fit(&self, rows: usize, x: &Activation<'_>) -> bool {
-        self.bytes.len() >= rows.div_ceil(GROUP) * self.blocks * group_block_bytes(self.format)
-            && x.x.len() >= self.blocks * QK
-            && x.sums.len() >= self.blocks
-            && x.int8
-                .is_none_or(|i| i.q.len() >= self.blocks * QK && i.scales.len() >= self.blocks)
+        let n = self.blocks;
+        self.bytes.len() >= rows.div_ceil(GROUP) * n * group_block_bytes(self.format)
+            && x.x.len() >= n * QK
+            && match x.int8 {
+                Some(i) if self.format.nibbles() => {
+                    i.q.len() >= n * QK && i.scales.len() >= n && i.sums.len() >= n
+                }
+                _ => x.sums.len() >= n,
+            }
     }
 
     /// The dot products of group `g`'s 16 rows with `x` (which [`Groups::fit`] checked).
@@ -288,7 +330,7 @@ impl<'a> Groups<'a> {
                     self.blocks,
                     i.q.as_ptr(),
                     i.scales.as_ptr(),
-                    x.sums.as_ptr(),
+                    i.sums.as_ptr(),
                 ),
                 _ => group_dots(
                     s,
@@ -308,11 +350,11 @@ impl<'a> Groups<'a> {
 pub struct Activation<'a> {
     /// `x`, 32 floats per block.
     pub x: &'a [f32],
-    /// The sum of each block of 32 of `x` as the 4-bit rows read it: of `x` itself
-    /// ([`block_sums`]), or of the quantized `x` when `int8` is set ([`quantize`]).
+    /// The sum of each block of 32 of `x` ([`block_sums`]), for the rows that read the f32
+    /// `x` (may be empty when every row reads `int8`).
     pub sums: &'a [f32],
     /// `x` quantized to int8, when the 4-bit rows are to use it (an inexact, opt-in mode:
-    /// [`crate::Activations::Int8`]); 8-bit rows read the f32 `x` either way.
+    /// [`crate::Activations::Int8`]); 5- and 8-bit rows read the f32 `x` either way.
     pub int8: Option<Int8X<'a>>,
 }
 
@@ -324,6 +366,8 @@ pub struct Int8X<'a> {
     /// Each block's scale: its largest magnitude over 127 (0 for a block of zeros; NaN if
     /// the block holds a NaN or an infinity).
     pub scales: &'a [f32],
+    /// Each block's sum of the quantized `x`, `scale * sum(q)` ([`quantize`]).
+    pub sums: &'a [f32],
 }
 
 /// `sums[b] = sum(x[32 b .. 32 b + 32])` for the whole blocks of `x` that `sums` holds.
@@ -499,7 +543,8 @@ mod tests {
 
     /// The int8-activation kernels (4-bit rows) on every level, against f64 dot products of
     /// the exactly dequantized rows with the *quantized* `x` (`q * scale`): the integer sums
-    /// are exact, so only f32 rounding separates them. 8-bit rows ignore the int8 `x`. And
+    /// are exact, so only f32 rounding separates them. 5- and 8-bit rows ignore the int8
+    /// `x`. And
     /// the quantized `x` is within half a step of `x`.
     #[test]
     fn int8_group_kernels_match_f64_of_the_quantized_x() {
@@ -521,7 +566,7 @@ mod tests {
                         "x[{i}]"
                     );
                 }
-                // 8-bit rows read the f32 `x`; 4-bit rows the quantized one.
+                // 5- and 8-bit rows read the f32 `x`; 4-bit rows the quantized one.
                 let x_used: Vec<f64> = match GroupFormat::of(t).unwrap().nibbles() {
                     false => x.iter().map(|&v| f64::from(v)).collect(),
                     true => xq,
@@ -529,10 +574,13 @@ mod tests {
                 let int8 = Some(Int8X {
                     q: &q,
                     scales: &scales,
+                    sums: &sums,
                 });
+                let mut xsums = vec![0f32; k / QK];
+                block_sums::run(kernels::isa(), &x, &mut xsums);
                 let xa = Activation {
                     x: &x,
-                    sums: &sums,
+                    sums: &xsums,
                     int8,
                 };
                 check_every_level(&w, &exact, &x_used, xa, &format!("int8 blocks {blocks}"));
@@ -597,10 +645,11 @@ mod tests {
             quantize::run(kernels::isa(), &x, &mut q, &mut scales, &mut sums);
             let xa = Activation {
                 x: &x,
-                sums: &sums,
+                sums: &[],
                 int8: Some(Int8X {
                     q: &q,
                     scales: &scales,
+                    sums: &sums,
                 }),
             };
             for level in available_levels() {

@@ -21,7 +21,7 @@ use rayon::prelude::*;
 use kernel_simd::Level;
 
 use crate::quant::format::{QType, QK};
-use crate::quant::formats::{q4_k, q5_0, q6_k};
+use crate::quant::formats::{q4_k, q6_k};
 use crate::quant::group_format::dequantize_block;
 pub use crate::quant::group_format::GroupFormat;
 use crate::quant::widen::widen_blocks;
@@ -52,7 +52,7 @@ pub struct RowGroups {
 
 impl RowGroups {
     /// `rows` rows of `cols / 32` blocks of `f`, packed from `src` (rows of blocks of `f`
-    /// one after another, as the file holds Q4_0, Q4_1 and Q8_0; `src.len() == rows * cols /
+    /// one after another, as the file holds the ggml formats of [`GroupFormat`]; `src.len() == rows * cols /
     /// 32 * f.block_bytes()`, which the callers check).
     pub fn pack(f: GroupFormat, rows: usize, cols: usize, src: &[u8]) -> RowGroups {
         let bb = f.block_bytes();
@@ -65,8 +65,8 @@ impl RowGroups {
     /// `rows` rows of `cols` weights of `t` from the file's layout (`src`, whose length the
     /// callers check: `rows * t.row_bytes(cols)`), in the group format `t` is read in
     /// ([`GroupFormat::of`]): as the file has them, or each block transcoded or repacked by
-    /// its format's file (Q5_0 to Q8_0, Q4_K to Q4_1F32, Q6_K to Q8_0F32x2). `None` for
-    /// the formats kept row by row.
+    /// its format's file (Q4_K to Q4_1F32, Q6_K to Q8_0F32x2). `None` for the formats kept
+    /// row by row.
     pub fn from_file(
         t: QType,
         rows: usize,
@@ -78,17 +78,16 @@ impl RowGroups {
         // The file block (a block of 32, or the super-block) holding block `b` of row `r`.
         let at = |r: usize, b: usize| &src[r * rb + b / per * bb..][..bb];
         let groups = match t {
-            QType::Q4_0 | QType::Q4_1 | QType::Q8_0 => RowGroups::pack(f, rows, cols, src),
-            QType::Q5_0 => Self::pack_blocks(f, rows, cols, |r, b, blk| {
-                q5_0::to_q8_0(at(r, b), blk);
-            }),
+            QType::Q4_0 | QType::Q4_1 | QType::Q5_0 | QType::Q5_1 | QType::Q8_0 => {
+                RowGroups::pack(f, rows, cols, src)
+            }
             QType::Q4_K => Self::pack_blocks(f, rows, cols, |r, b, blk| {
                 q4_k::to_q4_1_f32(at(r, b), b % per, blk);
             }),
             QType::Q6_K => Self::pack_blocks(f, rows, cols, |r, b, blk| {
                 q6_k::to_q8_0_f32x2(at(r, b), b % per, blk);
             }),
-            QType::Q5_1 | QType::Q5_K => return None,
+            QType::Q5_K => return None,
         };
         Some((groups, f))
     }
@@ -160,6 +159,8 @@ impl RowGroups {
         match f {
             GroupFormat::Q4_0 => dequantize_lane::<{ GROUP * 18 }, 18>(f, group, i, out),
             GroupFormat::Q4_1 => dequantize_lane::<{ GROUP * 20 }, 20>(f, group, i, out),
+            GroupFormat::Q5_0 => dequantize_lane::<{ GROUP * 22 }, 22>(f, group, i, out),
+            GroupFormat::Q5_1 => dequantize_lane::<{ GROUP * 24 }, 24>(f, group, i, out),
             GroupFormat::Q8_0 => dequantize_lane::<{ GROUP * 34 }, 34>(f, group, i, out),
             GroupFormat::Q4_1F32 => dequantize_lane::<{ GROUP * 24 }, 24>(f, group, i, out),
             GroupFormat::Q8_0F32x2 => dequantize_lane::<{ GROUP * 40 }, 40>(f, group, i, out),
@@ -190,6 +191,12 @@ impl RowGroups {
                     }
                     GroupFormat::Q4_1 => {
                         dequantize_group::<{ GROUP * 20 }, 20>(level, f, group, k, o)
+                    }
+                    GroupFormat::Q5_0 => {
+                        dequantize_group::<{ GROUP * 22 }, 22>(level, f, group, k, o)
+                    }
+                    GroupFormat::Q5_1 => {
+                        dequantize_group::<{ GROUP * 24 }, 24>(level, f, group, k, o)
                     }
                     GroupFormat::Q8_0 => {
                         dequantize_group::<{ GROUP * 34 }, 34>(level, f, group, k, o)

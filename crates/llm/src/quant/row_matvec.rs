@@ -1,5 +1,5 @@
-//! The decode matvec of the formats kept row by row ([`super::tensor::Layout::Rows`]: Q5_1
-//! and Q5_K), with f32 activations: each row's dot product with `x` by its
+//! The decode matvec of the formats kept row by row ([`super::tensor::Layout::Rows`]:
+//! Q5_K), with f32 activations: each row's dot product with `x` by its
 //! format's own kernel (`dot` in its file in `quant/formats/`), which widens the packed
 //! quants in registers and FMAs them against `x` per (sub-)block, then applies the block's
 //! scale, and its minimum or offset against the block's sum of `x`: the dot product of `x`
@@ -10,7 +10,7 @@
 use kernel_simd::Simd;
 
 use super::format::QType;
-use super::formats::{q5_1, q5_k};
+use super::formats::q5_k;
 use super::tensor::{Layout, QTensor};
 use crate::output::Output;
 
@@ -61,11 +61,14 @@ fn matvec_body<S: Simd>(s: S, w: Rows<'_>, x: &[f32], o: &mut [f32], output: Out
     let x = &x[..w.cols];
     for (oi, row) in o.iter_mut().zip(w.bytes.chunks_exact(rb.max(1))) {
         let dot = match w.qtype {
-            QType::Q5_1 => q5_1::dot(s, row, x),
             QType::Q5_K => q5_k::dot(s, row, x),
-            QType::Q4_0 | QType::Q4_1 | QType::Q5_0 | QType::Q8_0 | QType::Q4_K | QType::Q6_K => {
-                f32::NAN
-            }
+            QType::Q4_0
+            | QType::Q4_1
+            | QType::Q5_0
+            | QType::Q5_1
+            | QType::Q8_0
+            | QType::Q4_K
+            | QType::Q6_K => f32::NAN,
         };
         *oi = output.apply(*oi, dot);
     }

@@ -7,6 +7,7 @@
 use kernel_simd::{load_nibbles, Simd};
 
 use crate::quant::format::{QType, QK};
+use crate::quant::formats::{q5_0, q5_1};
 use crate::quant::group_format::{scale_word, GroupFormat};
 
 /// `blocks` (whole blocks of `f`, as [`super::group_format`] lays them out) dequantized,
@@ -23,6 +24,18 @@ fn widen_blocks_body<S: Simd>(s: S, f: GroupFormat, blocks: &[u8], out: &mut [f3
     }
     for (i, blk) in blocks.chunks_exact(bb).enumerate() {
         let o = &mut out[i * stride..][..QK];
+        // Q5's fifth bits: the definitions, compiled inside this level.
+        match f {
+            GroupFormat::Q5_0 => {
+                q5_0::dequantize(blk, o);
+                continue;
+            }
+            GroupFormat::Q5_1 => {
+                q5_1::dequantize(blk, o);
+                continue;
+            }
+            _ => {}
+        }
         let d = s.splat(scale_word(f, blk, 0));
         let (o, q) = (o.as_mut_ptr(), blk.as_ptr());
         match f {
@@ -49,6 +62,7 @@ fn widen_blocks_body<S: Simd>(s: S, f: GroupFormat, blocks: &[u8], out: &mut [f3
                     }
                 }
             }
+            GroupFormat::Q5_0 | GroupFormat::Q5_1 => {}
             GroupFormat::Q8_0 | GroupFormat::Q8_0F32x2 => {
                 // Q8_0F32x2's second half has its own scale (`l <= 16`: a vector lies in one
                 // half).
