@@ -26,8 +26,7 @@ use crate::kernels::{self, check_buffers, Gemm, Level};
 use crate::output::Output;
 use crate::quant::format::QK;
 use crate::quant::group_matvec::{self, Activation, Groups, Int8X};
-use crate::quant::row_matvec;
-use crate::quant::{Layout, QTensor};
+use crate::quant::QTensor;
 use crate::runtime::{Activations, Scratch};
 use crate::safetensors::{Tensor, TensorData};
 
@@ -197,7 +196,7 @@ impl<'a> DecodeX<'a> {
         // Rows of 4-bit nibbles, which the int8 kernels read; the other quantized rows read
         // the f32 `x` and its sums.
         let four_bit = |k: &Kernel<'_>| match k {
-            Kernel::Quant(q) => matches!(q.layout(), Layout::Groups(_, f) if f.nibbles()),
+            Kernel::Quant(q) => q.format().nibbles(),
             Kernel::Dense(_) => false,
         };
         let blocks = x.len() / QK;
@@ -241,14 +240,10 @@ impl<'a> DecodeX<'a> {
             Kernel::Dense(rows) => {
                 dense::matvec::run(level, rows, r0, self.x, self.pairs, o, output);
             }
-            Kernel::Quant(q) => match Groups::of(q, r0, o.len()) {
-                Some(g) => group_matvec::matvec::run(level, g, self.activation(), o, output),
-                None => match row_matvec::Rows::of(q, r0, o.len()) {
-                    Some(w) => row_matvec::matvec::run(level, w, self.x, o, output),
-                    // A matrix is held in one of the two layouts.
-                    None => o.fill(f32::NAN),
-                },
-            },
+            Kernel::Quant(q) => {
+                let g = Groups::of(q, r0, o.len());
+                group_matvec::matvec::run(level, g, self.activation(), o, output);
+            }
         }
     }
 
@@ -264,15 +259,9 @@ impl<'a> DecodeX<'a> {
                 };
                 dense::swiglu_rows::run(level, g, u, r0, self.x, self.pairs, o);
             }
-            (Kernel::Quant(gq), Kernel::Quant(uq))
-                if gq.qtype().grouped() && uq.qtype().grouped() =>
-            {
-                match (Groups::of(gq, r0, o.len()), Groups::of(uq, r0, o.len())) {
-                    (Some(g), Some(u)) => {
-                        group_matvec::swiglu::run(self.level, g, u, self.activation(), o);
-                    }
-                    _ => o.fill(f32::NAN),
-                }
+            (Kernel::Quant(gq), Kernel::Quant(uq)) => {
+                let (g, u) = (Groups::of(gq, r0, o.len()), Groups::of(uq, r0, o.len()));
+                group_matvec::swiglu::run(self.level, g, u, self.activation(), o);
             }
             _ => {
                 let mut up_rows = [0f32; MAX_CHUNK];

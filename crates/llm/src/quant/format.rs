@@ -88,15 +88,6 @@ impl QType {
         }
     }
 
-    /// Whether the decode kernels read the format in the group layout
-    /// ([`super::groups::RowGroups`]: Q4_0, Q4_1 and Q8_0 as they are, Q5_0 transcoded to
-    /// Q8_0, Q4_K and Q6_K repacked into blocks of 32 with f32 scales:
-    /// [`super::group_format::GroupFormat`]); the others are kept row by row as the file has
-    /// them ([`super::row_matvec`]).
-    pub fn grouped(self) -> bool {
-        super::group_format::GroupFormat::of(self).is_some()
-    }
-
     /// Bytes of a row of `cols` weights (`cols` a multiple of [`QType::block_len`];
     /// saturating: a size no row has fails every length check instead of wrapping).
     pub fn row_bytes(self, cols: usize) -> usize {

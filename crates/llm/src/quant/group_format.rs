@@ -1,15 +1,16 @@
 //! The blocks of 32 weights the group layout ([`super::groups`]) holds: five of ggml's
-//! formats as the file has them (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), and two with f32 scales that the
-//! K-quants are repacked into at load (Q4_K's sub-blocks as [`GroupFormat::Q4_1F32`], Q6_K's
-//! as [`GroupFormat::Q8_0F32x2`]), so they run the tuned 4-bit and 8-bit group kernels.
+//! formats as the file has them (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), and three with f32 scales
+//! that the K-quants are repacked into at load (Q4_K's sub-blocks as
+//! [`GroupFormat::Q4_1F32`], Q5_K's as [`GroupFormat::Q5_1F32`], Q6_K's as
+//! [`GroupFormat::Q8_0F32x2`]), so they run the 4-, 5- and 8-bit group kernels.
 //!
 //! A K-quant's scale of a sub-block is a product of its f16 super-block scale and a small
 //! integer: up to 11 + 8 significant bits, exact in f32 but not in f16. Held in f32, the
 //! repacked block dequantizes to the file's values bit for bit (each format's `to_*`
 //! function in `quant/formats/` says why).
 //!
-//! Every block is a header of words of the same width (its scales, and for Q5_0 and Q5_1
-//! the two halves of `qh`, their fifth bits) and then its quants; the group layout keeps
+//! Every block is a header of words of the same width (its scales, and for the 5-bit
+//! formats `qh`, their fifth bits: two 16-bit halves, or one 32-bit word) and then its quants; the group layout keeps
 //! each header word of 16 rows together and the quants byte position by byte position.
 
 use crate::quant::format::{f16_at, QType, QK};
@@ -34,6 +35,10 @@ pub enum GroupFormat {
     /// Q4_1 with f32 `d` and `m` (24 bytes): weight `j` is `(qs[j] & 15) * d + m`, weight
     /// `j + 16` is `(qs[j] >> 4) * d + m`. Q4_K's sub-blocks.
     Q4_1F32,
+    /// Q5_1 with f32 `d` and `m` (28 bytes): f32 `d`, f32 `m`, `qh` as one little-endian
+    /// `u32` word, 16 bytes of nibbles; weight `j` is `q * d + m` with `q` its nibble (as
+    /// Q4_1F32's) plus 16 times bit `j` of `qh`. Q5_K's sub-blocks.
+    Q5_1F32,
     /// Q8_0 with an f32 scale per half (40 bytes): f32 `d0`, f32 `d1`, 32 signed bytes;
     /// weight `j` is `qs[j] * d0` for `j < 16`, `qs[j] * d1` after. Q6_K's sub-blocks of 16,
     /// two to a block.
@@ -41,18 +46,17 @@ pub enum GroupFormat {
 }
 
 impl GroupFormat {
-    /// The format a file's blocks of `t` are held in, when `t` is packed in groups (the
-    /// others are kept row by row: [`super::row_matvec`]).
-    pub fn of(t: QType) -> Option<GroupFormat> {
+    /// The format a file's blocks of `t` are held in.
+    pub fn of(t: QType) -> GroupFormat {
         match t {
-            QType::Q4_0 => Some(GroupFormat::Q4_0),
-            QType::Q4_1 => Some(GroupFormat::Q4_1),
-            QType::Q5_0 => Some(GroupFormat::Q5_0),
-            QType::Q5_1 => Some(GroupFormat::Q5_1),
-            QType::Q8_0 => Some(GroupFormat::Q8_0),
-            QType::Q4_K => Some(GroupFormat::Q4_1F32),
-            QType::Q6_K => Some(GroupFormat::Q8_0F32x2),
-            QType::Q5_K => None,
+            QType::Q4_0 => GroupFormat::Q4_0,
+            QType::Q4_1 => GroupFormat::Q4_1,
+            QType::Q5_0 => GroupFormat::Q5_0,
+            QType::Q5_1 => GroupFormat::Q5_1,
+            QType::Q8_0 => GroupFormat::Q8_0,
+            QType::Q4_K => GroupFormat::Q4_1F32,
+            QType::Q5_K => GroupFormat::Q5_1F32,
+            QType::Q6_K => GroupFormat::Q8_0F32x2,
         }
     }
 
@@ -67,7 +71,7 @@ impl GroupFormat {
         match self {
             GroupFormat::Q4_0 | GroupFormat::Q8_0 => 1,
             GroupFormat::Q4_1 | GroupFormat::Q4_1F32 | GroupFormat::Q8_0F32x2 => 2,
-            GroupFormat::Q5_0 => 3,
+            GroupFormat::Q5_0 | GroupFormat::Q5_1F32 => 3,
             GroupFormat::Q5_1 => 4,
         }
     }
@@ -80,7 +84,7 @@ impl GroupFormat {
             | GroupFormat::Q5_0
             | GroupFormat::Q5_1
             | GroupFormat::Q8_0 => 2,
-            GroupFormat::Q4_1F32 | GroupFormat::Q8_0F32x2 => 4,
+            GroupFormat::Q4_1F32 | GroupFormat::Q5_1F32 | GroupFormat::Q8_0F32x2 => 4,
         }
     }
 
@@ -102,7 +106,7 @@ impl GroupFormat {
     pub const fn bits(self) -> u32 {
         match self {
             GroupFormat::Q4_0 | GroupFormat::Q4_1 | GroupFormat::Q4_1F32 => 4,
-            GroupFormat::Q5_0 | GroupFormat::Q5_1 => 5,
+            GroupFormat::Q5_0 | GroupFormat::Q5_1 | GroupFormat::Q5_1F32 => 5,
             GroupFormat::Q8_0 | GroupFormat::Q8_0F32x2 => 8,
         }
     }
@@ -136,6 +140,17 @@ pub fn dequantize_block(f: GroupFormat, b: &[u8], out: &mut [f32]) {
                 let q = b[8 + j];
                 out[j] = (q & 15) as f32 * d + m;
                 out[j + 16] = (q >> 4) as f32 * d + m;
+            }
+        }
+        GroupFormat::Q5_1F32 => {
+            let (d, m) = (f32_at(b, 0), f32_at(b, 4));
+            let qh = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+            for j in 0..QK / 2 {
+                let (lo, hi) = (b[12 + j] & 15, b[12 + j] >> 4);
+                let lo = lo | (((qh >> j) & 1) << 4) as u8;
+                let hi = hi | (((qh >> (j + 16)) & 1) << 4) as u8;
+                out[j] = lo as f32 * d + m;
+                out[j + 16] = hi as f32 * d + m;
             }
         }
         GroupFormat::Q8_0F32x2 => {

@@ -16,7 +16,7 @@ use kernel_simd::{load_nibbles, Simd};
 use crate::output::Output;
 use crate::quant::format::QK;
 use crate::quant::groups::{group_block_bytes, scale_bytes, GroupFormat, GROUP};
-use crate::quant::{Layout, QTensor};
+use crate::quant::QTensor;
 
 /// The largest number of vectors a group spans (portable and NEON: 4 lanes).
 const MAX_VECS: usize = 4;
@@ -89,19 +89,27 @@ unsafe fn group_dots<S: Simd>(
                         }
                     }
                 }
-                GroupFormat::Q5_0 | GroupFormat::Q5_1 => {
-                    // Each lane's fifth bits: `qh`'s halves (weights 0..16 and 16..32) of
-                    // the vector's rows, the last two header words, shifted up by 4 so that
-                    // after `j` shifts right weight `j`'s bit is the 16 of its quant (one
-                    // shift a byte position: cheaper than a conversion and an FMA).
-                    let w = f.header_words() - 2;
+                GroupFormat::Q5_0 | GroupFormat::Q5_1 | GroupFormat::Q5_1F32 => {
+                    // Each lane's fifth bits of weights 0..16 and 16..32, from the vector's
+                    // rows' `qh` (the last two header words, or the last one of 32 bits),
+                    // shifted so that after `j` shifts right weight `j`'s bit is the 16 of
+                    // its quant (one shift a byte position: cheaper than a conversion and
+                    // an FMA).
+                    let hw = f.header_words();
                     let sixteen = s.splat_i32(16);
                     let mut qh = [[s.splat_i32(0); 2]; MAX_VECS];
                     for (v, qv) in qh.iter_mut().enumerate().take(vecs) {
-                        for (h, qvh) in qv.iter_mut().enumerate() {
-                            let at = gb.add((w + h) * GROUP * 2).cast::<i16>();
-                            *qvh = s.shl_i32::<4>(s.load_i16(at.add(v * l)));
-                        }
+                        *qv = if f.word_bytes() == 4 {
+                            let at = gb.add((hw - 1) * GROUP * 4).cast::<i32>();
+                            let word = s.load_i32(at.add(v * l));
+                            [s.shl_i32::<4>(word), s.shr_i32::<12>(word)]
+                        } else {
+                            let at = gb.add((hw - 2) * GROUP * 2).cast::<i16>();
+                            [
+                                s.shl_i32::<4>(s.load_i16(at.add(v * l))),
+                                s.shl_i32::<4>(s.load_i16(at.add(GROUP + v * l))),
+                            ]
+                        };
                     }
                     for j in (0..QK / 2).step_by(2) {
                         for (v, cv) in c.iter_mut().enumerate().take(vecs) {
@@ -208,7 +216,7 @@ unsafe fn add_block<S: Simd>(
         match f {
             GroupFormat::Q4_0 => s.fma(d, s.sub(qx, s.splat(8.0 * xs)), acc),
             GroupFormat::Q5_0 => s.fma(d, s.sub(qx, s.splat(16.0 * xs)), acc),
-            GroupFormat::Q4_1 | GroupFormat::Q4_1F32 | GroupFormat::Q5_1 => {
+            GroupFormat::Q4_1 | GroupFormat::Q4_1F32 | GroupFormat::Q5_1 | GroupFormat::Q5_1F32 => {
                 let m = header_word(s, f, gb, 1, v);
                 s.fma(m, s.splat(xs), s.fma(d, qx, acc))
             }
@@ -287,17 +295,14 @@ pub struct Groups<'a> {
 }
 
 impl<'a> Groups<'a> {
-    /// The groups of rows `r0 .. r0 + rows` of `w` (`r0` a multiple of [`GROUP`]), when `w`
-    /// is held in groups.
-    pub fn of(w: &'a QTensor, r0: usize, rows: usize) -> Option<Self> {
-        let Layout::Groups(g, format) = w.layout() else {
-            return None;
-        };
-        Some(Groups {
-            format: *format,
+    /// The groups of rows `r0 .. r0 + rows` of `w` (`r0` a multiple of [`GROUP`]).
+    pub fn of(w: &'a QTensor, r0: usize, rows: usize) -> Self {
+        let g = w.groups();
+        Groups {
+            format: w.format(),
             bytes: g.groups(r0 / GROUP, rows.div_ceil(GROUP)),
             blocks: g.blocks(),
-        })
+        }
     }
 
     /// Whether the groups cover `rows` rows and `x` (the form these rows read) their
@@ -508,7 +513,7 @@ mod tests {
             .chunks_exact(x.len())
             .map(|r| r.iter().zip(x).map(|(&a, b)| f64::from(a) * b).sum())
             .collect();
-        let wg = Groups::of(w, 0, w.rows()).unwrap();
+        let wg = Groups::of(w, 0, w.rows());
         for level in available_levels() {
             check_row_kernels(
                 &want,
@@ -525,7 +530,7 @@ mod tests {
     /// counts.
     #[test]
     fn group_kernels_match_f64_on_every_level() {
-        for t in QType::ALL.into_iter().filter(|t| t.grouped()) {
+        for t in QType::ALL {
             for (rows, blocks) in [(1, 1), (5, 2), (16, 1), (21, 3), (33, 4)] {
                 let (w, exact) = quantized(t, rows, blocks, (rows * 31 + blocks) as u32);
                 let x = data(w.cols(), 99 + blocks as u32);
@@ -548,7 +553,7 @@ mod tests {
     /// the quantized `x` is within half a step of `x`.
     #[test]
     fn int8_group_kernels_match_f64_of_the_quantized_x() {
-        for t in QType::ALL.into_iter().filter(|t| t.grouped()) {
+        for t in QType::ALL {
             for (rows, blocks) in [(1, 1), (16, 1), (21, 3), (33, 4)] {
                 let (w, exact) = quantized(t, rows, blocks, (rows * 17 + blocks) as u32);
                 let k = w.cols();
@@ -567,7 +572,7 @@ mod tests {
                     );
                 }
                 // 5- and 8-bit rows read the f32 `x`; 4-bit rows the quantized one.
-                let x_used: Vec<f64> = match GroupFormat::of(t).unwrap().nibbles() {
+                let x_used: Vec<f64> = match GroupFormat::of(t).nibbles() {
                     false => x.iter().map(|&v| f64::from(v)).collect(),
                     true => xq,
                 };
@@ -654,13 +659,7 @@ mod tests {
             };
             for level in available_levels() {
                 let mut o = [0f32; 1];
-                matvec::run(
-                    level,
-                    Groups::of(&w, 0, 1).unwrap(),
-                    xa,
-                    &mut o,
-                    Output::Overwrite,
-                );
+                matvec::run(level, Groups::of(&w, 0, 1), xa, &mut o, Output::Overwrite);
                 assert!(o[0].is_nan(), "{level} {bad}");
             }
         }
@@ -679,13 +678,7 @@ mod tests {
                 sums: &[0.0; 2],
                 int8: None,
             };
-            matvec::run(
-                level,
-                Groups::of(&w, 0, 1).unwrap(),
-                xa,
-                &mut o,
-                Output::Overwrite,
-            );
+            matvec::run(level, Groups::of(&w, 0, 1), xa, &mut o, Output::Overwrite);
             assert!(o[0].is_nan(), "{level}");
         }
     }

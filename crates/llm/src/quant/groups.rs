@@ -21,7 +21,7 @@ use rayon::prelude::*;
 use kernel_simd::Level;
 
 use crate::quant::format::{QType, QK};
-use crate::quant::formats::{q4_k, q6_k};
+use crate::quant::formats::{q4_k, q5_k, q6_k};
 use crate::quant::group_format::dequantize_block;
 pub use crate::quant::group_format::GroupFormat;
 use crate::quant::widen::widen_blocks;
@@ -65,15 +65,9 @@ impl RowGroups {
     /// `rows` rows of `cols` weights of `t` from the file's layout (`src`, whose length the
     /// callers check: `rows * t.row_bytes(cols)`), in the group format `t` is read in
     /// ([`GroupFormat::of`]): as the file has them, or each block transcoded or repacked by
-    /// its format's file (Q4_K to Q4_1F32, Q6_K to Q8_0F32x2). `None` for the formats kept
-    /// row by row.
-    pub fn from_file(
-        t: QType,
-        rows: usize,
-        cols: usize,
-        src: &[u8],
-    ) -> Option<(RowGroups, GroupFormat)> {
-        let f = GroupFormat::of(t)?;
+    /// its format's file (Q4_K to Q4_1F32, Q5_K to Q5_1F32, Q6_K to Q8_0F32x2).
+    pub fn from_file(t: QType, rows: usize, cols: usize, src: &[u8]) -> (RowGroups, GroupFormat) {
+        let f = GroupFormat::of(t);
         let (rb, bb, per) = (t.row_bytes(cols), t.block_bytes(), t.block_len() / QK);
         // The file block (a block of 32, or the super-block) holding block `b` of row `r`.
         let at = |r: usize, b: usize| &src[r * rb + b / per * bb..][..bb];
@@ -87,9 +81,11 @@ impl RowGroups {
             QType::Q6_K => Self::pack_blocks(f, rows, cols, |r, b, blk| {
                 q6_k::to_q8_0_f32x2(at(r, b), b % per, blk);
             }),
-            QType::Q5_K => return None,
+            QType::Q5_K => Self::pack_blocks(f, rows, cols, |r, b, blk| {
+                q5_k::to_q5_1_f32(at(r, b), b % per, blk);
+            }),
         };
-        Some((groups, f))
+        (groups, f)
     }
 
     /// The same matrix with its rows reordered: row `r` of the result is row `order[r]` of
@@ -163,6 +159,7 @@ impl RowGroups {
             GroupFormat::Q5_1 => dequantize_lane::<{ GROUP * 24 }, 24>(f, group, i, out),
             GroupFormat::Q8_0 => dequantize_lane::<{ GROUP * 34 }, 34>(f, group, i, out),
             GroupFormat::Q4_1F32 => dequantize_lane::<{ GROUP * 24 }, 24>(f, group, i, out),
+            GroupFormat::Q5_1F32 => dequantize_lane::<{ GROUP * 28 }, 28>(f, group, i, out),
             GroupFormat::Q8_0F32x2 => dequantize_lane::<{ GROUP * 40 }, 40>(f, group, i, out),
         }
     }
@@ -203,6 +200,9 @@ impl RowGroups {
                     }
                     GroupFormat::Q4_1F32 => {
                         dequantize_group::<{ GROUP * 24 }, 24>(level, f, group, k, o)
+                    }
+                    GroupFormat::Q5_1F32 => {
+                        dequantize_group::<{ GROUP * 28 }, 28>(level, f, group, k, o)
                     }
                     GroupFormat::Q8_0F32x2 => {
                         dequantize_group::<{ GROUP * 40 }, 40>(level, f, group, k, o)
@@ -354,7 +354,7 @@ mod tests {
     /// format packed in groups (the transcoded and repacked ones included).
     #[test]
     fn rows_read_back_exactly_and_permute() {
-        for t in QType::ALL.into_iter().filter(|t| t.grouped()) {
+        for t in QType::ALL {
             let (rows, cols) = (37, 3 * t.block_len());
             let src = file_rows(t, rows, cols, (rows * 7 + cols) as u32);
             let rb = t.row_bytes(cols);
@@ -363,7 +363,7 @@ mod tests {
                 dequantize_row(t, &src[r * rb..][..rb], &mut o);
                 o
             };
-            let (g, f) = RowGroups::from_file(t, rows, cols, &src).unwrap();
+            let (g, f) = RowGroups::from_file(t, rows, cols, &src);
             assert_eq!(g.bytes().len(), 3 * g.group_bytes(), "{t:?}: three groups");
             let order: Vec<usize> = (0..rows).map(|r| (r * 5 + 3) % rows).collect();
             let p = g.permute_rows(f, rows, &order);

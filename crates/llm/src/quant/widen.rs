@@ -1,14 +1,13 @@
-//! Whole quantized blocks dequantized with SIMD, exactly as each format defines them (the
-//! group formats of [`crate::quant::group_format`], and the row-held formats of
-//! [`crate::quant::format`]): prefill's widening of weight rows (through
+//! Whole quantized blocks of the group formats ([`crate::quant::group_format`]) dequantized
+//! with SIMD, exactly as each format defines them: prefill's widening of weight rows (through
 //! [`crate::quant::groups::RowGroups::dequantize_rows`]). One body over `kernel_simd::Simd`,
 //! instantiated for the portable, AVX2, AVX-512 and NEON levels.
 
 use kernel_simd::{load_nibbles, Simd};
 
-use crate::quant::format::{QType, QK};
+use crate::quant::format::QK;
 use crate::quant::formats::{q5_0, q5_1};
-use crate::quant::group_format::{scale_word, GroupFormat};
+use crate::quant::group_format::{dequantize_block, scale_word, GroupFormat};
 
 /// `blocks` (whole blocks of `f`, as [`super::group_format`] lays them out) dequantized,
 /// block `i` into `out[i * stride ..][..32]`, exactly as
@@ -32,6 +31,10 @@ fn widen_blocks_body<S: Simd>(s: S, f: GroupFormat, blocks: &[u8], out: &mut [f3
             }
             GroupFormat::Q5_1 => {
                 q5_1::dequantize(blk, o);
+                continue;
+            }
+            GroupFormat::Q5_1F32 => {
+                dequantize_block(f, blk, o);
                 continue;
             }
             _ => {}
@@ -62,7 +65,7 @@ fn widen_blocks_body<S: Simd>(s: S, f: GroupFormat, blocks: &[u8], out: &mut [f3
                     }
                 }
             }
-            GroupFormat::Q5_0 | GroupFormat::Q5_1 => {}
+            GroupFormat::Q5_0 | GroupFormat::Q5_1 | GroupFormat::Q5_1F32 => {}
             GroupFormat::Q8_0 | GroupFormat::Q8_0F32x2 => {
                 // Q8_0F32x2's second half has its own scale (`l <= 16`: a vector lies in one
                 // half).
@@ -85,34 +88,4 @@ fn widen_blocks_body<S: Simd>(s: S, f: GroupFormat, blocks: &[u8], out: &mut [f3
 kernel_simd::instantiate! {
     /// Whole file blocks dequantized into rows of a stride (prefill's widening).
     pub fn widen_blocks(f: GroupFormat, blocks: &[u8], out: &mut [f32], stride: usize) = widen_blocks_body;
-}
-
-/// `rows` (whole rows of a format held row by row, in the file's layout) dequantized into
-/// `out`, row after row, exactly as [`dequantize_block`](crate::quant::format::dequantize_block)
-/// defines the format: the formats' scalar definitions, compiled inside each level's target
-/// features so the compiler may vectorize them (prefill's widening of the row-held formats).
-/// Does nothing past what `out` holds.
-#[inline(always)]
-fn widen_rows_body<S: Simd>(_s: S, t: QType, rows: &[u8], out: &mut [f32]) {
-    use crate::quant::formats::{q4_k, q5_0, q5_1, q5_k, q6_k};
-    let (bb, n) = (t.block_bytes(), t.block_len());
-    // Plain loops calling each format by name, so the definitions compile inside this
-    // function's level (a closure would be compiled without its target features).
-    for (b, o) in rows.chunks_exact(bb).zip(out.chunks_exact_mut(n)) {
-        match t {
-            QType::Q5_0 => q5_0::dequantize(b, o),
-            QType::Q5_1 => q5_1::dequantize(b, o),
-            QType::Q4_K => q4_k::dequantize(b, o),
-            QType::Q5_K => q5_k::dequantize(b, o),
-            QType::Q6_K => q6_k::dequantize(b, o),
-            QType::Q4_0 | QType::Q4_1 | QType::Q8_0 => {
-                crate::quant::format::dequantize_block(t, b, o)
-            }
-        }
-    }
-}
-
-kernel_simd::instantiate! {
-    /// Whole rows of a row-held format dequantized (prefill's widening).
-    pub fn widen_rows(t: QType, rows: &[u8], out: &mut [f32]) = widen_rows_body;
 }
