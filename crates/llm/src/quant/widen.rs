@@ -49,26 +49,35 @@ fn widen_blocks_body<S: Simd>(s: S, f: GroupFormat, blocks: &[u8], out: &mut [f3
         let d = s.splat(scale_word(f, blk, 0));
         let (o, q) = (o.as_mut_ptr(), blk.as_ptr());
         match f {
-            GroupFormat::Q4_0
-            | GroupFormat::Q4_1
-            | GroupFormat::Q4_1F32
-            | GroupFormat::Q5_0
-            | GroupFormat::Q5_1
-            | GroupFormat::Q5_1F32 => {
-                let offset = match f {
-                    GroupFormat::Q4_0 => 8,
-                    GroupFormat::Q5_0 => 16,
-                    _ => 0,
-                };
-                let with_min = offset == 0;
+            GroupFormat::Q4_0 | GroupFormat::Q4_1 | GroupFormat::Q4_1F32 => {
+                let with_min = f != GroupFormat::Q4_0;
                 let m = if with_min { scale_word(f, blk, 1) } else { 0.0 };
-                let (m, off) = (s.splat(m), s.splat_i32(offset));
-                // The 5-bit formats' `qh`, the header's last 4 bytes (0 for the 4-bit ones).
-                let hb = f.header_bytes();
-                let qh = match f.bits() {
-                    5 => u32::from_le_bytes([blk[hb - 4], blk[hb - 3], blk[hb - 2], blk[hb - 1]]),
-                    _ => 0,
+                let (m, off) = (s.splat(m), s.splat_i32(if with_min { 0 } else { 8 }));
+                // `q * d + m` as two roundings, as the definition computes it.
+                let w = |q| {
+                    let w = s.mul(s.i32_to_f32(s.sub_i32(q, off)), d);
+                    if with_min {
+                        s.add(w, m)
+                    } else {
+                        w
+                    }
                 };
+                for c in (0..QK / 2).step_by(l) {
+                    // SAFETY: `blk` has `q0 + 16` bytes and `c + l <= 16`; `o` has 32
+                    // floats and `16 + c + l <= 32`.
+                    unsafe {
+                        let (lo, hi) = load_nibbles(s, q.add(q0 + c));
+                        s.store(o.add(c), w(lo));
+                        s.store(o.add(16 + c), w(hi));
+                    }
+                }
+            }
+            GroupFormat::Q5_0 | GroupFormat::Q5_1 | GroupFormat::Q5_1F32 => {
+                let with_min = f != GroupFormat::Q5_0;
+                let m = if with_min { scale_word(f, blk, 1) } else { 0.0 };
+                let (m, off) = (s.splat(m), s.splat_i32(if with_min { 0 } else { 16 }));
+                // `qh`, the header's last 4 bytes.
+                let qh = u32::from_le_bytes([blk[q0 - 4], blk[q0 - 3], blk[q0 - 2], blk[q0 - 1]]);
                 // SAFETY: the tables hold 16 >= LANES elements.
                 let (bit, sixteen) = unsafe {
                     (
@@ -90,10 +99,10 @@ fn widen_blocks_body<S: Simd>(s: S, f: GroupFormat, blocks: &[u8], out: &mut [f3
                     }
                 };
                 for c in (0..QK / 2).step_by(l) {
-                    // SAFETY: `blk` has `hb + 16` bytes and `c + l <= 16`; `o` has 32
+                    // SAFETY: `blk` has `q0 + 16` bytes and `c + l <= 16`; `o` has 32
                     // floats and `16 + c + l <= 32`.
                     unsafe {
-                        let (lo, hi) = load_nibbles(s, q.add(hb + c));
+                        let (lo, hi) = load_nibbles(s, q.add(q0 + c));
                         s.store(o.add(c), w(lo, c));
                         s.store(o.add(16 + c), w(hi, 16 + c));
                     }
