@@ -24,9 +24,8 @@ use crate::kernels::row_kernel::Kernel;
 use crate::kernels::simd::{self as dense, deinterleave, pair_block, Rows};
 use crate::kernels::{self, check_buffers, Gemm, Level};
 use crate::output::Output;
-use crate::quant::format::{QType, QK};
+use crate::quant::format::QK;
 use crate::quant::group_matvec::{self, Activation, Groups, Int8X};
-use crate::quant::row_matvec;
 use crate::quant::QTensor;
 use crate::runtime::{Activations, Scratch};
 use crate::safetensors::{Tensor, TensorData};
@@ -158,7 +157,7 @@ struct DecodeX<'a> {
     pair_level: Level,
     /// `x` de-interleaved into pair blocks at `pair_level` (empty without bf16 rows).
     pairs: &'a [f32],
-    /// Sums of `x` per block of 32, of the quantized `x` when `int8` is set (empty without
+    /// Sums of `x` per block of 32, for the rows that read the f32 `x` (empty without
     /// quantized rows).
     sums: &'a [f32],
     /// `x` quantized to int8, with [`Activations::Int8`] and 4-bit rows.
@@ -194,16 +193,21 @@ impl<'a> DecodeX<'a> {
             deinterleave(pair_level, x, pairs);
             d.pairs = pairs;
         }
+        // Rows of 4-bit nibbles, which the int8 kernels read; the other quantized rows read
+        // the f32 `x` and its sums.
         let four_bit = |k: &Kernel<'_>| match k {
-            Kernel::Quant(q) => matches!(q.qtype(), QType::Q4_0 | QType::Q4_1),
+            Kernel::Quant(q) => q.format().nibbles(),
             Kernel::Dense(_) => false,
         };
         let blocks = x.len() / QK;
-        if s.activations() == Activations::Int8 && readers.iter().any(four_bit) {
+        let int8 = s.activations() == Activations::Int8 && readers.iter().any(four_bit);
+        if int8 {
             let (q, scales, sums) = (s.i8s(blocks * QK)?, s.f32s(blocks)?, s.f32s(blocks)?);
             group_matvec::quantize::run(level, x, q, scales, sums);
-            (d.int8, d.sums) = (Some(Int8X { q, scales }), sums);
-        } else if readers.iter().any(|k| matches!(k, Kernel::Quant(_))) {
+            d.int8 = Some(Int8X { q, scales, sums });
+        }
+        let f32_rows = |k: &Kernel<'_>| matches!(k, Kernel::Quant(_)) && !(int8 && four_bit(k));
+        if readers.iter().any(f32_rows) {
             let sums = s.f32s(blocks)?;
             group_matvec::block_sums::run(level, x, sums);
             d.sums = sums;
@@ -236,14 +240,10 @@ impl<'a> DecodeX<'a> {
             Kernel::Dense(rows) => {
                 dense::matvec::run(level, rows, r0, self.x, self.pairs, o, output);
             }
-            Kernel::Quant(q) => match Groups::of(q, r0, o.len()) {
-                Some(g) => group_matvec::matvec::run(level, g, self.activation(), o, output),
-                None => match row_matvec::Rows::of(q, r0, o.len()) {
-                    Some(w) => row_matvec::matvec::run(level, w, self.x, o, output),
-                    // A matrix is held in one of the two layouts.
-                    None => o.fill(f32::NAN),
-                },
-            },
+            Kernel::Quant(q) => {
+                let g = Groups::of(q, r0, o.len());
+                group_matvec::matvec::run(level, g, self.activation(), o, output);
+            }
         }
     }
 
@@ -259,15 +259,9 @@ impl<'a> DecodeX<'a> {
                 };
                 dense::swiglu_rows::run(level, g, u, r0, self.x, self.pairs, o);
             }
-            (Kernel::Quant(gq), Kernel::Quant(uq))
-                if gq.qtype().grouped() && uq.qtype().grouped() =>
-            {
-                match (Groups::of(gq, r0, o.len()), Groups::of(uq, r0, o.len())) {
-                    (Some(g), Some(u)) => {
-                        group_matvec::swiglu::run(self.level, g, u, self.activation(), o);
-                    }
-                    _ => o.fill(f32::NAN),
-                }
+            (Kernel::Quant(gq), Kernel::Quant(uq)) => {
+                let (g, u) = (Groups::of(gq, r0, o.len()), Groups::of(uq, r0, o.len()));
+                group_matvec::swiglu::run(self.level, g, u, self.activation(), o);
             }
             _ => {
                 let mut up_rows = [0f32; MAX_CHUNK];

@@ -16,8 +16,7 @@ use crate::quant::QTensor;
 pub(crate) enum Kernel<'w> {
     /// f32, bf16 or f16 rows, widened in registers.
     Dense(Rows<'w>),
-    /// Quantized rows, in groups of 16 ([`crate::quant::groups`]) or row by row
-    /// ([`crate::quant::row_matvec`]), dequantized in registers.
+    /// Quantized rows, in groups of 16 ([`crate::quant::groups`]), dequantized in registers.
     Quant(&'w QTensor),
 }
 

@@ -88,13 +88,6 @@ impl QType {
         }
     }
 
-    /// Whether the decode kernels read the format in the group layout
-    /// ([`super::groups::RowGroups`]: Q4_0, Q4_1 and Q8_0 as they are, Q5_0 transcoded to
-    /// Q8_0); the others are kept row by row as the file has them ([`super::row_matvec`]).
-    pub fn grouped(self) -> bool {
-        matches!(self, QType::Q4_0 | QType::Q4_1 | QType::Q5_0 | QType::Q8_0)
-    }
-
     /// Bytes of a row of `cols` weights (`cols` a multiple of [`QType::block_len`];
     /// saturating: a size no row has fails every length check instead of wrapping).
     pub fn row_bytes(self, cols: usize) -> usize {

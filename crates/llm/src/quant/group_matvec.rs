@@ -6,15 +6,17 @@
 //! A vector lane is a row: for each byte position `j` of a block, the 16 rows' quants are
 //! widened to f32 and multiplied by the broadcast `x[j]` (and `x[j + 16]` for the high
 //! nibbles), so a block's `q . x` of 16 rows ends in registers with no horizontal sum. Per
-//! block, `d * (q . x) + m * sum(x)` (Q4_1), `d * (q . x - 8 sum(x))` (Q4_0) or `d * (q . x)`
-//! (Q8_0) is added to the rows' accumulators; the sums of `x` per block come from scratch.
+//! block, `d * (q . x) + m * sum(x)` (Q4_1, Q4_1F32, Q5_1), `d * (q . x - 8 sum(x))`
+//! (Q4_0; 16 for Q5_0, whose fifth bits come from its `qh` words lane by lane),
+//! `d * (q . x)` (Q8_0) or `d0 * (q . x)_lo + d1 * (q . x)_hi` over its halves (Q8_0F32x2)
+//! is added to the rows' accumulators; the sums of `x` per block come from scratch.
 
-use kernel_simd::Simd;
+use kernel_simd::{load_nibbles, Simd};
 
 use crate::output::Output;
-use crate::quant::format::{QType, QK};
-use crate::quant::groups::{group_block_bytes, scale_bytes, GROUP};
-use crate::quant::{Layout, QTensor};
+use crate::quant::format::QK;
+use crate::quant::groups::{group_block_bytes, scale_bytes, GroupFormat, GROUP};
+use crate::quant::QTensor;
 
 /// The largest number of vectors a group spans (portable and NEON: 4 lanes).
 const MAX_VECS: usize = 4;
@@ -46,12 +48,12 @@ fn prefetch_ahead(p: *const u8, len: usize) {
 /// The dot products of one group's 16 rows (`blocks` group-blocks at `g`) with `x`.
 ///
 /// # Safety
-/// `g` is readable for `blocks` group-blocks of `t`, `x` for `32 * blocks` floats and `xsum`
+/// `g` is readable for `blocks` group-blocks of `f`, `x` for `32 * blocks` floats and `xsum`
 /// for `blocks`.
 #[inline(always)]
 unsafe fn group_dots<S: Simd>(
     s: S,
-    t: QType,
+    f: GroupFormat,
     g: *const u8,
     blocks: usize,
     x: *const f32,
@@ -59,7 +61,7 @@ unsafe fn group_dots<S: Simd>(
 ) -> [f32; GROUP] {
     let l = S::LANES;
     let vecs = GROUP / l;
-    let (gbb, sb) = (group_block_bytes(t), scale_bytes(t));
+    let (gbb, sb) = (group_block_bytes(f), scale_bytes(f));
     let mut acc = [s.zero(); MAX_VECS];
     for b in 0..blocks {
         // SAFETY: block `b < blocks` of `g`, its 32 floats of `x` and its sum (caller).
@@ -71,8 +73,8 @@ unsafe fn group_dots<S: Simd>(
             // Four chains per vector (low / high nibbles or byte parity, even / odd `j`), so
             // the FMAs of one block do not wait on each other.
             let mut c = [[s.zero(); 4]; MAX_VECS];
-            match t {
-                QType::Q4_0 | QType::Q4_1 => {
+            match f {
+                GroupFormat::Q4_0 | GroupFormat::Q4_1 | GroupFormat::Q4_1F32 => {
                     // Two byte positions a step, so every chain index is a constant and the
                     // chains stay in registers.
                     for j in (0..QK / 2).step_by(2) {
@@ -87,8 +89,62 @@ unsafe fn group_dots<S: Simd>(
                         }
                     }
                 }
-                // Q8_0 (the only other format packed in groups).
-                _ => {
+                GroupFormat::Q5_0 | GroupFormat::Q5_1 | GroupFormat::Q5_1F32 => {
+                    // Each lane's fifth bits of weights 0..16 and 16..32, from the vector's
+                    // rows' `qh` (the last two header words, or the last one of 32 bits),
+                    // shifted so that after `j` shifts right weight `j`'s bit is the 16 of
+                    // its quant (one shift a byte position: cheaper than a conversion and
+                    // an FMA).
+                    let hw = f.header_words();
+                    let sixteen = s.splat_i32(16);
+                    let mut qh = [[s.splat_i32(0); 2]; MAX_VECS];
+                    for (v, qv) in qh.iter_mut().enumerate().take(vecs) {
+                        *qv = if f.word_bytes() == 4 {
+                            let at = gb.add((hw - 1) * GROUP * 4).cast::<i32>();
+                            let word = s.load_i32(at.add(v * l));
+                            [s.shl_i32::<4>(word), s.shr_i32::<12>(word)]
+                        } else {
+                            let at = gb.add((hw - 2) * GROUP * 2).cast::<i16>();
+                            [
+                                s.shl_i32::<4>(s.load_i16(at.add(v * l))),
+                                s.shl_i32::<4>(s.load_i16(at.add(GROUP + v * l))),
+                            ]
+                        };
+                    }
+                    for j in (0..QK / 2).step_by(2) {
+                        for (v, cv) in c.iter_mut().enumerate().take(vecs) {
+                            // Two chains, not four: AVX2's 16 registers hold the two
+                            // vectors' chains and fifth bits without spilling.
+                            for u in 0..2 {
+                                let p = q.add((j + u) * GROUP + v * l);
+                                let (lo, hi) = load_nibbles(s, p);
+                                let [qh_lo, qh_hi] = &mut qh[v];
+                                let lo = s.add_i32(lo, s.and_i32(*qh_lo, sixteen));
+                                let hi = s.add_i32(hi, s.and_i32(*qh_hi, sixteen));
+                                *qh_lo = s.shr_i32::<1>(*qh_lo);
+                                *qh_hi = s.shr_i32::<1>(*qh_hi);
+                                let (lo, hi) = (s.i32_to_f32(lo), s.i32_to_f32(hi));
+                                let (xl, xh) = (*xb.add(j + u), *xb.add(j + u + 16));
+                                cv[0] = s.fma(lo, s.splat(xl), cv[0]);
+                                cv[1] = s.fma(hi, s.splat(xh), cv[1]);
+                            }
+                        }
+                    }
+                }
+                GroupFormat::Q8_0F32x2 => {
+                    // Chains 0 and 1 take the first half's byte positions, 2 and 3 the
+                    // second's: each half has its own scale.
+                    for j in (0..QK / 2).step_by(2) {
+                        for (v, cv) in c.iter_mut().enumerate().take(vecs) {
+                            for (u, cu) in [(0, 0), (1, 1), (16, 2), (17, 3)] {
+                                let p = q.add((j + u) * GROUP + v * l).cast::<i8>();
+                                let w = s.i32_to_f32(s.load_i8(p));
+                                cv[cu] = s.fma(w, s.splat(*xb.add(j + u)), cv[cu]);
+                            }
+                        }
+                    }
+                }
+                GroupFormat::Q8_0 => {
                     for j in (0..QK).step_by(4) {
                         for (v, cv) in c.iter_mut().enumerate().take(vecs) {
                             for (u, cu) in cv.iter_mut().enumerate() {
@@ -102,43 +158,69 @@ unsafe fn group_dots<S: Simd>(
             }
             let xs = *xsum.add(b);
             for (v, (cv, av)) in c.iter().zip(acc.iter_mut()).enumerate().take(vecs) {
-                let qx = s.add(s.add(cv[0], cv[1]), s.add(cv[2], cv[3]));
-                *av = add_block(s, t, gb, v, qx, xs, *av);
+                let (lo, hi) = (s.add(cv[0], cv[1]), s.add(cv[2], cv[3]));
+                *av = match f {
+                    GroupFormat::Q8_0F32x2 => {
+                        let (d0, d1) = (header_word(s, f, gb, 0, v), header_word(s, f, gb, 1, v));
+                        s.fma(d1, hi, s.fma(d0, lo, *av))
+                    }
+                    _ => add_block(s, f, gb, v, s.add(lo, hi), xs, *av),
+                };
             }
         }
     }
     group_rows(s, &acc)
 }
 
-/// `acc` plus vector `v`'s rows of group-block `gb` (of `t`): `d * qx` and the format's
-/// minimum (Q4_1: `m * xs`) or offset (Q4_0: `-8 d * xs`), where `qx` holds the rows' `q .
-/// x` and `xs` is the block's sum of `x`.
+/// Vector `v`'s rows of header word `w` of group-block `gb` (of `f`), as f32: their
+/// scales (`w = 0`), minimums or second scales.
 ///
 /// # Safety
-/// `gb` is readable for a group-block of `t` and `(v + 1) * LANES <= GROUP`.
+/// `gb` is readable for a group-block of `f`, `w < f.header_words()` and `(v + 1) * LANES
+/// <= GROUP`.
+#[inline(always)]
+unsafe fn header_word<S: Simd>(s: S, f: GroupFormat, gb: *const u8, w: usize, v: usize) -> S::F32 {
+    let l = S::LANES;
+    // SAFETY: word `w` of the group-block's rows `v * LANES .. (v + 1) * LANES` (caller).
+    unsafe {
+        let at = gb.add(w * GROUP * f.word_bytes());
+        if f.word_bytes() == 4 {
+            s.load(at.cast::<f32>().add(v * l))
+        } else {
+            s.load_f16(at.cast::<u16>().add(v * l))
+        }
+    }
+}
+
+/// `acc` plus vector `v`'s rows of group-block `gb` (of `f`, a format of one scale per
+/// block): `d * qx` and the format's minimum (Q4_1, Q4_1F32, Q5_1: `m * xs`) or offset
+/// (Q4_0: `-8 d * xs`, Q5_0: `-16 d * xs`), where `qx` holds the rows' `q . x` and `xs` is the block's sum of `x`.
+/// (Q8_0F32x2, of two scales, is summed by its caller; here it would take `d0 * qx`.)
+///
+/// # Safety
+/// `gb` is readable for a group-block of `f` and `(v + 1) * LANES <= GROUP`.
 #[inline(always)]
 unsafe fn add_block<S: Simd>(
     s: S,
-    t: QType,
+    f: GroupFormat,
     gb: *const u8,
     v: usize,
     qx: S::F32,
     xs: f32,
     acc: S::F32,
 ) -> S::F32 {
-    let l = S::LANES;
-    // SAFETY: the scales (and Q4_1's minimums) of the group-block's rows `v * LANES ..
-    // (v + 1) * LANES` (caller).
+    // SAFETY: the header words of the group-block's rows `v * LANES .. (v + 1) * LANES`
+    // (caller); the minimum is word 1 of the formats that have one.
     unsafe {
-        let d = s.load_f16(gb.cast::<u16>().add(v * l));
-        match t {
-            QType::Q4_0 => s.fma(d, s.sub(qx, s.splat(8.0 * xs)), acc),
-            QType::Q4_1 => {
-                let m = s.load_f16(gb.add(2 * GROUP).cast::<u16>().add(v * l));
+        let d = header_word(s, f, gb, 0, v);
+        match f {
+            GroupFormat::Q4_0 => s.fma(d, s.sub(qx, s.splat(8.0 * xs)), acc),
+            GroupFormat::Q5_0 => s.fma(d, s.sub(qx, s.splat(16.0 * xs)), acc),
+            GroupFormat::Q4_1 | GroupFormat::Q4_1F32 | GroupFormat::Q5_1 | GroupFormat::Q5_1F32 => {
+                let m = header_word(s, f, gb, 1, v);
                 s.fma(m, s.splat(xs), s.fma(d, qx, acc))
             }
-            // Q8_0.
-            _ => s.fma(d, qx, acc),
+            GroupFormat::Q8_0 | GroupFormat::Q8_0F32x2 => s.fma(d, qx, acc),
         }
     }
 }
@@ -158,7 +240,8 @@ fn group_rows<S: Simd>(s: S, acc: &[S::F32; MAX_VECS]) -> [f32; GROUP] {
 /// [`group_dots`] of a 4-bit format against `x` quantized to int8 ([`Int8X`]): per block,
 /// the integer dots of the 16 rows ([`Simd::dot_nibbles16_i8`]) times the block's scale of
 /// `x`, then the format's scale and minimum (or offset) against the quantized block's sum,
-/// so each row meets one and the same quantized `x`. Q8_0 rows never come here.
+/// so each row meets one and the same quantized `x`. The 5- and 8-bit formats never come
+/// here.
 ///
 /// The walk over the blocks is written out here as in [`group_dots`], not shared through a
 /// closure: a closure is compiled without the target features of the function it is
@@ -171,17 +254,17 @@ fn group_rows<S: Simd>(s: S, acc: &[S::F32; MAX_VECS]) -> [f32; GROUP] {
 #[inline(always)]
 unsafe fn group_dots_i8<S: Simd>(
     s: S,
-    t: QType,
+    f: GroupFormat,
     g: *const u8,
     blocks: usize,
     x8: *const i8,
     xscale: *const f32,
     xsum: *const f32,
 ) -> [f32; GROUP] {
-    debug_assert!(t != QType::Q8_0, "Q8_0 rows take the f32 kernel");
+    debug_assert!(f.nibbles(), "5- and 8-bit rows take the f32 kernel");
     let l = S::LANES;
     let vecs = GROUP / l;
-    let (gbb, sb) = (group_block_bytes(t), scale_bytes(t));
+    let (gbb, sb) = (group_block_bytes(f), scale_bytes(f));
     let mut acc = [s.zero(); MAX_VECS];
     for b in 0..blocks {
         // SAFETY: block `b < blocks` of `g`: 256 bytes of quants after its scales; its 32
@@ -193,7 +276,7 @@ unsafe fn group_dots_i8<S: Simd>(
             let (dx, xs) = (s.splat(*xscale.add(b)), *xsum.add(b));
             for (v, (dv, av)) in dots.iter().zip(acc.iter_mut()).enumerate().take(vecs) {
                 let qx = s.mul(s.i32_to_f32(*dv), dx);
-                *av = add_block(s, t, gb, v, qx, xs, *av);
+                *av = add_block(s, f, gb, v, qx, xs, *av);
             }
         }
     }
@@ -203,8 +286,8 @@ unsafe fn group_dots_i8<S: Simd>(
 /// A run of groups of one quantized matrix, as the group kernels read it.
 #[derive(Clone, Copy)]
 pub struct Groups<'a> {
-    /// The format.
-    pub qtype: QType,
+    /// The format of the blocks.
+    pub format: GroupFormat,
     /// Whole groups ([`crate::quant::groups::RowGroups::groups`]).
     pub bytes: &'a [u8],
     /// Blocks per row.
@@ -212,47 +295,71 @@ pub struct Groups<'a> {
 }
 
 impl<'a> Groups<'a> {
-    /// The groups of rows `r0 .. r0 + rows` of `w` (`r0` a multiple of [`GROUP`]), when `w`
-    /// is held in groups.
-    pub fn of(w: &'a QTensor, r0: usize, rows: usize) -> Option<Self> {
-        let Layout::Groups(g, format) = w.layout() else {
-            return None;
-        };
-        Some(Groups {
-            qtype: *format,
+    /// The groups of rows `r0 .. r0 + rows` of `w` (`r0` a multiple of [`GROUP`]).
+    pub fn of(w: &'a QTensor, r0: usize, rows: usize) -> Self {
+        let g = w.groups();
+        Groups {
+            format: w.format(),
             bytes: g.groups(r0 / GROUP, rows.div_ceil(GROUP)),
             blocks: g.blocks(),
-        })
+        }
     }
 
-    /// Whether the groups cover `rows` rows and `x` their blocks.
+    /// Whether the groups cover `rows` rows and `x` (the form these rows read) their
+    /// blocks.
     fn fit(&self, rows: usize, x: &Activation<'_>) -> bool {
-        self.bytes.len() >= rows.div_ceil(GROUP) * self.blocks * group_block_bytes(self.qtype)
-            && x.x.len() >= self.blocks * QK
-            && x.sums.len() >= self.blocks
-            && x.int8
-                .is_none_or(|i| i.q.len() >= self.blocks * QK && i.scales.len() >= self.blocks)
+        let n = self.blocks;
+        self.bytes.len() >= rows.div_ceil(GROUP) * n * group_block_bytes(self.format)
+            && x.x.len() >= n * QK
+            && match x.int8 {
+                Some(i) if self.format.nibbles() => {
+                    i.q.len() >= n * QK && i.scales.len() >= n && i.sums.len() >= n
+                }
+                _ => x.sums.len() >= n,
+            }
     }
 
     /// The dot products of group `g`'s 16 rows with `x` (which [`Groups::fit`] checked).
     #[inline(always)]
     fn dots<S: Simd>(&self, s: S, g: usize, x: &Activation<'_>) -> [f32; GROUP] {
-        let group_bytes = self.blocks * group_block_bytes(self.qtype);
+        let group_bytes = self.blocks * group_block_bytes(self.format);
         // SAFETY: the caller checked `fit` for rows past group `g`: the group, `x` and its
         // sums cover `blocks` blocks.
         unsafe {
-            let g = self.bytes.as_ptr().add(g * group_bytes);
-            match x.int8 {
-                Some(i) if self.qtype != QType::Q8_0 => group_dots_i8(
-                    s,
-                    self.qtype,
-                    g,
-                    self.blocks,
-                    i.q.as_ptr(),
-                    i.scales.as_ptr(),
-                    x.sums.as_ptr(),
-                ),
-                _ => group_dots(s, self.qtype, g, self.blocks, x.x.as_ptr(), x.sums.as_ptr()),
+            let (g, n) = (self.bytes.as_ptr().add(g * group_bytes), self.blocks);
+            // One call per format with the format written out: the kernels are inlined here,
+            // so each copy has its format as a constant and its branches on it folded (a
+            // format passed at run time cost SmolLM2's Q4_1 decode about 3% on AVX2).
+            macro_rules! f32_dots {
+                ($f:expr) => {
+                    group_dots(s, $f, g, n, x.x.as_ptr(), x.sums.as_ptr())
+                };
+            }
+            macro_rules! i8_dots {
+                ($f:expr, $i:expr) => {
+                    group_dots_i8(
+                        s,
+                        $f,
+                        g,
+                        n,
+                        $i.q.as_ptr(),
+                        $i.scales.as_ptr(),
+                        $i.sums.as_ptr(),
+                    )
+                };
+            }
+            match (x.int8, self.format) {
+                (Some(i), GroupFormat::Q4_0) => i8_dots!(GroupFormat::Q4_0, i),
+                (Some(i), GroupFormat::Q4_1) => i8_dots!(GroupFormat::Q4_1, i),
+                (Some(i), GroupFormat::Q4_1F32) => i8_dots!(GroupFormat::Q4_1F32, i),
+                (_, GroupFormat::Q4_0) => f32_dots!(GroupFormat::Q4_0),
+                (_, GroupFormat::Q4_1) => f32_dots!(GroupFormat::Q4_1),
+                (_, GroupFormat::Q4_1F32) => f32_dots!(GroupFormat::Q4_1F32),
+                (_, GroupFormat::Q5_0) => f32_dots!(GroupFormat::Q5_0),
+                (_, GroupFormat::Q5_1) => f32_dots!(GroupFormat::Q5_1),
+                (_, GroupFormat::Q5_1F32) => f32_dots!(GroupFormat::Q5_1F32),
+                (_, GroupFormat::Q8_0) => f32_dots!(GroupFormat::Q8_0),
+                (_, GroupFormat::Q8_0F32x2) => f32_dots!(GroupFormat::Q8_0F32x2),
             }
         }
     }
@@ -263,11 +370,11 @@ impl<'a> Groups<'a> {
 pub struct Activation<'a> {
     /// `x`, 32 floats per block.
     pub x: &'a [f32],
-    /// The sum of each block of 32 of `x` as the 4-bit rows read it: of `x` itself
-    /// ([`block_sums`]), or of the quantized `x` when `int8` is set ([`quantize`]).
+    /// The sum of each block of 32 of `x` ([`block_sums`]), for the rows that read the f32
+    /// `x` (may be empty when every row reads `int8`).
     pub sums: &'a [f32],
     /// `x` quantized to int8, when the 4-bit rows are to use it (an inexact, opt-in mode:
-    /// [`crate::Activations::Int8`]); Q8_0 rows read the f32 `x` either way.
+    /// [`crate::Activations::Int8`]); 5- and 8-bit rows read the f32 `x` either way.
     pub int8: Option<Int8X<'a>>,
 }
 
@@ -279,6 +386,8 @@ pub struct Int8X<'a> {
     /// Each block's scale: its largest magnitude over 127 (0 for a block of zeros; NaN if
     /// the block holds a NaN or an infinity).
     pub scales: &'a [f32],
+    /// Each block's sum of the quantized `x`, `scale * sum(q)` ([`quantize`]).
+    pub sums: &'a [f32],
 }
 
 /// `sums[b] = sum(x[32 b .. 32 b + 32])` for the whole blocks of `x` that `sums` holds.
@@ -385,21 +494,30 @@ kernel_simd::instantiate! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::test_data::data;
+    use crate::kernels::test_data::{data, file_rows};
     use crate::kernels::{self, check_row_kernels};
-    use crate::quant::format::quantize_row;
+    use crate::quant::format::{dequantize_row, quantize_row, QType};
     use kernel_simd::available_levels;
 
-    /// A `rows x 32 blocks` matrix of `t` quantized from seeded data, and its rows exactly
-    /// dequantized.
+    /// A matrix of `rows` rows of `blocks` blocks of `t` (of 32, or super-blocks of 256 for
+    /// the K-quants) from seeded data, and its rows exactly dequantized (from the file's
+    /// bytes, by the format's definition).
     fn quantized(t: QType, rows: usize, blocks: usize, seed: u32) -> (QTensor, Vec<f32>) {
-        let k = blocks * QK;
-        let bytes: Vec<u8> = data(rows * k, seed)
-            .chunks_exact(k)
-            .flat_map(|r| quantize_row(t, r).unwrap())
-            .collect();
+        let k = blocks * t.block_len();
+        let bytes = file_rows(t, rows, k, seed);
         let w = QTensor::from_bytes(t, rows, k, &bytes).unwrap();
-        let exact = w.to_f32();
+        let mut exact = vec![0f32; rows * k];
+        for (o, r) in exact
+            .chunks_exact_mut(k)
+            .zip(bytes.chunks_exact(t.row_bytes(k)))
+        {
+            dequantize_row(t, r, o);
+        }
+        assert_eq!(
+            w.to_f32().iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            exact.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "{t:?}: the group layout holds the file's values"
+        );
         (w, exact)
     }
 
@@ -410,7 +528,7 @@ mod tests {
             .chunks_exact(x.len())
             .map(|r| r.iter().zip(x).map(|(&a, b)| f64::from(a) * b).sum())
             .collect();
-        let wg = Groups::of(w, 0, w.rows()).unwrap();
+        let wg = Groups::of(w, 0, w.rows());
         for level in available_levels() {
             check_row_kernels(
                 &want,
@@ -421,15 +539,16 @@ mod tests {
         }
     }
 
-    /// Every level's group matvec and SwiGLU, in every format, against f64 dot products of
-    /// the exactly dequantized rows, for row counts around a group (padding rows) and
-    /// several block counts.
+    /// Every level's group matvec and SwiGLU, in every format packed in groups (the
+    /// transcoded and repacked ones included), against f64 dot products of the exactly
+    /// dequantized rows, for row counts around a group (padding rows) and several block
+    /// counts.
     #[test]
     fn group_kernels_match_f64_on_every_level() {
-        for t in [QType::Q4_0, QType::Q4_1, QType::Q8_0] {
+        for t in QType::ALL {
             for (rows, blocks) in [(1, 1), (5, 2), (16, 1), (21, 3), (33, 4)] {
                 let (w, exact) = quantized(t, rows, blocks, (rows * 31 + blocks) as u32);
-                let x = data(blocks * QK, 99 + blocks as u32);
+                let x = data(w.cols(), 99 + blocks as u32);
                 let xsum: Vec<f32> = x.chunks_exact(QK).map(|b| b.iter().sum()).collect();
                 let xa = Activation {
                     x: &x,
@@ -444,17 +563,18 @@ mod tests {
 
     /// The int8-activation kernels (4-bit rows) on every level, against f64 dot products of
     /// the exactly dequantized rows with the *quantized* `x` (`q * scale`): the integer sums
-    /// are exact, so only f32 rounding separates them. Q8_0 rows ignore the int8 `x`. And
+    /// are exact, so only f32 rounding separates them. 5- and 8-bit rows ignore the int8
+    /// `x`. And
     /// the quantized `x` is within half a step of `x`.
     #[test]
     fn int8_group_kernels_match_f64_of_the_quantized_x() {
-        for t in [QType::Q4_0, QType::Q4_1, QType::Q8_0] {
+        for t in QType::ALL {
             for (rows, blocks) in [(1, 1), (16, 1), (21, 3), (33, 4)] {
                 let (w, exact) = quantized(t, rows, blocks, (rows * 17 + blocks) as u32);
-                let k = blocks * QK;
+                let k = w.cols();
                 let x = data(k, 7 + blocks as u32);
-                let (mut q, mut scales) = (vec![0i8; k], vec![0f32; blocks]);
-                let mut sums = vec![0f32; blocks];
+                let (mut q, mut scales) = (vec![0i8; k], vec![0f32; k / QK]);
+                let mut sums = vec![0f32; k / QK];
                 quantize::run(kernels::isa(), &x, &mut q, &mut scales, &mut sums);
                 let xq: Vec<f64> = (0..k)
                     .map(|i| f64::from(q[i]) * f64::from(scales[i / QK]))
@@ -466,18 +586,21 @@ mod tests {
                         "x[{i}]"
                     );
                 }
-                // Q8_0 rows read the f32 `x`; 4-bit rows the quantized one.
-                let x_used: Vec<f64> = match t {
-                    QType::Q8_0 => x.iter().map(|&v| f64::from(v)).collect(),
-                    _ => xq,
+                // 5- and 8-bit rows read the f32 `x`; 4-bit rows the quantized one.
+                let x_used: Vec<f64> = match GroupFormat::of(t).nibbles() {
+                    false => x.iter().map(|&v| f64::from(v)).collect(),
+                    true => xq,
                 };
                 let int8 = Some(Int8X {
                     q: &q,
                     scales: &scales,
+                    sums: &sums,
                 });
+                let mut xsums = vec![0f32; k / QK];
+                block_sums::run(kernels::isa(), &x, &mut xsums);
                 let xa = Activation {
                     x: &x,
-                    sums: &sums,
+                    sums: &xsums,
                     int8,
                 };
                 check_every_level(&w, &exact, &x_used, xa, &format!("int8 blocks {blocks}"));
@@ -542,21 +665,16 @@ mod tests {
             quantize::run(kernels::isa(), &x, &mut q, &mut scales, &mut sums);
             let xa = Activation {
                 x: &x,
-                sums: &sums,
+                sums: &[],
                 int8: Some(Int8X {
                     q: &q,
                     scales: &scales,
+                    sums: &sums,
                 }),
             };
             for level in available_levels() {
                 let mut o = [0f32; 1];
-                matvec::run(
-                    level,
-                    Groups::of(&w, 0, 1).unwrap(),
-                    xa,
-                    &mut o,
-                    Output::Overwrite,
-                );
+                matvec::run(level, Groups::of(&w, 0, 1), xa, &mut o, Output::Overwrite);
                 assert!(o[0].is_nan(), "{level} {bad}");
             }
         }
@@ -575,13 +693,7 @@ mod tests {
                 sums: &[0.0; 2],
                 int8: None,
             };
-            matvec::run(
-                level,
-                Groups::of(&w, 0, 1).unwrap(),
-                xa,
-                &mut o,
-                Output::Overwrite,
-            );
+            matvec::run(level, Groups::of(&w, 0, 1), xa, &mut o, Output::Overwrite);
             assert!(o[0].is_nan(), "{level}");
         }
     }

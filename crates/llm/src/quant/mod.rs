@@ -1,16 +1,16 @@
 //! Block-quantized weights: ggml's block formats ([`mod@format`], one file each in
-//! `formats/`), a matrix of them ([`QTensor`]) held in one of two layouts ([`Layout`]), and
-//! the decode kernels of each: Q4_0, Q4_1 and Q8_0 in groups of 16 interleaved rows
-//! ([`groups`], their kernels in [`group_matvec`], prefill's widening in [`widen`]); the
-//! other formats row by row ([`row_matvec`]).
+//! `formats/`), a matrix of them ([`QTensor`]), held in groups of 16 interleaved rows
+//! ([`groups`]) of blocks of 32 of the group formats ([`group_format`]: the file's blocks,
+//! or the K-quants' sub-blocks repacked with f32 scales), and their kernels: decode in
+//! [`group_matvec`], prefill's widening in [`widen`].
 
 pub mod format;
 mod formats;
+pub mod group_format;
 pub mod group_matvec;
 pub mod groups;
-pub mod row_matvec;
 mod tensor;
 pub mod widen;
 
 pub use format::{QType, QK, QK_K};
-pub use tensor::{Layout, QTensor};
+pub use tensor::QTensor;

@@ -1,7 +1,6 @@
 //! A block-quantized matrix (rows of blocks in one of the formats of
 //! [`crate::quant::format`], HF `[out, in]` orientation), held in the layout its decode
-//! kernels read: groups of rows ([`RowGroups`]) for Q4_0, Q4_1 and Q8_0, the file's rows for
-//! the others ([`super::row_matvec`]).
+//! kernels read: groups of rows ([`RowGroups`]) of blocks of its [`GroupFormat`].
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,53 +8,25 @@ use std::sync::Arc;
 use crate::error::{LlmError, Result};
 use kernel_simd::Level;
 
-use crate::quant::format::{dequantize_row, QType};
-use crate::quant::formats::q5_0;
-use crate::quant::groups::RowGroups;
+use crate::quant::format::QType;
+use crate::quant::groups::{GroupFormat, RowGroups};
 use crate::safetensors::Backing;
 
 /// A block-quantized matrix `[rows, cols]` (`cols` a multiple of the format's block):
-/// `rows` rows of blocks, held only in the decode kernels' layout ([`Layout`], made when the
-/// matrix is). Every reader (decode, prefill, embedding) reads that copy, so the file's
-/// bytes are not needed after it: a mapped file's pages are given back then.
+/// `rows` rows of blocks, held only in the decode kernels' layout (groups of 16 rows,
+/// interleaved: [`RowGroups`], made when the matrix is), of blocks of the format
+/// [`GroupFormat::of`] gives: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 as the file has them, the
+/// K-quants' sub-blocks repacked with f32 scales (the same values bit for bit). Every reader
+/// (decode, prefill, embedding) reads that copy, so the file's bytes are not needed after
+/// it: a mapped file's pages are given back then.
 #[derive(Clone)]
 pub struct QTensor {
     qtype: QType,
     rows: usize,
     cols: usize,
     path: Arc<PathBuf>,
-    layout: Layout,
-}
-
-/// How a [`QTensor`]'s blocks are held: the one copy every reader reads.
-#[derive(Clone, Debug)]
-pub enum Layout {
-    /// Groups of 16 rows, interleaved ([`RowGroups`]), of blocks of the format given: Q4_0,
-    /// Q4_1 and Q8_0 as the file has them; Q5_0 transcoded to Q8_0 (the same values bit for
-    /// bit, read by Q8_0's faster kernel).
-    Groups(RowGroups, QType),
-    /// The file's rows, one after another (an owned copy): the other formats.
-    Rows(Arc<[u8]>),
-}
-
-impl Layout {
-    /// `rows` rows of `cols` weights of `t` from the file's layout (`src`, whose length the
-    /// callers check): grouped for the formats read in groups.
-    fn pack(t: QType, rows: usize, cols: usize, src: &[u8]) -> Layout {
-        match t {
-            QType::Q4_0 | QType::Q4_1 | QType::Q8_0 => {
-                Layout::Groups(RowGroups::pack(t, rows, cols, src), t)
-            }
-            QType::Q5_0 => {
-                let (rb, bb) = (t.row_bytes(cols), t.block_bytes());
-                let groups = RowGroups::pack_blocks(QType::Q8_0, rows, cols, |r, b, blk| {
-                    q5_0::to_q8_0(&src[r * rb + b * bb..][..bb], blk);
-                });
-                Layout::Groups(groups, QType::Q8_0)
-            }
-            QType::Q5_1 | QType::Q4_K | QType::Q5_K | QType::Q6_K => Layout::Rows(src.into()),
-        }
-    }
+    groups: RowGroups,
+    format: GroupFormat,
 }
 
 impl std::fmt::Debug for QTensor {
@@ -82,14 +53,16 @@ impl QTensor {
         path: &Arc<PathBuf>,
     ) -> QTensor {
         let len = rows * qtype.row_bytes(cols);
-        let layout = Layout::pack(qtype, rows, cols, &backing.bytes()[offset..offset + len]);
+        let src = &backing.bytes()[offset..offset + len];
+        let (groups, format) = RowGroups::from_file(qtype, rows, cols, src);
         backing.release(offset, len);
         QTensor {
             qtype,
             rows,
             cols,
             path: path.clone(),
-            layout,
+            groups,
+            format,
         }
     }
 
@@ -110,12 +83,14 @@ impl QTensor {
                 ),
             });
         }
+        let (groups, format) = RowGroups::from_file(qtype, rows, cols, bytes);
         Ok(QTensor {
             qtype,
             rows,
             cols,
             path: Arc::new(PathBuf::from("<memory>")),
-            layout: Layout::pack(qtype, rows, cols, bytes),
+            groups,
+            format,
         })
     }
 
@@ -134,26 +109,20 @@ impl QTensor {
                 ),
             });
         }
-        let layout = match &self.layout {
-            Layout::Groups(g, f) => Layout::Groups(g.permute_rows(*f, self.rows, order), *f),
-            Layout::Rows(b) => {
-                let rb = self.row_bytes();
-                let mut out = Vec::with_capacity(b.len());
-                for &r in order {
-                    out.extend_from_slice(&b[r * rb..][..rb]);
-                }
-                Layout::Rows(out.into())
-            }
-        };
         Ok(QTensor {
-            layout,
+            groups: self.groups.permute_rows(self.format, self.rows, order),
             ..self.clone()
         })
     }
 
-    /// The format.
+    /// The file's format.
     pub fn qtype(&self) -> QType {
         self.qtype
+    }
+
+    /// The format of the blocks the decode kernels read ([`GroupFormat::of`] the file's).
+    pub fn format(&self) -> GroupFormat {
+        self.format
     }
 
     /// Rows (outputs).
@@ -174,28 +143,13 @@ impl QTensor {
     /// Row `r` (below [`QTensor::rows`]) dequantized into `out` (`cols` floats), exactly as
     /// the format defines.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        match &self.layout {
-            Layout::Groups(g, f) => g.dequantize_row(*f, r, out),
-            Layout::Rows(b) => {
-                let rb = self.row_bytes();
-                dequantize_row(self.qtype, &b[r * rb..][..rb], out);
-            }
-        }
+        self.groups.dequantize_row(self.format, r, out);
     }
 
     /// Rows `r0 .. r0 + n` dequantized into `out` (`n * cols` floats), row after row,
     /// exactly as the format defines (prefill's widening, on `level`).
     pub fn dequantize_rows(&self, level: Level, r0: usize, n: usize, out: &mut [f32]) {
-        match &self.layout {
-            Layout::Groups(g, f) => g.dequantize_rows(level, *f, r0, n, out),
-            Layout::Rows(b) => {
-                let rb = self.row_bytes();
-                let rows = &b[(r0 * rb).min(b.len())..((r0 + n) * rb).min(b.len())];
-                let len = (n * self.cols).min(out.len());
-                let out = &mut out[..len];
-                crate::quant::widen::widen_rows::run(level, self.qtype, rows, out);
-            }
-        }
+        self.groups.dequantize_rows(level, self.format, r0, n, out);
     }
 
     /// The file the matrix comes from.
@@ -204,16 +158,13 @@ impl QTensor {
     }
 
     /// The blocks in the decode kernels' layout.
-    pub fn layout(&self) -> &Layout {
-        &self.layout
+    pub fn groups(&self) -> &RowGroups {
+        &self.groups
     }
 
     /// Every byte of the layout (what a decode step streams).
     pub fn bytes(&self) -> &[u8] {
-        match &self.layout {
-            Layout::Groups(g, _) => g.bytes(),
-            Layout::Rows(b) => b,
-        }
+        self.groups.bytes()
     }
 
     /// Every weight dequantized, row-major (for tests and references).

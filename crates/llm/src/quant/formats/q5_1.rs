@@ -44,24 +44,3 @@ pub(crate) fn quantize(blk: &[f32], out: &mut Vec<u8>) {
     out.extend_from_slice(&qh.to_le_bytes());
     out.extend_from_slice(&qs);
 }
-
-/// `row . x` for a row of whole blocks (`row.len()` a multiple of [`BLOCK_BYTES`], `x` at
-/// least 32 floats for each), with f32 `x`: per block, `d` times the FMA'd `q . x` plus `m`
-/// times the block's sum of `x` (the definition's value, summed in another order). NaN if
-/// `x` is short.
-#[inline(always)]
-pub(crate) fn dot<S: kernel_simd::Simd>(s: S, row: &[u8], x: &[f32]) -> f32 {
-    let blocks = row.len() / BLOCK_BYTES;
-    if x.len() < blocks * 32 || S::LANES > 16 {
-        return f32::NAN;
-    }
-    let mut total = [s.zero(); 2];
-    for (b, xb) in row.chunks_exact(BLOCK_BYTES).zip(x.chunks_exact(32)) {
-        let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-        // SAFETY: `b` has 24 bytes, its 16 of `qs` at 8; `xb` has 32 floats.
-        let (qx, xs) = unsafe { super::q5_0::qx_block(s, b.as_ptr().add(8), qh, xb.as_ptr()) };
-        total[0] = s.fma(s.splat(f16_at(b, 0)), qx, total[0]);
-        total[1] = s.fma(s.splat(f16_at(b, 2)), xs, total[1]);
-    }
-    s.reduce_sum(s.add(total[0], total[1]))
-}

@@ -33,55 +33,26 @@ pub(crate) fn dequantize(b: &[u8], out: &mut [f32]) {
     }
 }
 
-/// `row . x` for a row of whole super-blocks (`row.len()` a multiple of [`BLOCK_BYTES`],
-/// `x` at least 256 floats for each), with f32 `x`: per sub-block of 16, `d * sc` times
-/// the FMA'd `(q - 32) . x` (the definition's value, summed in another order). NaN if `x`
-/// is short.
+/// Weights `32 j .. 32 j + 32` (`j < 8`) of a super-block (`BLOCK_BYTES` bytes of `b`) as a
+/// [`GroupFormat::Q8_0F32x2`](crate::quant::group_format::GroupFormat::Q8_0F32x2) block (40
+/// bytes into `out`): the scales `d * sc` of its two sub-blocks of 16 (exact in f32: an f16
+/// times an 8-bit integer, 19 significant bits) and each weight's `q - 32` as a signed byte,
+/// so `(q - 32) * (d * sc)` is this format's value bit for bit. The decode kernels read Q6_K
+/// this way (`QTensor` repacks it when it packs the groups): 52% more bytes, but an 8-bit
+/// group kernel.
 #[inline(always)]
-pub(crate) fn dot<S: kernel_simd::Simd>(s: S, row: &[u8], x: &[f32]) -> f32 {
-    let l = S::LANES;
-    let blocks = row.len() / BLOCK_BYTES;
-    if x.len() < blocks * 256 || l > 16 {
-        return f32::NAN;
+pub(crate) fn to_q8_0_f32x2(b: &[u8], j: usize, out: &mut [u8]) {
+    let d = f16_at(b, 208);
+    let (half, k) = (j / 4, j % 4);
+    let ql = &b[64 * half + 32 * (k % 2)..][..32];
+    let qh = &b[128 + 32 * half..][..32];
+    let sc = &b[192 + 8 * half..][..8];
+    for (h, o) in out[..8].chunks_exact_mut(4).enumerate() {
+        o.copy_from_slice(&(d * sc[2 * k + h] as i8 as f32).to_le_bytes());
     }
-    let (m15, m3, k32) = (s.splat_i32(15), s.splat_i32(3), s.splat_i32(32));
-    let mut total = [s.zero(); 2];
-    for (b, xb) in row.chunks_exact(BLOCK_BYTES).zip(x.chunks_exact(256)) {
-        let d = f16_at(b, 208);
-        for half in 0..2 {
-            let sc = &b[192 + 8 * half..][..8];
-            for c in (0..32).step_by(l) {
-                // A vector of `LANES <= 16` weights lies in one sub-block of 16.
-                let is = c / 16;
-                // SAFETY: `b` has 210 bytes: `ql` reads `64 half + 32 + c + LANES <= 128`,
-                // `qh` reads `128 + 32 half + c + LANES <= 192`; `xb` has 256 floats and
-                // `128 half + 96 + c + LANES <= 256` (`LANES` divides 32).
-                unsafe {
-                    let ql0 = s.load_u8(b.as_ptr().add(64 * half + c));
-                    let ql1 = s.load_u8(b.as_ptr().add(64 * half + 32 + c));
-                    let qh = s.load_u8(b.as_ptr().add(128 + 32 * half + c));
-                    let q = [
-                        s.add_i32(s.and_i32(ql0, m15), s.shl_i32::<4>(s.and_i32(qh, m3))),
-                        s.add_i32(
-                            s.and_i32(ql1, m15),
-                            s.shl_i32::<4>(s.and_i32(s.shr_i32::<2>(qh), m3)),
-                        ),
-                        s.add_i32(
-                            s.shr_i32::<4>(ql0),
-                            s.shl_i32::<4>(s.and_i32(s.shr_i32::<4>(qh), m3)),
-                        ),
-                        s.add_i32(s.shr_i32::<4>(ql1), s.shl_i32::<4>(s.shr_i32::<6>(qh))),
-                    ];
-                    let xh = xb.as_ptr().add(128 * half + c);
-                    for (k, &qk) in q.iter().enumerate() {
-                        let w = s.i32_to_f32(s.sub_i32(qk, k32));
-                        let qx = s.mul(w, s.load(xh.add(32 * k)));
-                        let scale = d * sc[is + 2 * k] as i8 as f32;
-                        total[k % 2] = s.fma(s.splat(scale), qx, total[k % 2]);
-                    }
-                }
-            }
-        }
+    for l in 0..32 {
+        let lo = (ql[l] >> (4 * (k / 2))) & 15;
+        let hi = (qh[l] >> (2 * k)) & 3;
+        out[8 + l] = ((lo | (hi << 4)) as i8 - 32) as u8;
     }
-    s.reduce_sum(s.add(total[0], total[1]))
 }
