@@ -11,7 +11,7 @@ count() {
         awk '/refs:/ { gsub(",", "", $4); print $4 }'
 }
 modes=("$@")
-[ ${#modes[@]} -gt 0 ] || modes=(reset16 static16 release release-two scope reset2 reset2-classes reset2-default medium8 medium8-classes)
+[ ${#modes[@]} -gt 0 ] || modes=(reset16 reset16-default static16 release release-two scope reset2 reset2-classes reset2-default medium8 medium8-classes)
 for mode in "${modes[@]}"; do
     base=$(count "$mode" 0)
     total=$(count "$mode" "$n")

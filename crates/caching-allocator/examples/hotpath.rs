@@ -9,7 +9,8 @@
 //! where the 2 MiB block is a size class's; `reset2-default` is `reset2` with the default
 //! configuration, whose arena takes the 2 MiB block once the calls are known to fit a chunk.
 //! `medium8` and `medium8-classes` are the same pair for allocbench's scratch-medium call
-//! (eight blocks of 64 KiB - 1 MiB, then a reset).
+//! (eight blocks of 64 KiB - 1 MiB, then a reset); `reset16-default` is `reset16` with the
+//! default configuration (the adaptive arena's choice at each rewind).
 //!
 //! Modes: `release` (allocate 4 KiB + release), `release-two` (the same round trip on two
 //! allocators in turn, as a thread with a temp and a persistent allocator makes), `scope` (open, 4 KiB, drop), `reset2`
@@ -49,7 +50,7 @@ fn main() {
     };
     let config = Config::default().max_cached_bytes(64 << 20);
     // `reset2-default`: the default configuration, whose arena adapts to the call.
-    let config = if what == "reset2-default" || what == "medium8" {
+    let config = if what == "reset2-default" || what == "medium8" || what == "reset16-default" {
         config
     } else {
         config.arena_max_bytes(arena_max).arena_adaptive(false)
@@ -88,7 +89,7 @@ fn main() {
             // SAFETY: nothing handed out above is used after this.
             unsafe { alloc.reset_unchecked() };
         }),
-        "reset16" => (0..n).for_each(|_| {
+        "reset16" | "reset16-default" => (0..n).for_each(|_| {
             for &size in &SIZES16 {
                 black_box(alloc.allocate(black_box(size), 64).unwrap());
             }
@@ -102,7 +103,7 @@ fn main() {
         }),
         _ => panic!(
             "release, release-two, scope, reset2, reset2-classes, reset2-default, medium8, \
-             medium8-classes, reset16 or static16"
+             medium8-classes, reset16, reset16-default or static16"
         ),
     }
 }

@@ -183,7 +183,7 @@ impl CachingAllocator {
     /// exception: before reporting `OutOfMemory` the allocator gives its idle cache back to the
     /// system and asks once more (as PyTorch's caching allocators do), unless the request is
     /// larger than the machine's memory.
-    #[inline]
+    #[inline(always)]
     pub fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         // The common case in a few lines: a small request bumped through this thread's arena,
         // touching only state its owner reaches.

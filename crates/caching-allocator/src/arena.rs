@@ -97,19 +97,44 @@ pub(crate) fn first_chunk(size: usize) -> usize {
     grown_chunk(granules(size), 0).unwrap_or(MIN_CHUNK)
 }
 
-/// What the adaptive arena's chunk should hold after an interval that wanted `want` bytes of
-/// it, `large_in` of them for large requests, while the size classes served `large_elsewhere`
-/// bytes of large requests; and whether the next interval's large requests come to the arena
-/// (all of it fits the largest chunk).
-#[inline(always)]
-fn large_target(want: usize, large_in: usize, large_elsewhere: usize) -> (usize, bool) {
-    let total = want.saturating_add(large_elsewhere);
-    if total <= LARGE_WANT {
-        (total, true)
-    } else {
-        // `want` less the large requests' bytes (as much as they can have added to it): what
-        // the small ones need.
-        (want.saturating_sub(large_in), false)
+/// One interval's large requests (above `Config::arena_max_bytes`, up to
+/// `ADAPTIVE_ARENA_MAX_BYTES`), for the adaptive arena's choice at the next rewind.
+#[derive(Clone, Copy, Debug, Default)]
+struct LargeRequests {
+    /// Their bytes that came to the arena (in its `want` or its peak too).
+    bytes_in: usize,
+    /// Their bytes the size classes served while the arena took none.
+    bytes_elsewhere: usize,
+    /// How many there were.
+    count: usize,
+}
+
+impl LargeRequests {
+    /// Counts a request of `size` bytes, sent to the arena (`taken`) or not. Saturating: a
+    /// thread may go without a reset for ever.
+    fn note(&mut self, size: usize, taken: bool) {
+        let bytes = if taken {
+            &mut self.bytes_in
+        } else {
+            &mut self.bytes_elsewhere
+        };
+        *bytes = bytes.saturating_add(granules(size));
+        self.count = self.count.saturating_add(1);
+    }
+
+    /// What the chunk should hold after an interval that wanted `want` bytes of it, these
+    /// large requests among them, and whether the next interval's large requests come to the
+    /// arena: all of the interval fits the largest chunk, in at most [`LARGE_BLOCKS`] large
+    /// blocks.
+    fn target(&self, want: usize) -> (usize, bool) {
+        let total = want.saturating_add(self.bytes_elsewhere);
+        if total <= LARGE_WANT && self.count <= LARGE_BLOCKS {
+            (total, true)
+        } else {
+            // `want` less the large requests' bytes (as much as they can have added to it):
+            // what the small ones need.
+            (want.saturating_sub(self.bytes_in), false)
+        }
     }
 }
 
@@ -126,6 +151,16 @@ const HEADROOM: usize = 16;
 /// The most an interval may ask for, large requests included, for the next one's large
 /// requests to come to the arena: what the largest chunk holds with its headroom.
 const LARGE_WANT: usize = MAX_CHUNK - MAX_CHUNK / HEADROOM;
+
+/// The most large requests an interval may make for the next one's to come to the arena: a
+/// kernel's large scratch is a buffer or two (attention's scores and output). A call of many
+/// large blocks keeps blocks of their own: packed into one chunk, allocbench's scratch-medium
+/// (eight blocks of 64 KiB - 1 MiB, one write per 4 KiB page) ran 10-20% slower than in
+/// blocks of their own, for 20-30% more memory held, though the allocator's own path was
+/// 3.7x cheaper (`examples/hotpath.rs`: `medium8`). Page-aligning the blocks in the chunk
+/// made it twice as slow: the one-write-per-page traffic meets cache-set conflicts in one
+/// contiguous chunk that separate mappings spread out.
+const LARGE_BLOCKS: usize = 2;
 
 /// Rounds a request to the arena's granule (one cache line, as every block of the allocator).
 #[inline(always)]
@@ -154,13 +189,12 @@ pub(crate) struct Arena {
     /// The epoch in which no chunk could be had (`usize::MAX`: none): not asked again in it.
     refused_epoch: usize,
     /// Whether requests above `Config::arena_max_bytes` (up to `ADAPTIVE_ARENA_MAX_BYTES`)
-    /// come here this interval: the last interval asked for no more than [`LARGE_WANT`]. Only
-    /// with the adaptive arena (see [`Arena::rewind`]).
+    /// come here this interval: the last interval asked for no more than [`LARGE_WANT`], in at
+    /// most [`LARGE_BLOCKS`] large requests. Only with the adaptive arena (see
+    /// [`Arena::rewind`]).
     large: bool,
-    /// This interval's bytes of such large requests: `large_in` those sent here (in `want` or
-    /// the peak too), `large_elsewhere` those the size classes served while `large` was off.
-    large_in: usize,
-    large_elsewhere: usize,
+    /// This interval's large requests.
+    large_requests: LargeRequests,
     /// The spare scope chunk (`CacheState::scope_chunk`, mirrored here so a scope borrows it
     /// without the cache's lock), and whether a scope has it now.
     spare: Option<Block>,
@@ -354,8 +388,7 @@ impl ArenaCell {
                 want: 0,
                 refused_epoch: usize::MAX,
                 large: false,
-                large_in: 0,
-                large_elsewhere: 0,
+                large_requests: LargeRequests::default(),
                 spare: None,
                 spare_lent: false,
             }),
@@ -620,9 +653,10 @@ impl Arena {
     /// small for what the past epoch wanted (`None`: keep it).
     ///
     /// With `adaptive` (the default configuration), the next interval's large requests come
-    /// here if the past interval asked for at most [`LARGE_WANT`] bytes in all, wherever they
-    /// were served; the chunk then grows to hold them. Otherwise they go to the size classes,
-    /// and the chunk grows only for the small requests.
+    /// here if the past interval asked for at most [`LARGE_WANT`] bytes in all, in at most
+    /// [`LARGE_BLOCKS`] large requests, wherever they were served; the chunk then grows to
+    /// hold them. Otherwise they go to the size classes, and the chunk grows only for the
+    /// small requests.
     #[inline]
     pub(crate) fn rewind(
         &mut self,
@@ -673,11 +707,20 @@ impl Arena {
     /// At a rewind of the adaptive arena, after an interval that wanted `want` bytes of the
     /// chunk: whether the next interval's large requests come here, and the bytes the chunk
     /// should hold for it.
-    #[inline]
+    #[inline(always)]
     fn choose_large(&mut self, want: usize) -> usize {
-        let large_in = core::mem::take(&mut self.large_in);
-        let (want, large) =
-            large_target(want, large_in, core::mem::take(&mut self.large_elsewhere));
+        // The common interval has no large request: the choice in one comparison.
+        if self.large_requests.count == 0 {
+            self.large = want <= LARGE_WANT;
+            return want;
+        }
+        self.choose_large_after_large_requests(want)
+    }
+
+    /// [`choose_large`](Self::choose_large) after an interval with large requests.
+    #[inline]
+    fn choose_large_after_large_requests(&mut self, want: usize) -> usize {
+        let (want, large) = core::mem::take(&mut self.large_requests).target(want);
         self.large = large;
         want
     }
@@ -691,12 +734,7 @@ impl Arena {
             self.epoch, epoch,
             "a large request counted in a past interval"
         );
-        // Saturating: a thread may go without a reset for ever.
-        if self.large {
-            self.large_in = self.large_in.saturating_add(granules(size));
-        } else {
-            self.large_elsewhere = self.large_elsewhere.saturating_add(granules(size));
-        }
+        self.large_requests.note(size, self.large);
         self.large
     }
 
@@ -732,7 +770,7 @@ impl Arena {
     pub(crate) fn successor_for(&self, size: usize, adaptive: bool) -> Option<usize> {
         let want = self.want.max(self.top);
         let want = if adaptive {
-            large_target(want, self.large_in, self.large_elsewhere).0
+            self.large_requests.target(want).0
         } else {
             want
         };

@@ -50,7 +50,7 @@ pub const MAX_ARENA_BYTES: usize = crate::arena::MAX_CHUNK;
 
 /// The largest request the adaptive arena takes ([`Config::arena_adaptive`]): 2 MiB,
 /// ExecuTorch's attention scratch at 8 threads and a 512-token split. Its decode call
-/// (20 KiB + 2 MiB + reset) then costs 261 instructions instead of 740 through the size
+/// (20 KiB + 2 MiB + reset) then costs 280 instructions instead of 766 through the size
 /// classes (`examples/hotpath.rs`: `reset2-default`, `reset2-classes`).
 pub const ADAPTIVE_ARENA_MAX_BYTES: usize = 2 << 20;
 
@@ -228,10 +228,11 @@ impl Config {
 
     /// With `on` (the default), requests above [`Config::arena_max_bytes`] and up to
     /// [`ADAPTIVE_ARENA_MAX_BYTES`] go to the arena too, while the thread's last reset
-    /// interval asked for no more than one chunk holds, large requests included; otherwise,
-    /// and with `false`, the size classes serve them. So a kernel call of a few large buffers
-    /// and a reset (an attention decode step) is bumped and rewound, and a mix whose
-    /// intervals outgrow a chunk keeps blocks of their own. No effect while the arena is off.
+    /// interval asked for no more than one chunk holds, large requests included, in at most
+    /// two large requests; otherwise, and with `false`, the size classes serve them. So a
+    /// kernel call of a large buffer or two and a reset (an attention decode step) is bumped
+    /// and rewound, and a call of many large blocks, or one that outgrows a chunk, keeps
+    /// blocks of their own. No effect while the arena is off.
     pub fn arena_adaptive(mut self, on: bool) -> Self {
         self.arena_adaptive = on;
         self

@@ -109,7 +109,7 @@ pub struct ReadmeDoctests;
 // SAFETY: `allocate` hands out distinct live blocks of at least `size` bytes, aligned as asked
 // (at least 64), that stay valid until a reset or release takes them back.
 unsafe impl TempAllocator for CachingAllocator {
-    #[inline]
+    #[inline(always)]
     fn allocate(&self, size: usize, align: usize) -> Result<core::ptr::NonNull<u8>, AllocError> {
         CachingAllocator::allocate(self, size, align)
     }

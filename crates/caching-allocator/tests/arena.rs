@@ -661,6 +661,19 @@ fn calls_that_outgrow_a_chunk_keep_their_large_blocks_in_the_size_classes() {
 }
 
 #[test]
+fn calls_of_many_large_blocks_keep_them_in_the_size_classes() {
+    let calls = if cfg!(miri) { 4 } else { 12 };
+    // Three blocks of 256 KiB: they would fit a chunk, but a kernel's large scratch is a
+    // buffer or two, and many large blocks packed in one chunk measured slower.
+    let sizes = [20 << 10, 256 << 10, 256 << 10, 256 << 10];
+    let (in_arena, _) = calls_of(Config::default(), &sizes, calls);
+    assert!(in_arena.iter().all(|&n| n == 1), "{in_arena:?}");
+    // Two are a kernel's buffers: the arena takes them from the second call on.
+    let (in_arena, _) = calls_of(Config::default(), &sizes[..3], calls);
+    assert!(in_arena[1..].iter().all(|&n| n == 3), "{in_arena:?}");
+}
+
+#[test]
 fn a_decode_whose_buffer_grows_stays_in_the_default_arena() {
     // `growing_decode`'s calls with the default configuration: after the first call both
     // buffers are the arena's, and the chunk grows ahead of them.
