@@ -118,6 +118,7 @@ unsafe impl TempAllocator for CachingAllocator {
 // SAFETY: `reset_unchecked` takes back every block `allocate` handed out before it, and only
 // those (blocks of open scopes stay with their scopes).
 unsafe impl TempReset for CachingAllocator {
+    #[inline]
     unsafe fn reset_unchecked(&self) {
         // SAFETY: `TempReset::reset_unchecked`'s contract is the inherent method's.
         unsafe { CachingAllocator::reset_unchecked(self) }
