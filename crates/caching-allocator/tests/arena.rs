@@ -509,13 +509,18 @@ fn a_block_released_on_another_thread_cannot_be_released_again_by_its_owner() {
 
 /// ExecuTorch's decode scratch: a small buffer and one that grows by 4 KiB a token, reset
 /// after every call (`tokens` tokens, 4 calls each), under a 10 MiB cap with the working-set
-/// budget, as its runner configures it. Returns the stats and the largest call's bytes.
-fn growing_decode(tokens: usize) -> (caching_allocator::Stats, usize) {
+/// budget, as its runner configures it, on top of `config`. `before_reset(t, alloc)` runs
+/// after each call of token `t`, its blocks live. Returns the stats and the largest call's
+/// bytes.
+fn growing_decode(
+    config: Config,
+    tokens: usize,
+    mut before_reset: impl FnMut(usize, &CachingAllocator),
+) -> (caching_allocator::Stats, usize) {
     let mut alloc = CachingAllocator::with_config(
-        Config::default()
+        config
             .max_cached_bytes(10 << 20)
-            .working_set_slack(Some(caching_allocator::DEFAULT_WORKING_SET_SLACK))
-            .arena_max_bytes(caching_allocator::MAX_ARENA_BYTES),
+            .working_set_slack(Some(caching_allocator::DEFAULT_WORKING_SET_SLACK)),
     );
     let mut largest = 0;
     for t in 1..=tokens {
@@ -525,6 +530,7 @@ fn growing_decode(tokens: usize) -> (caching_allocator::Stats, usize) {
             for size in sizes {
                 tag(alloc.allocate(size, 64).unwrap(), 64, t as u8);
             }
+            before_reset(t, &alloc);
             alloc.reset();
         }
     }
@@ -534,7 +540,8 @@ fn growing_decode(tokens: usize) -> (caching_allocator::Stats, usize) {
 #[test]
 fn a_growing_buffer_moves_to_a_larger_chunk_before_it_overflows() {
     let tokens = if cfg!(miri) { 24 } else { 512 };
-    let (s, largest) = growing_decode(tokens);
+    let config = Config::default().arena_max_bytes(caching_allocator::MAX_ARENA_BYTES);
+    let (s, largest) = growing_decode(config, tokens, |_, _| {});
     // The chunk grows at a rewind while it still has room, so the old one is idle (and goes)
     // when the new one comes: growing after an overflow would hold both at once.
     assert!(
@@ -677,27 +684,12 @@ fn calls_of_many_large_blocks_keep_them_in_the_size_classes() {
 fn a_decode_whose_buffer_grows_stays_in_the_default_arena() {
     // `growing_decode`'s calls with the default configuration: after the first call both
     // buffers are the arena's, and the chunk grows ahead of them.
-    let mut alloc = CachingAllocator::with_config(
-        Config::default()
-            .max_cached_bytes(10 << 20)
-            .working_set_slack(Some(caching_allocator::DEFAULT_WORKING_SET_SLACK)),
-    );
     let tokens = if cfg!(miri) { 24 } else { 512 };
-    let mut largest = 0;
-    for t in 1..=tokens {
-        let sizes = [8 * (t + 130) * 4, 8 * t * 128 * 4];
-        largest = largest.max(sizes[0] + sizes[1]);
-        for _ in 0..4 {
-            for size in sizes {
-                tag(alloc.allocate(size, 64).unwrap(), 64, t as u8);
-            }
-            if t > 1 {
-                assert_eq!(alloc.stats().arena_live_blocks, 2, "token {t}");
-            }
-            alloc.reset();
+    let (s, largest) = growing_decode(Config::default(), tokens, |t, alloc| {
+        if t > 1 {
+            assert_eq!(alloc.stats().arena_live_blocks, 2, "token {t}");
         }
-    }
-    let s = alloc.stats();
+    });
     assert!(
         s.peak_reserved_bytes as f64 <= 1.25 * largest as f64 + (64 << 10) as f64,
         "peak reserved {} for calls of at most {largest} bytes: {s}",
