@@ -136,7 +136,10 @@ impl CachingAllocator {
         // SAFETY: the owner thread (the callers checked `owned`); the borrow ends here.
         let next = unsafe { local.arena.owner() }.successor_for(size, self.arena_large > 0);
         // Under a hard limit the larger block could be what passes it: its own class only.
-        let next = next.filter(|_| self.limit == usize::MAX);
+        // A large request of the adaptive arena (above `arena_max`) gets its own class too:
+        // its class size is what the interval's peak (and a temp plan) counts, and the chunk
+        // that should hold it grows at the next rewind anyway.
+        let next = next.filter(|_| self.limit == usize::MAX && size <= self.arena_max);
         let req = self.request(size, align)?;
         let larger = next
             .and_then(SizeClass::for_size)
