@@ -12,7 +12,7 @@
 use core::alloc::GlobalAlloc;
 use core::ptr::NonNull;
 
-use crate::arena::{ARENA_MAX_ALIGN, MIN_CHUNK};
+use crate::arena::MIN_CHUNK;
 use crate::block::{Block, Live, MIN_ALIGN};
 use crate::clock::Clock;
 use crate::debug::{self, CANARY_LEN};
@@ -209,9 +209,7 @@ impl CachingAllocator {
     /// to 4 KiB.
     #[inline(always)]
     fn arena_serves(&self, size: usize, align: usize) -> bool {
-        size.wrapping_sub(1) < self.arena_max
-            && align.wrapping_sub(1) < ARENA_MAX_ALIGN
-            && align & (align - 1) == 0
+        size.wrapping_sub(1) < self.arena_max && crate::arena::serves_align(align)
     }
 
     /// Everything the fast path of `allocate` does not serve.

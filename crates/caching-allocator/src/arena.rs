@@ -54,6 +54,12 @@ pub(crate) const RECORDS: usize = 4;
 
 /// The largest alignment the arena serves; a chunk is aligned to it.
 pub(crate) const ARENA_MAX_ALIGN: usize = 4096;
+/// Whether the arena serves alignment `align`: a power of two up to [`ARENA_MAX_ALIGN`].
+#[inline(always)]
+pub(crate) fn serves_align(align: usize) -> bool {
+    align.wrapping_sub(1) < ARENA_MAX_ALIGN && align & (align - 1) == 0
+}
+
 /// The smallest chunk.
 pub(crate) const MIN_CHUNK: usize = 64 << 10;
 /// The largest chunk: an epoch that wants more sends the rest to the size classes.

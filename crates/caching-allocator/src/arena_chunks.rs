@@ -45,10 +45,7 @@ impl CachingAllocator {
     /// `arena_large` bytes, aligned as the arena serves.
     #[inline(always)]
     pub(crate) fn arena_may_take(&self, size: usize, align: usize) -> bool {
-        self.arena_max < size
-            && size <= self.arena_large
-            && align.wrapping_sub(1) < ARENA_MAX_ALIGN
-            && align & (align - 1) == 0
+        self.arena_max < size && size <= self.arena_large && crate::arena::serves_align(align)
     }
 
     /// The first small request on this thread since a reset (or any request on a shared
