@@ -74,6 +74,7 @@ mod sync;
 mod system;
 mod temp;
 mod thread_cache;
+mod trim;
 mod working_set;
 
 /// The `allocator-api2` crate this one implements `Allocator` for (0.2): use its collections
