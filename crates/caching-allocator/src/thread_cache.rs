@@ -411,26 +411,34 @@ loom::thread_local! {
 }
 
 /// This thread's cache of allocator `id`, if the thread used it lately: the first slot's in
-/// one comparison, the second's without reordering the table (two allocators in turn), the
-/// others' moved to the front.
-#[inline]
+/// one comparison, the second's in one more without reordering the table (two allocators in
+/// turn), the others' moved to the front.
+#[inline(always)]
 pub(crate) fn last_cache(id: u64) -> Option<*const ThreadCache> {
-    match RECENT.try_with(|recent| recent[0].get()) {
-        Ok((last_id, cache)) if last_id == id => Some(cache),
-        _ => second_cache(id),
+    // With `std` the table needs no destructor, so `try_with` does not fail (under loom it may
+    // in a thread-local destructor; then nothing is found, as after the table's clear).
+    let found = RECENT.try_with(|recent| {
+        let (last_id, cache) = recent[0].get();
+        if last_id == id {
+            return Some(cache);
+        }
+        second_slot(recent, id)
+    });
+    match found {
+        Ok(Some(cache)) => Some(cache),
+        _ => recent_cache(id),
     }
 }
 
-/// [`last_cache`] past its one comparison: the second slot, read without a store, so two
-/// allocators used in turn cost the second one a call and a load, not a reordering of the
-/// table. Out of line (and marked cold), so the first slot's hit stays one comparison.
+/// [`last_cache`]'s second slot, compared in line: a thread that alternates between two
+/// allocators asks for it on every other call (in a call, as before, it cost that thread a
+/// call and a return each time). Cold, so the compiler lays it out of the first slot's way
+/// and the one-allocator path stays one comparison and one load.
 #[cold]
-#[inline(never)]
-fn second_cache(id: u64) -> Option<*const ThreadCache> {
-    match RECENT.try_with(|recent| recent[1].get()) {
-        Ok((second_id, cache)) if second_id == id => Some(cache),
-        _ => recent_cache(id),
-    }
+#[inline(always)]
+fn second_slot(recent: &[Cell<Remembered>; RECENT_LEN], id: u64) -> Option<*const ThreadCache> {
+    let (second_id, cache) = recent[1].get();
+    (second_id == id).then_some(cache)
 }
 
 /// [`last_cache`] past its first two slots: `id`'s cache among the others, moved to the
