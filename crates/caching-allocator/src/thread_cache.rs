@@ -505,3 +505,46 @@ pub(crate) fn find_or_create(
         })
         .ok()
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// The allocator ids in this thread's `RECENT`, first slot first.
+    fn recent_ids() -> Vec<u64> {
+        RECENT.with(|recent| recent.iter().map(|slot| slot.get().0).collect())
+    }
+
+    /// Two allocators used in turn are both found in the table and stay where they are (a
+    /// reordering on every other call is what made the second allocator slow); an older one
+    /// found further down moves to the front; an unknown id is found nowhere. Ids from the top
+    /// of the range: no allocator of this process has them.
+    #[test]
+    fn two_allocators_in_turn_leave_the_table_in_place() {
+        let live_caches = Arc::new(AtomicUsize::new(0));
+        let (a, b, c) = (u64::MAX - 1, u64::MAX - 2, u64::MAX - 3);
+        let cache_a = find_or_create(a, &live_caches, |_| {}).unwrap();
+        let cache_b = find_or_create(b, &live_caches, |_| {}).unwrap();
+        assert_ne!(cache_a, cache_b);
+        assert_eq!(recent_ids()[..2], [b, a]);
+        for _ in 0..3 {
+            assert_eq!(last_cache(a), Some(cache_a));
+            assert_eq!(
+                recent_ids()[..2],
+                [b, a],
+                "a second-slot hit moved the table"
+            );
+            assert_eq!(last_cache(b), Some(cache_b));
+        }
+        let cache_c = find_or_create(c, &live_caches, |_| {}).unwrap();
+        assert_eq!(recent_ids()[..3], [c, b, a]);
+        assert_eq!(last_cache(a), Some(cache_a));
+        assert_eq!(
+            recent_ids()[..3],
+            [a, c, b],
+            "a third-slot hit goes to the front"
+        );
+        assert_eq!(last_cache(c), Some(cache_c));
+        assert_eq!(last_cache(u64::MAX - 9), None);
+    }
+}
