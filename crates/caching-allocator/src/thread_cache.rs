@@ -392,8 +392,8 @@ thread_local! {
     /// The allocators this thread used lately and their caches; a new one goes first. Slot 0
     /// is the fast path's one comparison; a thread that alternates between two allocators (a
     /// temp one and a persistent one, two modules on one worker) finds the other's cache in
-    /// slot 1 with one more comparison and load, and a few more in the next slots, all without the
-    /// search of `OWNED`.
+    /// slot 1 with one more comparison and load, and a few more in the next slots, all
+    /// without the search of `OWNED`.
     static RECENT: [Cell<Remembered>; RECENT_LEN] = const { NONE_RECENT };
     /// Every cache this thread owns; keeps them alive as long as the thread is.
     static OWNED: RefCell<OwnedCaches> = const { RefCell::new(OwnedCaches(Vec::new())) };
