@@ -413,7 +413,7 @@ loom::thread_local! {
 /// This thread's cache of allocator `id`, if the thread used it lately: the first slot's in
 /// one comparison, the second's in one more without reordering the table (two allocators in
 /// turn), the others' moved to the front.
-#[inline(always)]
+#[inline]
 pub(crate) fn last_cache(id: u64) -> Option<*const ThreadCache> {
     // With `std` the table needs no destructor, so `try_with` does not fail (under loom it may
     // in a thread-local destructor; then nothing is found, as after the table's clear).
@@ -431,9 +431,9 @@ pub(crate) fn last_cache(id: u64) -> Option<*const ThreadCache> {
 }
 
 /// [`last_cache`]'s second slot, compared in line: a thread that alternates between two
-/// allocators asks for it on every other call (in a call, as before, it cost that thread a
-/// call and a return each time). Cold, so the compiler lays it out of the first slot's way
-/// and the one-allocator path stays one comparison and one load.
+/// allocators asks for it on every other call (out of line, it cost that thread a call and a
+/// return each time). Cold, so the compiler lays it out of the first slot's way and the
+/// one-allocator path stays one comparison and one load.
 #[cold]
 #[inline(always)]
 fn second_slot(recent: &[Cell<Remembered>; RECENT_LEN], id: u64) -> Option<*const ThreadCache> {
