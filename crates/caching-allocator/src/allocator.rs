@@ -377,10 +377,11 @@ impl CachingAllocator {
         // SAFETY: the registry holds an `Arc` of every cache until the allocator is dropped or
         // the cache is forgotten; dropping needs `&mut self`, which cannot coexist with the
         // `&self` this reference borrows, and only caches of exited threads are forgotten,
-        // which `last_cache` never returns (a thread clears `RECENT` before it exits); a cache of a dropped allocator is never returned either (ids are never
-        // reused, and `last_cache` matches the id). The pointer came from `Arc::as_ptr`
-        // (`find_or_create` stores nothing else in `RECENT`, and the fallback is
-        // `Arc::as_ptr` too), and is this thread's own cache or the fallback.
+        // which `last_cache` never returns (a thread clears `RECENT` before it exits); a cache
+        // of a dropped allocator is never returned either (ids are never reused, and
+        // `last_cache` matches the id). The pointer came from `Arc::as_ptr` (`find_or_create`
+        // stores nothing else in `RECENT`, and the fallback is `Arc::as_ptr` too), and is this
+        // thread's own cache or the fallback.
         unsafe { Local::new(cache) }
     }
 
