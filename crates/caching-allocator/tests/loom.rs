@@ -3,9 +3,9 @@
 //!
 //! Run with
 //! `LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p caching-allocator --release --test loom`
-//! (bound 3: about 750,000 interleavings over the eleven models, six of them run twice, with
-//! the arena off and on; 2.2 minutes once built on the 2-core machine of 2026-12-05 under load,
-//! most of it the model of a foreign release racing a reset).
+//! (bound 3: thirteen models, six of them run twice, with the arena off and on; 128 s once
+//! built on the 2-core machine of 2026-12-06 under load, most of it the model of a foreign
+//! release racing a reset).
 //! Under `cfg(loom)` the crate's locks and atomics are loom's (`src/sync.rs`) and so are its
 //! thread-locals (`src/thread_cache.rs`), so each model thread has its own thread cache and loom
 //! switches threads at every lock.
