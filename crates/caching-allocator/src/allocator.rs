@@ -14,6 +14,7 @@ use core::ptr::NonNull;
 
 use crate::arena::MIN_CHUNK;
 use crate::block::{Block, Live, MIN_ALIGN};
+use crate::chunk_index::ChunkIndex;
 use crate::clock::Clock;
 use crate::debug::{self, CANARY_LEN};
 use crate::directory::Directory;
@@ -65,6 +66,8 @@ pub struct CachingAllocator {
     pub(crate) shared: Mutex<SharedCache>,
     pub(crate) registry: Registry,
     pub(crate) directory: Directory,
+    /// The arenas' chunks by address: which arena a block released on another thread is in.
+    pub(crate) chunks: ChunkIndex,
     pub(crate) clock: Clock,
 }
 
@@ -153,6 +156,7 @@ impl CachingAllocator {
             registry: Registry::new(&live_caches),
             live_caches,
             directory: Directory::new(),
+            chunks: ChunkIndex::new(),
             clock: Clock::new(),
         }
     }
@@ -509,13 +513,10 @@ impl CachingAllocator {
         if is_dangling(addr) {
             return Ok(());
         }
-        // A small block of another thread's arena: checked against its records, queued for
-        // its owner.
-        let mut released = false;
-        self.registry.for_each(|cache| {
-            if !released && !core::ptr::eq(&**cache, here) && cache.arena.shared.in_chunk(addr) {
-                released = cache.arena.shared.release_foreign(&self.epoch, addr);
-            }
+        // A block of another thread's arena: found by its chunk, checked against the arena's
+        // records and marked for its owner.
+        let released = self.chunks.with_owner(addr, |cache| {
+            !core::ptr::eq(cache, here) && cache.arena.shared.release_foreign(&self.epoch, addr)
         });
         if released {
             return Ok(());

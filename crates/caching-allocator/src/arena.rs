@@ -25,7 +25,8 @@
 //!   serial: a mark can only land on the very block the releasing thread found, never on a
 //!   later block that reuses the slot and the address. The releasing thread then closes the
 //!   arena's *gate*, which sends the owner's next release through the slow path that pops
-//!   marked records. No lock, no queue: O(log records) for the search, one CAS and one store.
+//!   marked records. No queue and no lock of the owner's: O(log records) for the search, one CAS
+//!   and one swap (the allocator finds the arena through `chunk_index`).
 //! - **One owner per chunk.** Whether the arena's chunk is its owner's to bump through is one
 //!   word, [`ArenaShared::claim`]: the epoch the arena is in, or [`REVOKED`]. The owner's
 //!   rewind moves it from its epoch to the allocator's with one CAS; a trim on another thread

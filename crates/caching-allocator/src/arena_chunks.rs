@@ -270,6 +270,7 @@ impl CachingAllocator {
             let short = (state.held() + chunk.size()).saturating_sub(state.credit);
             if short == 0 {
                 state.arena_chunk = Some(chunk);
+                self.chunks.insert(&chunk, &local.to_arc());
                 return true;
             }
             drop(state);
@@ -365,6 +366,7 @@ impl CachingAllocator {
     /// a chunk no arena bumps through any more (see the callers).
     pub(crate) fn chunk_to_idle(&self, state: &mut CacheState) {
         if let Some(chunk) = state.arena_chunk.take() {
+            self.chunks.remove(&chunk);
             let stamp = self.clock.stamp(state);
             state.idle.push(chunk, stamp);
         }

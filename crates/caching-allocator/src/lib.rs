@@ -54,6 +54,7 @@ mod api2;
 mod arena;
 mod arena_chunks;
 mod block;
+mod chunk_index;
 mod clock;
 mod config;
 mod debug;
