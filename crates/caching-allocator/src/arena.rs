@@ -220,9 +220,8 @@ pub(crate) struct Arena {
     /// This interval's large requests.
     large_requests: LargeRequests,
     /// The spare scope chunk (`CacheState::scope_chunk`, mirrored here so a scope borrows it
-    /// without the cache's lock), and whether a scope has it now.
+    /// without the cache's lock). Whether a scope has it is `ArenaShared::spare_lent`.
     spare: Option<Block>,
-    spare_lent: bool,
 }
 
 /// The records of an arena's blocks as other threads see them, one slot a block: its
@@ -394,7 +393,6 @@ impl ArenaCell {
                 large: false,
                 large_requests: LargeRequests::default(),
                 spare: None,
-                spare_lent: false,
             }),
             shared: ArenaShared {
                 gate: AtomicUsize::new(if owned { 0 } else { CLOSED }),
@@ -858,8 +856,7 @@ impl Arena {
     pub(crate) fn lend_spare(&mut self, sh: &ArenaShared, bytes: usize) -> Option<Block> {
         let chunk = self
             .spare
-            .filter(|c| !self.spare_lent && c.size() >= bytes)?;
-        self.spare_lent = true;
+            .filter(|c| !self.spare_lent(sh) && c.size() >= bytes)?;
         sh.spare_lent.store(true, Ordering::Relaxed);
         let lends = sh.spare_lends.load(Ordering::Relaxed);
         sh.spare_lends.store(lends + 1, Ordering::Relaxed);
@@ -869,9 +866,16 @@ impl Arena {
     /// The scope that borrowed the spare chunk is done with it.
     #[inline]
     pub(crate) fn return_spare(&mut self, sh: &ArenaShared) {
-        debug_assert!(self.spare_lent);
-        self.spare_lent = false;
+        debug_assert!(self.spare_lent(sh));
         sh.spare_lent.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether a scope has the spare chunk. `sh` is this arena's.
+    #[inline(always)]
+    fn spare_lent(&self, sh: &ArenaShared) -> bool {
+        // SAFETY: only the owner writes `spare_lent` (`lend_spare`, `return_spare`), and
+        // `&self` is the owner's arena, as in `Arena::base`.
+        unsafe { sh.spare_lent.writer_load() }
     }
 
     /// Whether a spare scope chunk would be kept: none yet (the caller books it in
@@ -881,14 +885,14 @@ impl Arena {
     }
 
     /// Sets (or clears, with `None`) the spare scope chunk; never while it is lent.
-    pub(crate) fn set_spare(&mut self, chunk: Option<Block>) {
-        debug_assert!(!self.spare_lent);
+    pub(crate) fn set_spare(&mut self, sh: &ArenaShared, chunk: Option<Block>) {
+        debug_assert!(!self.spare_lent(sh));
         self.spare = chunk;
     }
 
     /// Whether the spare chunk is free to be taken away (there is one and no scope has it).
-    pub(crate) fn spare_idle(&self) -> bool {
-        self.spare.is_some() && !self.spare_lent
+    pub(crate) fn spare_idle(&self, sh: &ArenaShared) -> bool {
+        self.spare.is_some() && !self.spare_lent(sh)
     }
 }
 

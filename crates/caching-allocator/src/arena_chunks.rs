@@ -330,9 +330,9 @@ impl CachingAllocator {
                 self.rewind(local, arena, epoch);
             }
             arena.apply_marks(sh);
-            let spare = arena.spare_idle();
+            let spare = arena.spare_idle(sh);
             if spare {
-                arena.set_spare(None);
+                arena.set_spare(sh, None);
             }
             let chunk = arena.is_empty(sh) && arena.has_chunk(sh);
             if chunk {

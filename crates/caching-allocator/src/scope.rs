@@ -281,7 +281,7 @@ impl Scope<'_> {
         }
         state.scope_chunk = Some(chunk);
         // SAFETY: as in `bump_slow` (the caller checked `owned`); one borrow, here.
-        unsafe { self.cache.arena.owner() }.set_spare(Some(chunk));
+        unsafe { self.cache.arena.owner() }.set_spare(&self.cache.arena.shared, Some(chunk));
         true
     }
 }

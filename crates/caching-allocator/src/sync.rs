@@ -34,7 +34,8 @@ pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering
 pub(crate) use loom::sync::{Mutex, MutexGuard};
 
 /// A plain load of an atomic word that only the calling thread ever stores to: the arena's
-/// chunk range, which its owner writes and other threads only load. The compiler may fold a
+/// chunk range and whether its spare scope chunk is lent, which its owner writes and other
+/// threads only load. The compiler may fold a
 /// plain load into the instruction that uses it, which it never does with an atomic load
 /// (three instructions on the allocate + release round trip).
 pub(crate) trait WriterLoad {
@@ -59,6 +60,20 @@ impl WriterLoad for AtomicUsize {
         return unsafe { *self.as_ptr() };
         #[cfg(loom)]
         // SAFETY: as above; loom checks the claim.
+        return unsafe { self.unsync_load() };
+    }
+}
+
+impl WriterLoad for AtomicBool {
+    type Value = bool;
+
+    #[inline(always)]
+    unsafe fn writer_load(&self) -> bool {
+        #[cfg(not(loom))]
+        // SAFETY: as for `AtomicUsize`.
+        return unsafe { *self.as_ptr() };
+        #[cfg(loom)]
+        // SAFETY: as for `AtomicUsize`.
         return unsafe { self.unsync_load() };
     }
 }
