@@ -13,6 +13,30 @@ use crate::sync::Ordering;
 use crate::thread_cache::{CacheState, Local};
 use crate::{AllocError, SizeClass};
 
+/// The stride at which [`fault_in`] writes: the smallest page of the targets (4 KiB; larger
+/// pages are written more than once, which costs nothing more).
+const PAGE: usize = 4096;
+
+/// Writes one byte of every page of a chunk the arena is about to take, so that every page is
+/// in memory from the start, as a fixed buffer's would be. The arena cuts the same bytes into
+/// other blocks every interval, and a kernel may write only part of each block (ExecuTorch's
+/// SDPA decode asks for a slab per thread and, with fewer heads than threads, writes 3 of 8):
+/// without this, a page a layout of the warm-up left unwritten faults in when a later layout
+/// writes it, long after the chunk was taken (`scripts/executorch-programs.sh` saw 2 faults in
+/// the first execute after warm-up). Growth is rare and cold; a page already in memory costs
+/// one store.
+#[cold]
+fn fault_in(chunk: Block) {
+    let base = chunk.ptr.as_ptr();
+    for offset in (0..chunk.size()).step_by(PAGE) {
+        // SAFETY: `offset < size`, so the byte lies in the chunk, a block this thread took from
+        // the cache or the system and that nothing else holds (no arena bumps through it yet,
+        // no caller was handed any of it); its contents are unspecified, so a 0 changes nothing
+        // anyone may read. Volatile: the store is for its side effect (the page), not its value.
+        unsafe { base.add(offset).write_volatile(0) };
+    }
+}
+
 impl CachingAllocator {
     /// A request above `arena_max` that the adaptive arena may take (`arena_may_take`): bumped
     /// if this thread's arena, in the current interval, takes large requests now
@@ -252,6 +276,7 @@ impl CachingAllocator {
             }
             return false;
         }
+        fault_in(chunk);
         // SAFETY: as in `allocate`.
         let arena = unsafe { local.arena.owner() };
         arena.set_chunk(sh, chunk.ptr.as_ptr(), chunk.size());
