@@ -25,14 +25,17 @@ const PAGE: usize = 4096;
 /// writes it, long after the chunk was taken (`scripts/executorch-programs.sh` saw 2 faults in
 /// the first execute after warm-up). Growth is rare and cold; a page already in memory costs
 /// one store.
+///
+/// The caller holds `chunk` alone: taken, not yet booked anywhere.
 #[cold]
 fn fault_in(chunk: Block) {
     let base = chunk.ptr.as_ptr();
     for offset in (0..chunk.size()).step_by(PAGE) {
-        // SAFETY: `offset < size`, so the byte lies in the chunk, a block this thread took from
-        // the cache or the system and that nothing else holds (no arena bumps through it yet,
-        // no caller was handed any of it); its contents are unspecified, so a 0 changes nothing
-        // anyone may read. Volatile: the store is for its side effect (the page), not its value.
+        // SAFETY: `offset < size`, so the byte lies in the chunk, a block the caller just took
+        // from the cache or the system and holds alone (in no books yet: no other thread can
+        // reach it, no arena bumps through it, no caller was handed any of it); its contents
+        // are unspecified, so a 0 changes nothing anyone may read. Volatile: the store is for
+        // its side effect (the page in memory), not its value.
         unsafe { base.add(offset).write_volatile(0) };
     }
 }
@@ -266,6 +269,9 @@ impl CachingAllocator {
         let Ok(chunk) = self.take(local, class, &req, false, |_, _| {}) else {
             return false;
         };
+        // Now, while no other thread can reach the chunk: once booked as the arena's, a trim
+        // may take it from an arena a reset left behind (`revoke_stale_chunks`) and free it.
+        fault_in(chunk);
         if !self.charge_chunk(local, chunk) {
             let mut state = local.lock();
             let spilled = self.keep_idle(&mut state, chunk);
@@ -276,7 +282,6 @@ impl CachingAllocator {
             }
             return false;
         }
-        fault_in(chunk);
         // SAFETY: as in `allocate`.
         let arena = unsafe { local.arena.owner() };
         arena.set_chunk(sh, chunk.ptr.as_ptr(), chunk.size());
