@@ -89,6 +89,30 @@ fn main() {
         );
     }
 
+    // One thread with two allocators (a temp and a persistent one) using them in turn,
+    // against the same two round trips on one allocator (goal: within 1.3x).
+    let second = CachingAllocator::new(256 << 20);
+    let trip = |a: &CachingAllocator| {
+        let p = a.allocate(black_box(4096), 64).unwrap();
+        // SAFETY: `p` was just allocated and is not used after.
+        unsafe { a.release(p).unwrap() };
+    };
+    let one_twice = || {
+        trip(&alloc);
+        trip(&alloc);
+    };
+    let two_in_turn = || {
+        trip(&alloc);
+        trip(&second);
+    };
+    let one = measure(1, &one_twice);
+    let two = measure(1, &two_in_turn);
+    println!(
+        "two release trips, one thread: one allocator {one:.1} ns, two in turn {two:.1} ns, \
+         {:.2}x",
+        two / one
+    );
+
     // A fresh thread's first call: registration, first miss, first credit.
     let mut firsts: Vec<f64> = (0..200)
         .map(|_| {

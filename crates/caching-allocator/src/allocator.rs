@@ -1,24 +1,25 @@
 //! `CachingAllocator`: the data path size class -> thread cache -> shared cache -> system, and
 //! back.
 //!
-//! This file is the data path itself: `allocate`, `release`, `trim`, the thread caches' books.
+//! This file is the data path itself: `allocate`, `release`, the thread caches' books.
 //! What it calls lives in modules of one idea each: the arena's slow paths and its chunk's
 //! life in `arena_chunks` (the arena's rules in `arena`), which idle block serves a request in
-//! `fit`, blocks from and back to the system in `system`, the cap's ledger in
-//! `shared_cache`, the least-recently-used clock in `eviction`, the thread registry in
-//! `registry`, the block directory (which cache holds which address) in `directory`, resets in
-//! `reset`, `stats` in `stats`.
+//! `fit`, blocks from and back to the system in `system`, `trim` and the pool in `trim`, the
+//! cap's ledger in `shared_cache`, the least-recently-used clock in `eviction`, the thread
+//! registry in `registry`, the block directory (which cache holds which address) in
+//! `directory`, resets in `reset`, `stats` in `stats`.
 
 use core::alloc::GlobalAlloc;
 use core::ptr::NonNull;
 
 use crate::arena::MIN_CHUNK;
 use crate::block::{Block, Live, MIN_ALIGN};
+use crate::chunk_index::ChunkIndex;
 use crate::clock::Clock;
 use crate::debug::{self, CANARY_LEN};
 use crate::directory::Directory;
 use crate::registry::Registry;
-use crate::shared_cache::{SharedCache, CREDIT_STEP};
+use crate::shared_cache::SharedCache;
 use crate::sync::{lock, Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
 use crate::thread_cache::{self, CacheGuard, CacheState, Local, ThreadCache};
 use crate::working_set::WorkingSetBudget;
@@ -65,6 +66,8 @@ pub struct CachingAllocator {
     pub(crate) shared: Mutex<SharedCache>,
     pub(crate) registry: Registry,
     pub(crate) directory: Directory,
+    /// The arenas' chunks by address: which arena a block released on another thread is in.
+    pub(crate) chunks: ChunkIndex,
     pub(crate) clock: Clock,
 }
 
@@ -153,6 +156,7 @@ impl CachingAllocator {
             registry: Registry::new(&live_caches),
             live_caches,
             directory: Directory::new(),
+            chunks: ChunkIndex::new(),
             clock: Clock::new(),
         }
     }
@@ -323,41 +327,6 @@ impl CachingAllocator {
         self.release_elsewhere(&here, addr)
     }
 
-    /// Gives every idle cached block back to the system, in every thread's cache, and the
-    /// arenas' chunks that hold nothing live: the calling thread's, those of exited threads,
-    /// and those of threads that have not called since the last reset. (A chunk another
-    /// thread is using in the current reset interval stays: only its owner may take it.)
-    pub fn free_cached(&self) {
-        self.trim(0);
-    }
-
-    /// Evicts least recently used idle blocks until at most `keep_bytes` stay cached, counted
-    /// over every thread's cache. The blocks that stay move to the shared pool. Arena chunks
-    /// are reclaimed as by [`free_cached`](Self::free_cached).
-    pub fn trim(&self, keep_bytes: usize) {
-        // Exited threads' caches that hold nothing live go first, with their arenas' chunks:
-        // nobody bumps through those any more, and thread churn must leave nothing behind.
-        self.forget_exited_threads();
-        self.park_own_chunk();
-        self.revoke_stale_chunks();
-        if self.cached_bytes() <= keep_bytes {
-            return;
-        }
-        self.clock.advance();
-        self.registry.for_each(|cache| {
-            let mut state = cache.lock();
-            self.move_to_pool(&mut state);
-            cache.publish(&state);
-        });
-        let mut shared = lock(&self.shared);
-        while shared.pool_bytes() > keep_bytes {
-            let Some((_, block)) = shared.pool_pop_lru() else {
-                break;
-            };
-            self.evict(&mut shared, block);
-        }
-    }
-
     // ---- the data path ------------------------------------------------------------------
 
     /// Validates a request and finds its class.
@@ -412,10 +381,11 @@ impl CachingAllocator {
         // SAFETY: the registry holds an `Arc` of every cache until the allocator is dropped or
         // the cache is forgotten; dropping needs `&mut self`, which cannot coexist with the
         // `&self` this reference borrows, and only caches of exited threads are forgotten,
-        // which `last_cache` never returns (a thread clears `RECENT` before it exits); a cache of a dropped allocator is never returned either (ids are never
-        // reused, and `last_cache` matches the id). The pointer came from `Arc::as_ptr`
-        // (`find_or_create` stores nothing else in `RECENT`, and the fallback is
-        // `Arc::as_ptr` too), and is this thread's own cache or the fallback.
+        // which `last_cache` never returns (a thread clears `RECENT` before it exits); a cache
+        // of a dropped allocator is never returned either (ids are never reused, and
+        // `last_cache` matches the id). The pointer came from `Arc::as_ptr` (`find_or_create`
+        // stores nothing else in `RECENT`, and the fallback is `Arc::as_ptr` too), and is this
+        // thread's own cache or the fallback.
         unsafe { Local::new(cache) }
     }
 
@@ -543,86 +513,15 @@ impl CachingAllocator {
         if is_dangling(addr) {
             return Ok(());
         }
-        // A small block of another thread's arena: checked against its records, queued for
-        // its owner.
-        let mut released = false;
-        self.registry.for_each(|cache| {
-            if !released && !core::ptr::eq(&**cache, here) && cache.arena.shared.in_chunk(addr) {
-                released = cache.arena.shared.release_foreign(&self.epoch, addr);
-            }
+        // A block of another thread's arena: found by its chunk, checked against the arena's
+        // records and marked for its owner.
+        let released = self.chunks.with_owner(addr, |cache| {
+            !core::ptr::eq(cache, here) && cache.arena.shared.release_foreign(&self.epoch, addr)
         });
         if released {
             return Ok(());
         }
         Err(AllocError::UnknownPointer { addr })
-    }
-
-    /// Moves every idle block of a locked thread cache to the shared pool and returns its
-    /// credit.
-    /// The arena's chunk and the spare scope chunk stay, with their credit (only their owner
-    /// moves them, or `forget_cache`).
-    pub(crate) fn move_to_pool(&self, state: &mut CacheState) {
-        let mut shared = lock(&self.shared);
-        let chunk = state.chunk_bytes();
-        shared.return_credit(state.credit - chunk);
-        state.credit = chunk;
-        while let Some((stamp, block)) = state.idle.pop_lru() {
-            // Under the pool's lock, before anyone can take it from there.
-            self.directory.set_home(block.addr(), None);
-            shared.pool_insert(block, stamp);
-        }
-    }
-
-    /// Empties the cache of an exited thread that is being forgotten (locked, no live block):
-    /// its idle blocks go to the pool, its counters to the shared books.
-    /// `false` (nothing changes) if its arena still holds live blocks.
-    fn forget_cache(&self, cache: &ThreadCache, state: &mut CacheState) -> bool {
-        let epoch = self.epoch.load(Ordering::Acquire);
-        if cache.arena.shared.figures(epoch).live_blocks > 0 {
-            return false;
-        }
-        cache.clear_live_hint(state);
-        // The owner exited and its arena holds nothing live: nobody bumps through it, and no
-        // scope is open on it (`forgettable`), so nobody has its spare scope chunk.
-        self.chunk_to_idle(state);
-        self.spare_to_idle(state);
-        self.move_to_pool(state);
-        let arena = cache.arena.shared.figures(epoch);
-        lock(&self.shared).retire(
-            &state.counters,
-            &arena,
-            cache.arena.shared.spare_lends(),
-            epoch,
-        );
-        true
-    }
-
-    /// What working-set retention weighs, summed over every cache (see `working_set`).
-    pub(crate) fn working_set_figures(&self) -> WorkingSetFigures {
-        let mut ws = WorkingSetFigures::default();
-        self.registry.for_each(|cache| {
-            let state = cache.lock();
-            ws.idle += state.idle.bytes();
-            ws.peak_requested = ws
-                .peak_requested
-                .saturating_add(state.counters.peak_requested_bytes);
-            ws.requested += state.counters.requested_bytes;
-        });
-        let shared = lock(&self.shared);
-        ws.idle += shared.pool_bytes();
-        ws.peak_requested = ws
-            .peak_requested
-            .saturating_add(shared.retired_peak_requested());
-        ws.reserved = shared.reserved();
-        ws
-    }
-
-    /// Idle bytes, in every cache.
-    pub(crate) fn cached_bytes(&self) -> usize {
-        let mut bytes = 0;
-        self.registry
-            .for_each(|cache| bytes += cache.lock().idle.bytes());
-        bytes + lock(&self.shared).pool_bytes()
     }
 
     /// Whether any thread cache's live table may hold a block (see `ThreadCache::publish`).
@@ -641,44 +540,6 @@ impl CachingAllocator {
     pub(crate) fn tick(&self) {
         self.clock.advance();
     }
-
-    /// Forgets the caches of exited threads that hold nothing live.
-    pub(crate) fn forget_exited_threads(&self) {
-        self.registry
-            .forget_exited_now(|cache, state| self.forget_cache(cache, state));
-    }
-
-    /// Hands spare credit of a just-reset cache back, keeping one step so the next kernel's
-    /// releases need no shared lock.
-    pub(crate) fn trim_credit(&self, state: &mut CacheState) {
-        let spare = (state.credit - state.held()).saturating_sub(CREDIT_STEP);
-        if spare > 0 {
-            state.credit -= spare;
-            lock(&self.shared).return_credit(spare);
-        }
-    }
-}
-
-/// Whether `bytes` is more than the machine's memory, so freeing the idle cache cannot help.
-/// Unknown (other systems, Miri) counts as no.
-pub(crate) fn larger_than_memory(bytes: usize) -> bool {
-    physical_memory().is_some_and(|total| bytes > total)
-}
-
-#[cfg(all(target_os = "linux", not(miri)))]
-fn physical_memory() -> Option<usize> {
-    static TOTAL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *TOTAL.get_or_init(|| {
-        let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-        let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
-        let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-        kib.checked_mul(1024)
-    })
-}
-
-#[cfg(not(all(target_os = "linux", not(miri))))]
-fn physical_memory() -> Option<usize> {
-    None
 }
 
 impl Drop for CachingAllocator {

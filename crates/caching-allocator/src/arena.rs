@@ -19,12 +19,21 @@
 //! - **Releases.** A block released on its own thread is marked released in its record; the
 //!   topmost released records are popped and the bump offset rewinds to the lowest of them, so
 //!   blocks released newest-first (the common order) give their bytes back at once. A block
-//!   released on another thread is checked against the published records *at the call* (a
-//!   pointer never handed out, already released or taken back by a reset is
-//!   `UnknownPointer` there) and queued in the arena's inbox, which the owner applies on its
-//!   slow path (a chunk or the record table full) and when it rewinds. Each record carries a
-//!   serial number, and an inbox entry names the serial it saw, so an entry can never release a
-//!   later block that happens to sit at the same address.
+//!   released on another thread is found among the published records *at the call* (a pointer
+//!   never handed out, already released or taken back by a reset is `UnknownPointer` there)
+//!   and marked with one compare-and-swap on its record's `meta` word, which names the block's
+//!   serial: a mark can only land on the very block the releasing thread found, never on a
+//!   later block that reuses the slot and the address. The releasing thread then closes the
+//!   arena's *gate*, which sends the owner's next release through the slow path that pops
+//!   marked records. No queue and no lock of the owner's: O(log records) for the search, one CAS
+//!   and one swap (the allocator finds the arena through `chunk_index`).
+//! - **One owner per chunk.** Whether the arena's chunk is its owner's to bump through is one
+//!   word, [`ArenaShared::claim`]: the epoch the arena is in, or [`REVOKED`]. The owner's
+//!   rewind moves it from its epoch to the allocator's with one CAS; a trim on another thread
+//!   may take the chunk of an arena *strictly behind* the allocator's epoch (its owner has not
+//!   called since a reset took its blocks) with one CAS from that epoch to `REVOKED`. Exactly
+//!   one of the two CASes from a stale epoch succeeds, and the loser never touches the chunk
+//!   again: a revoked owner forgets its chunk at the rewind, a trimmer that lost leaves it.
 //! - **Growth.** A chunk full for this epoch sends the rest of the epoch's requests to the
 //!   size classes, and remembers how much the epoch wanted; the next rewind swaps the chunk for
 //!   one of that size plus 1/16 (up to [`MAX_CHUNK`]), and a chunk within 1/16 of full grows
@@ -42,7 +51,7 @@ use core::cell::UnsafeCell;
 use core::ptr::NonNull;
 
 use crate::block::{Block, MIN_ALIGN};
-use crate::sync::{lock, AtomicBool, AtomicUsize, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicPtr, AtomicUsize, Ordering, WriterLoad};
 
 /// Records per epoch: past this many blocks in one reset interval, small requests go to the
 /// size classes.
@@ -65,14 +74,22 @@ pub(crate) const MIN_CHUNK: usize = 64 << 10;
 /// The largest chunk: an epoch that wants more sends the rest to the size classes.
 pub(crate) const MAX_CHUNK: usize = 4 << 20;
 
-/// Low bit of a published record: the block was released (addresses are 64-byte aligned).
+/// Low bit of a published record: the block was released on its owner's thread (addresses
+/// are 64-byte aligned). Only the owner writes a record's address word.
 const RELEASED: usize = 1;
-/// A record's `meta` word: the block's serial above these bits, the size asked for in them
-/// (requests are at most [`MAX_CHUNK`], `Config::arena_max_bytes`'s bound; 41 bits of serial
-/// outlast any process).
-const SIZE_BITS: u32 = 23;
-const _: () = assert!(MAX_CHUNK < 1 << SIZE_BITS);
-const SIZE_MASK: usize = (1 << SIZE_BITS) - 1;
+/// A record's `meta` word: the block's serial above these bits, [`RELEASED_ELSEWHERE`] and
+/// the size asked for in them (requests are at most [`MAX_CHUNK`], `Config::arena_max_bytes`'s
+/// bound; 40 bits of serial outlast any process).
+const SIZE_BITS: u32 = 24;
+/// The bit of a record's `meta` word another thread sets, with a CAS, when it releases the
+/// block: the CAS compares the serial too, so it can only mark the block it found.
+const RELEASED_ELSEWHERE: usize = 1 << (SIZE_BITS - 1);
+const _: () = assert!(MAX_CHUNK < RELEASED_ELSEWHERE);
+const SIZE_MASK: usize = RELEASED_ELSEWHERE - 1;
+
+/// [`ArenaShared::claim`] of an arena whose chunk a trim took: only its owner moves it on,
+/// at its next rewind. No epoch reaches it (2^64 resets).
+pub(crate) const REVOKED: usize = usize::MAX;
 
 /// The chunk an arena of `len` bytes should have next, after an interval that wanted `want`
 /// bytes (its peak, with what the chunk could not take): `None` to keep it. A chunk within
@@ -175,14 +192,15 @@ fn granules(size: usize) -> usize {
 }
 
 /// The owner-only part of a thread's arena.
+///
+/// The chunk itself (its range) is in [`ArenaShared`], where other threads find it: the owner
+/// alone writes it, in [`set_chunk`](Arena::set_chunk).
 pub(crate) struct Arena {
-    /// The chunk's first byte (with the chunk's provenance); null without a chunk.
-    base: *mut u8,
-    /// The chunk's length; 0 without a chunk (so every request misses the fast path).
-    len: usize,
     /// Bytes of the chunk bumped past.
     top: usize,
-    /// The allocator epoch this arena's records belong to.
+    /// The allocator epoch this arena's records belong to: the owner's copy of
+    /// [`ArenaShared::claim`] (equal to it unless a trim revoked the chunk), read on the fast
+    /// path without an atomic load.
     epoch: usize,
     /// The serial the next record gets (one more than the blocks the arena ever handed out),
     /// shifted into place in a record's `meta` word.
@@ -293,43 +311,27 @@ impl Record<'_> {
     }
 }
 
-/// A release from another thread, waiting for the owner.
-#[derive(Clone, Copy, Debug)]
-struct Foreign {
-    slot: usize,
-    serial: usize,
-    requested: usize,
-}
-
-impl Foreign {
-    /// Whether this entry still names a live block: its slot is among the first `count`
-    /// records and holds its serial, unreleased. Serials never repeat, so an entry that
-    /// matched once and no longer does never matches again.
-    fn matches(&self, records: &Records, count: usize) -> bool {
-        if self.slot >= count.min(RECORDS) {
-            return false;
-        }
-        let record = records.at(self.slot);
-        let addr = record.addr.load(Ordering::Acquire);
-        addr & RELEASED == 0 && Record::serial(record.meta.load(Ordering::Relaxed)) == self.serial
-    }
-}
-
-/// The gate of an arena no fast path may enter: a shared cache's, or one whose inbox holds
-/// releases for its owner to apply.
+/// The gate of an arena no fast path may enter: a shared cache's, or one another thread
+/// marked a block of (see [`RELEASED_ELSEWHERE`]).
 const CLOSED: usize = usize::MAX;
 
-/// What other threads may read of an arena (and the inbox they write).
+/// What other threads may read of an arena (and the marks they set in its records).
 pub(crate) struct ArenaShared {
-    /// The fast release's one check ([`ArenaCell::open`]): the arena's epoch while nothing
-    /// waits in the inbox, [`CLOSED`] while something does (and always on a shared cache's
-    /// arena). Only the owner stores an epoch here, only under the inbox's lock or before it
-    /// publishes any record of that epoch; other threads store `CLOSED`, under the lock.
+    /// The fast release's one check ([`ArenaCell::open`]): the arena's epoch while no block
+    /// is marked [`RELEASED_ELSEWHERE`] unapplied, [`CLOSED`] while one may be (and always on
+    /// a shared cache's arena). Only the owner stores an epoch here: at a rewind, before it
+    /// publishes any record of that epoch, and when it applies the marks, before it reads them
+    /// (a swap); other threads swap in `CLOSED` after their mark.
     gate: AtomicUsize,
-    /// The epoch of the published records.
-    epoch: AtomicUsize,
-    /// The chunk's range, for finding the arena a released pointer lies in.
-    base: AtomicUsize,
+    /// Who may use the chunk: the epoch the arena and its published records are in, or
+    /// [`REVOKED`]. See the module docs ("One owner per chunk"); the transitions are
+    /// [`Arena::rewind`] (owner: its epoch or `REVOKED` -> the allocator's epoch) and
+    /// [`ArenaShared::revoke`] (a trim, under the cache's lock: an epoch strictly behind the
+    /// allocator's -> `REVOKED`).
+    claim: AtomicUsize,
+    /// The chunk's first byte (with its provenance) and length; null and 0 without a chunk
+    /// (so every request misses the fast path). Only the owner writes them ([`Arena::set_chunk`]).
+    base: AtomicPtr<u8>,
     len: AtomicUsize,
     /// Published records (`records[..count]`).
     count: AtomicUsize,
@@ -340,8 +342,6 @@ pub(crate) struct ArenaShared {
     /// The peak of the epoch before this one, and of every epoch before this one.
     last_peak: AtomicUsize,
     max_peak: AtomicUsize,
-    inbox: Mutex<Vec<Foreign>>,
-    inbox_pending: AtomicBool,
     /// Whether a scope has the spare scope chunk (`stats` counts it live then, cached if not).
     spare_lent: AtomicBool,
     /// How many times the spare was lent: cache hits, as a chunk taken from the cache is.
@@ -383,8 +383,6 @@ impl ArenaCell {
     pub(crate) fn new(owned: bool) -> Self {
         ArenaCell {
             owner: UnsafeCell::new(Arena {
-                base: core::ptr::null_mut(),
-                len: 0,
                 top: 0,
                 // A shared cache's arena is never current (the allocator's epoch starts at 0
                 // and would need 2^64 resets to get here), so no thread bumps through it.
@@ -400,16 +398,14 @@ impl ArenaCell {
             }),
             shared: ArenaShared {
                 gate: AtomicUsize::new(if owned { 0 } else { CLOSED }),
-                epoch: AtomicUsize::new(0),
-                base: AtomicUsize::new(0),
+                claim: AtomicUsize::new(0),
+                base: AtomicPtr::new(core::ptr::null_mut()),
                 len: AtomicUsize::new(0),
                 count: AtomicUsize::new(0),
                 records: Records::new(),
                 peak: AtomicUsize::new(0),
                 last_peak: AtomicUsize::new(0),
                 max_peak: AtomicUsize::new(0),
-                inbox: Mutex::new(Vec::new()),
-                inbox_pending: AtomicBool::new(false),
                 spare_lent: AtomicBool::new(false),
                 spare_lends: AtomicUsize::new(0),
             },
@@ -431,8 +427,8 @@ impl ArenaCell {
 
     /// The owner's arena if it is in the allocator's epoch `epoch`, which a shared cache's
     /// arena never is: the fast allocation's one check, with no separate test of ownership.
-    /// (A release waiting in the inbox does not matter to an allocation: the owner applies it
-    /// on its slow path.)
+    /// (A block marked by another thread's release does not matter to an allocation: the
+    /// owner pops it on its slow path.)
     ///
     /// # Safety
     /// The caller runs on the thread that owns this cache, or the cache is shared (not
@@ -455,10 +451,10 @@ impl ArenaCell {
         Some(unsafe { &mut *arena })
     }
 
-    /// The owner's arena if it is in the allocator's epoch `epoch` with no release of
-    /// another thread waiting in its inbox: the fast release's one check (the gate), which
-    /// spares it a test of the inbox. `None` sends the caller to its slow path, which
-    /// applies the inbox.
+    /// The owner's arena if it is in the allocator's epoch `epoch` with no block marked by
+    /// another thread's release left to apply: the fast release's one check (the gate), which
+    /// spares it a test of the marks. `None` sends the caller to its slow path, which applies
+    /// them.
     ///
     /// # Safety
     /// As for [`current`](Self::current).
@@ -466,7 +462,7 @@ impl ArenaCell {
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn open(&self, epoch: usize) -> Option<&mut Arena> {
         // Relaxed: an open gate lets the owner touch only its own state, and past a closed
-        // one the inbox's lock orders what the closing thread queued.
+        // one `apply_marks` reads the marks with the ordering it needs.
         if self.shared.gate.load(Ordering::Relaxed) != epoch {
             return None;
         }
@@ -480,8 +476,8 @@ impl ArenaCell {
         Some(unsafe { &mut *self.owner.get() })
     }
 
-    /// The owner's arena if it is in the allocator's epoch `epoch`, its inbox applied first:
-    /// the slow paths' [`current`](Self::current).
+    /// The owner's arena if it is in the allocator's epoch `epoch`, other threads' marks
+    /// applied first: the slow paths' [`current`](Self::current).
     ///
     /// # Safety
     /// As for [`current`](Self::current).
@@ -490,12 +486,27 @@ impl ArenaCell {
     pub(crate) unsafe fn current_applied(&self, epoch: usize) -> Option<&mut Arena> {
         // SAFETY: the caller's contract is `current`'s.
         let arena = unsafe { self.current(epoch) }?;
-        arena.apply_inbox(&self.shared);
+        arena.apply_marks(&self.shared);
         Some(arena)
     }
 }
 
 impl Arena {
+    /// The chunk's first byte as an address (0 without a chunk). `sh` is this arena's.
+    #[inline(always)]
+    fn base(&self, sh: &ArenaShared) -> usize {
+        // SAFETY: only the owner writes `base` (`set_chunk`), and `&self` is the owner's arena
+        // (`ArenaCell::owner`'s contract: only the owner thread reaches it).
+        unsafe { sh.base.writer_load() }.addr()
+    }
+
+    /// The chunk's length (0 without a chunk). `sh` is this arena's.
+    #[inline(always)]
+    fn len(&self, sh: &ArenaShared) -> usize {
+        // SAFETY: as in `base`.
+        unsafe { sh.len.writer_load() }
+    }
+
     /// The fast path: bumps `size` bytes aligned to `align` (a power of two up to
     /// [`ARENA_MAX_ALIGN`], `size > 0`) if the chunk and the record table have room. The arena
     /// must be in the allocator's epoch (see [`ArenaCell::current`]).
@@ -516,15 +527,17 @@ impl Arena {
         let end = start + taken;
         let i = sh.owner_count();
         let record = sh.records.get(i)?;
-        if end > self.len {
+        if end > self.len(sh) {
             return None;
         }
         // SAFETY: `end <= len`, so `base + start` is inside the chunk (`len > 0` means a chunk
-        // is set: `base` is its first byte, valid for `len` bytes).
-        let ptr = unsafe { self.base.add(start) };
-        record.meta.store(self.next_meta | size, Ordering::Relaxed);
-        // Release: a thread that reads this address reads the meta word above.
-        record.addr.store(ptr.addr(), Ordering::Release);
+        // is set: `base` is its first byte, valid for `len` bytes); and the owner reads `base`,
+        // which only it writes (as in `Arena::base`).
+        let ptr = unsafe { sh.base.writer_load().add(start) };
+        // The address before the meta word (release): a thread that reads this meta word
+        // reads this address or a later one (see `ArenaShared::release_foreign`).
+        record.addr.store(ptr.addr(), Ordering::Relaxed);
+        record.meta.store(self.next_meta | size, Ordering::Release);
         sh.count.store(i + 1, Ordering::Release);
         self.next_meta += 1 << SIZE_BITS;
         self.top = end;
@@ -555,11 +568,10 @@ impl Arena {
     /// The newest block (the common order: kernels release newest first) is popped at once,
     /// its bytes given back to the bump. Its record is not marked: `count` no longer covers
     /// it, so no later look-up finds it (a release racing on another thread may still have
-    /// read it; its inbox entry names the popped serial and is void).
+    /// read it; its mark names the popped serial, which the slot's next block overwrites).
     ///
-    /// The caller found the gate open or applied the inbox: another thread's release waiting
-    /// for this owner may name this very block, and must go first, so that a second release
-    /// of it is refused rather than taken.
+    /// The caller found the gate open or applied the marks: another thread's release of this
+    /// very block must go first, so that a second release of it is refused rather than taken.
     #[inline(always)]
     pub(crate) fn release(&mut self, sh: &ArenaShared, addr: usize) -> bool {
         let Some(i) = sh.owner_count().checked_sub(1) else {
@@ -570,13 +582,13 @@ impl Arena {
         // found slot `i`; everything else lowers it or sets it to 0), so `i < RECORDS`.
         let record = unsafe { sh.records.get_unchecked(i) };
         if record.addr.load(Ordering::Relaxed) != addr {
-            return self.release_below(sh, addr);
+            return Self::release_below(sh, addr);
         }
         self.note_peak(sh);
         sh.count.store(i, Ordering::Release);
         // The first record starts the chunk (`base` is aligned to every alignment served), so
         // this is 0 when the arena is empty again.
-        self.top = addr - self.base.addr();
+        self.top = addr - self.base(sh);
         // SAFETY: `i - 1 < i < RECORDS`, as above.
         if i > 0 && unsafe { sh.released_unchecked(i - 1) } {
             self.pop_released(sh);
@@ -586,19 +598,16 @@ impl Arena {
 
     /// A release of a block below the newest: found among the records and marked.
     #[cold]
-    fn release_below(&mut self, sh: &ArenaShared, addr: usize) -> bool {
-        if addr.wrapping_sub(self.base.addr()) >= self.top {
-            return false;
+    #[inline(never)]
+    fn release_below(sh: &ArenaShared, addr: usize) -> bool {
+        match sh.slot_of(addr) {
+            // Not marked already (the search ignores the mark).
+            Some(i) if sh.records.at(i).addr.load(Ordering::Relaxed) == addr => {
+                Self::forget(sh, i, addr);
+                true
+            }
+            _ => false,
         }
-        let Some(i) = sh
-            .records
-            .first(sh.owner_count())
-            .rposition(|r| r.addr.load(Ordering::Relaxed) == addr)
-        else {
-            return false;
-        };
-        Self::forget(sh, i, addr);
-        true
     }
 
     /// Marks record `i` (live, at `addr`) released; `pop_released` gives its bytes back once
@@ -622,41 +631,43 @@ impl Arena {
                 break;
             }
             count -= 1;
-            self.top = (addr & !RELEASED) - self.base.addr();
+            self.top = (addr & !RELEASED) - self.base(sh);
         }
         if count == 0 {
             self.top = 0;
         }
         sh.count.store(count, Ordering::Release);
-        debug_assert!(self.top <= self.len);
+        debug_assert!(self.top <= self.len(sh));
     }
 
-    /// Applies the releases other threads queued. Cold: the owner calls it when the chunk or
-    /// the record table is full and before it rewinds.
+    /// Applies the releases other threads marked ([`RELEASED_ELSEWHERE`]) behind a closed
+    /// gate. Cold: the owner calls it when its fast release found the gate closed, when the
+    /// chunk or the record table is full, and before it parks its chunk.
     #[cold]
-    pub(crate) fn apply_inbox(&mut self, sh: &ArenaShared) {
-        if !sh.inbox_pending.load(Ordering::Acquire) {
+    pub(crate) fn apply_marks(&mut self, sh: &ArenaShared) {
+        if sh.gate.load(Ordering::Relaxed) == self.epoch {
             return;
         }
-        let entries = {
-            let mut inbox = lock(&sh.inbox);
-            sh.inbox_pending.store(false, Ordering::Relaxed);
-            sh.gate.store(self.epoch, Ordering::Relaxed);
-            core::mem::take(&mut *inbox)
-        };
-        for e in entries {
-            // The very block the releasing thread saw, still live.
-            if e.matches(&sh.records, sh.owner_count()) {
-                let addr = sh.records.at(e.slot).addr.load(Ordering::Relaxed);
-                Self::forget(sh, e.slot, addr);
+        // Open the gate before reading the marks, with a swap, as a marking thread closes it
+        // (`ArenaShared::mark`): the two swaps are ordered. If the closing swap came first,
+        // this one reads it and acquires the mark before it; if it comes after, the gate
+        // stays closed and the next slow path applies the mark this scan may miss.
+        sh.gate.swap(self.epoch, Ordering::AcqRel);
+        for (i, record) in sh.records.first(sh.owner_count()).enumerate() {
+            if record.meta.load(Ordering::Relaxed) & RELEASED_ELSEWHERE != 0 {
+                let addr = record.addr.load(Ordering::Relaxed);
+                if addr & RELEASED == 0 {
+                    Self::forget(sh, i, addr);
+                }
             }
         }
         self.pop_released(sh);
     }
 
     /// The owner saw the allocator's epoch move to `epoch`: every block of the arena's epoch
-    /// is taken back. Returns how many bytes the next chunk should have if the chunk is too
-    /// small for what the past epoch wanted (`None`: keep it).
+    /// is taken back, and the arena claims its chunk for `epoch`. Returns how many bytes the
+    /// next chunk should have if the chunk is too small for what the past epoch wanted, or if
+    /// a trim revoked it (`None`: keep it).
     ///
     /// With `adaptive` (the default configuration), the next interval's large requests come
     /// here if the past interval asked for at most [`LARGE_WANT`] bytes in all, in at most
@@ -674,16 +685,10 @@ impl Arena {
             epoch != self.epoch,
             "a rewind would take this interval's blocks"
         );
-        // Entries queued for the old epoch's blocks are void now.
-        if sh.inbox_pending.load(Ordering::Acquire) {
-            lock(&sh.inbox).clear();
-            sh.inbox_pending.store(false, Ordering::Relaxed);
-        }
-        // The gate opens on the new epoch before any of its records is published, without the
-        // inbox's lock: a thread that queues a release of a block of the new epoch has read its
-        // record, so its `CLOSED` comes after this store. A `CLOSED` this store overwrites can
-        // only be for an entry of the old epoch (void: its serial is gone), left for the next
-        // `apply_inbox` to drop.
+        // The gate opens on the new epoch before any of its records is published: a thread
+        // that marks a block of the new epoch has read its record, so its `CLOSED` comes after
+        // this store. A `CLOSED` this store overwrites can only follow a mark of the old
+        // epoch's records, void now (the slots' next blocks overwrite them).
         sh.gate.store(epoch, Ordering::Release);
         let peak = sh.peak.load(Ordering::Relaxed).max(self.top);
         let last = if epoch == self.epoch.wrapping_add(1) {
@@ -691,15 +696,19 @@ impl Arena {
         } else {
             0
         };
-        // The epoch first: a thread that sees a record written after this sees the epoch too.
-        sh.epoch.store(epoch, Ordering::Release);
         sh.last_peak.store(last, Ordering::Relaxed);
         self.max_peak = self.max_peak.max(peak);
         sh.max_peak.store(self.max_peak, Ordering::Relaxed);
         sh.peak.store(0, Ordering::Relaxed);
         sh.count.store(0, Ordering::Release);
+        debug_assert!(epoch != REVOKED, "the epoch of shared caches' arenas");
+        // The claim after the records are gone, and before any of the new epoch's is
+        // published: a thread that sees one sees the claim too.
+        let revoked = sh
+            .claim
+            .compare_exchange(self.epoch, epoch, Ordering::AcqRel, Ordering::Acquire)
+            .is_err();
         self.epoch = epoch;
-        debug_assert!(epoch != usize::MAX, "the epoch of shared caches' arenas");
         self.top = 0;
         let want = core::mem::take(&mut self.want).max(peak);
         let want = if adaptive {
@@ -707,7 +716,29 @@ impl Arena {
         } else {
             want
         };
-        next_chunk(want, self.len)
+        let len = self.len(sh);
+        if revoked {
+            return Some(self.forget_revoked_chunk(sh, epoch, want, len));
+        }
+        next_chunk(want, len)
+    }
+
+    /// A trim took the chunk while the arena was behind ([`ArenaShared::revoke`]): the arena
+    /// lets go of it without touching it and claims `epoch` with no chunk. Returns the size
+    /// of the next chunk: what the past interval wanted, at least the old chunk's `len`.
+    #[cold]
+    fn forget_revoked_chunk(
+        &mut self,
+        sh: &ArenaShared,
+        epoch: usize,
+        want: usize,
+        len: usize,
+    ) -> usize {
+        debug_assert_eq!(sh.claim.load(Ordering::Relaxed), REVOKED);
+        self.set_chunk(sh, core::ptr::null_mut(), 0);
+        // Only the owner moves a claim on from `REVOKED`, so a plain store does.
+        sh.claim.store(epoch, Ordering::Release);
+        next_chunk(want, len).unwrap_or(len).max(MIN_CHUNK)
     }
 
     /// At a rewind of the adaptive arena, after an interval that wanted `want` bytes of the
@@ -773,14 +804,19 @@ impl Arena {
     /// With `adaptive`, the next chunk is the one [`choose_large`](Self::choose_large) would
     /// ask for now.
     #[inline]
-    pub(crate) fn successor_for(&self, size: usize, adaptive: bool) -> Option<usize> {
+    pub(crate) fn successor_for(
+        &self,
+        sh: &ArenaShared,
+        size: usize,
+        adaptive: bool,
+    ) -> Option<usize> {
         let want = self.want.max(self.top);
         let want = if adaptive {
             self.large_requests.target(want).0
         } else {
             want
         };
-        let next = next_chunk(want, self.len)?;
+        let next = next_chunk(want, self.len(sh))?;
         (granules(size) * 2 >= next).then_some(next)
     }
 
@@ -794,19 +830,14 @@ impl Arena {
         self.refused_epoch == epoch
     }
 
-    /// Whether the arena holds no live block (after applying its inbox).
+    /// Whether the arena holds no live block (after applying the marks).
     pub(crate) fn is_empty(&self, sh: &ArenaShared) -> bool {
         sh.owner_count() == 0
     }
 
-    /// The chunk's length (0 without one).
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// The chunk's first byte, if any.
-    pub(crate) fn chunk(&self) -> Option<NonNull<u8>> {
-        NonNull::new(self.base)
+    /// Whether the arena has a chunk.
+    pub(crate) fn has_chunk(&self, sh: &ArenaShared) -> bool {
+        self.len(sh) > 0
     }
 
     /// Starts using a new chunk (`base` valid for `len` bytes, aligned to
@@ -814,9 +845,8 @@ impl Arena {
     pub(crate) fn set_chunk(&mut self, sh: &ArenaShared, base: *mut u8, len: usize) {
         debug_assert!(sh.owner_count() == 0 && self.top == 0);
         debug_assert!(base.addr().is_multiple_of(ARENA_MAX_ALIGN));
-        self.base = base;
-        self.len = len;
-        sh.base.store(base.addr(), Ordering::Release);
+        debug_assert_eq!(base.is_null(), len == 0);
+        sh.base.store(base, Ordering::Release);
         sh.len.store(len, Ordering::Release);
     }
 }
@@ -892,89 +922,127 @@ impl ArenaShared {
         self.count.load(Ordering::Relaxed)
     }
 
-    /// The epoch of the published records (the owner stores it when it rewinds).
-    pub(crate) fn epoch(&self) -> usize {
-        self.epoch.load(Ordering::Acquire)
-    }
-
     /// Whether `addr` lies in this arena's chunk.
     pub(crate) fn in_chunk(&self, addr: usize) -> bool {
-        let base = self.base.load(Ordering::Acquire);
+        let base = self.base.load(Ordering::Acquire).addr();
         base != 0 && addr.wrapping_sub(base) < self.len.load(Ordering::Acquire)
     }
 
-    /// A release from another thread than the owner: `true` if `addr` is a live block of
-    /// this arena in the allocator's current epoch `epoch` (then it is queued for the owner),
-    /// `false` if not (nothing changes).
-    pub(crate) fn release_foreign(&self, epoch: &AtomicUsize, addr: usize) -> bool {
-        self.find_foreign(epoch, addr)
-            .is_some_and(|entry| self.queue_foreign(entry))
-    }
-
-    /// The live record of `addr` in the allocator's current epoch, as a release from another
-    /// thread would queue it; `None` if there is none.
-    fn find_foreign(&self, epoch: &AtomicUsize, addr: usize) -> Option<Foreign> {
-        loop {
-            let seen = self.epoch.load(Ordering::Acquire);
-            if seen != epoch.load(Ordering::Acquire) {
-                // A reset took the arena's blocks back (its owner has not rewound yet).
-                return None;
-            }
-            let count = self.count.load(Ordering::Acquire);
-            let mut found = None;
-            for (slot, record) in self.records.first(count).enumerate().rev() {
-                if record.addr.load(Ordering::Acquire) == addr {
-                    let meta = record.meta.load(Ordering::Relaxed);
-                    // Read again: the owner may have reused the slot meanwhile.
-                    if record.addr.load(Ordering::Acquire) == addr {
-                        found = Some(Foreign {
-                            slot,
-                            serial: Record::serial(meta),
-                            requested: Record::requested(meta),
-                        });
-                    }
-                    break;
-                }
-            }
-            if self.epoch.load(Ordering::Acquire) != seen {
-                continue; // the owner rewound during the scan: look again
-            }
-            return found;
-        }
-    }
-
-    /// Queues `entry` for the owner: `false` if it is no longer live (the owner rewound or
-    /// reused its slot since it was found) or another thread queued it already.
-    ///
-    /// The owner does not take the inbox's lock to rewind or bump, so an entry can still go
-    /// stale once queued (found, then a reset and a rewind, then queued). That is harmless by
-    /// construction: an entry counts as a release only while its slot holds its serial, live
-    /// ([`Foreign::matches`]), which the owner's apply and `figures` both check, and serials
-    /// are never reused.
-    fn queue_foreign(&self, entry: Foreign) -> bool {
-        let mut inbox = lock(&self.inbox);
-        if !entry.matches(&self.records, self.count.load(Ordering::Acquire)) {
+    /// A trim, on any thread, holding the cache's lock (which orders it with the owner's
+    /// chunk changes in the books): takes the chunk of an arena strictly behind the
+    /// allocator's epoch, with one CAS of its claim to [`REVOKED`]. `true`: the chunk is the
+    /// caller's to move to the idle blocks, and the owner will never touch it again (its
+    /// rewind's CAS from the stale epoch fails). `false`: the arena is current, already
+    /// revoked, or its owner rewound first; the caller leaves the chunk alone.
+    pub(crate) fn revoke(&self, epoch: &AtomicUsize) -> bool {
+        let claim = self.claim.load(Ordering::Acquire);
+        // Read after the claim: an owner rewinds to an epoch it read from the allocator, so
+        // this one is at least the claim's, unless the claim is `REVOKED`.
+        let now = epoch.load(Ordering::Acquire);
+        if claim == REVOKED || !epoch_behind(claim, now) {
+            debug_assert!(
+                claim == REVOKED || claim == now,
+                "an arena claimed epoch {claim}, ahead of the allocator's {now}"
+            );
             return false;
         }
-        if inbox.iter().any(|e| e.serial == entry.serial) {
-            return false; // already released by another thread
+        self.claim
+            .compare_exchange(claim, REVOKED, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// A release from another thread than the owner: `true` if `addr` is a live block of
+    /// this arena in the allocator's current epoch `epoch` (then its record is marked
+    /// [`RELEASED_ELSEWHERE`] and the gate closed, for the owner to apply), `false` if not
+    /// (nothing changes that anyone counts).
+    ///
+    /// The contract: a pointer that is not a live block of this arena when the call looks is
+    /// refused here (never handed out, released already, or taken back by a reset). A
+    /// release that races with the owner's release of the same block, or with the reset that
+    /// takes it back, may be taken by both or refused by either: the mark lands on the
+    /// serial's own `meta` word, so it never releases a later block.
+    pub(crate) fn release_foreign(&self, epoch: &AtomicUsize, addr: usize) -> bool {
+        let claim = self.claim.load(Ordering::Acquire);
+        if claim != epoch.load(Ordering::Acquire) {
+            // A reset took the arena's blocks back (its owner has not rewound yet), or a trim
+            // took its chunk.
+            return false;
         }
-        inbox.push(entry);
-        self.inbox_pending.store(true, Ordering::Release);
-        self.gate.store(CLOSED, Ordering::Release);
+        let Some(found) = self.look_up(addr) else {
+            return false;
+        };
+        if !self.mark(found) {
+            return false;
+        }
+        // A rewind after the look-up made the mark void (the block was taken back).
+        self.claim.load(Ordering::Acquire) == claim
+    }
+
+    /// The live record at `addr`, as [`mark`](Self::mark) takes it: its slot and its meta
+    /// word (which names its serial). `None` if no published record is a live block there.
+    fn look_up(&self, addr: usize) -> Option<(usize, usize)> {
+        let slot = self.slot_of(addr)?;
+        let record = self.records.at(slot);
+        // The meta word first, then the address: the owner writes a block's address before
+        // its meta word (`bump`, release store), so the address read here is the one that
+        // came with this meta word or a later one; if later, the slot holds another serial
+        // and `mark`'s CAS fails.
+        let meta = record.meta.load(Ordering::Acquire);
+        let live = meta & RELEASED_ELSEWHERE == 0 && record.addr.load(Ordering::Acquire) == addr;
+        live.then_some((slot, meta))
+    }
+
+    /// Marks the record `look_up` found released, if its slot still holds that serial
+    /// unmarked, and closes the gate for the owner: `false` if it does not (the owner reused
+    /// the slot, or another thread marked it first).
+    fn mark(&self, (slot, meta): (usize, usize)) -> bool {
+        let marked = self.records.at(slot).meta.compare_exchange(
+            meta,
+            meta | RELEASED_ELSEWHERE,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        if marked.is_err() {
+            return false;
+        }
+        // A swap, releasing the mark: see `Arena::apply_marks`.
+        self.gate.swap(CLOSED, Ordering::AcqRel);
         true
     }
 
+    /// The slot of the published record at `addr`, by binary search. Within an epoch the
+    /// published records lie in address order: the bump only moves up, a pop takes every
+    /// slot above it along, and a slot is written again only at the top. For a block the
+    /// caller holds live, every slot below it is stable (only its released bit may change)
+    /// and every slot above it that `count` covers was written after it, higher, so the
+    /// search finds it whatever the owner does meanwhile; for any other address the caller's
+    /// checks refuse whatever it finds.
+    fn slot_of(&self, addr: usize) -> Option<usize> {
+        let (mut lo, mut hi) = (0, self.count.load(Ordering::Acquire).min(RECORDS));
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let at = self.records.at(mid).addr.load(Ordering::Acquire) & !RELEASED;
+            match at.cmp(&addr) {
+                core::cmp::Ordering::Less => lo = mid + 1,
+                core::cmp::Ordering::Greater => hi = mid,
+                core::cmp::Ordering::Equal => return Some(mid),
+            }
+        }
+        None
+    }
+
     /// The arena's figures as of the allocator's epoch `epoch`: an arena whose epoch is behind
-    /// holds nothing live (a reset took its blocks), and releases waiting in the inbox count
-    /// as done.
+    /// holds nothing live (a reset took its blocks), and blocks another thread marked
+    /// released count as released.
     pub(crate) fn figures(&self, epoch: usize) -> ArenaFigures {
         let count = self.count.load(Ordering::Acquire).min(RECORDS);
         let (mut bytes, mut blocks, mut requested) = (0usize, 0usize, 0usize);
+        // A mark (`RELEASED_ELSEWHERE`) counts for the serial it names only: a later block in
+        // the slot comes with a meta word of its own.
         for record in self.records.first(count) {
             let addr = record.addr.load(Ordering::Acquire);
             let meta = record.meta.load(Ordering::Relaxed);
-            if addr & RELEASED == 0 {
+            if addr & RELEASED == 0 && meta & RELEASED_ELSEWHERE == 0 {
                 bytes += granules(Record::requested(meta));
                 blocks += 1;
                 requested += Record::requested(meta);
@@ -994,7 +1062,7 @@ impl ArenaShared {
         let top = count.checked_sub(1).map_or(0, |i| {
             let r = self.records.at(i);
             let start = (r.addr.load(Ordering::Acquire) & !RELEASED)
-                .wrapping_sub(self.base.load(Ordering::Relaxed));
+                .wrapping_sub(self.base.load(Ordering::Relaxed).addr());
             start.wrapping_add(granules(Record::requested(r.meta.load(Ordering::Relaxed))))
         });
         let peak = self
@@ -1002,9 +1070,10 @@ impl ArenaShared {
             .load(Ordering::Relaxed)
             .max(top.min(self.len.load(Ordering::Relaxed)));
         let max_peak = self.max_peak.load(Ordering::Relaxed).max(peak);
-        let seen = self.epoch.load(Ordering::Acquire);
+        let seen = self.claim.load(Ordering::Acquire);
         if seen != epoch {
-            // A reset took the blocks back; its owner has not rewound yet.
+            // A reset took the blocks back; its owner has not rewound yet (or a trim took its
+            // chunk).
             let last_peak = if epoch == seen.wrapping_add(1) {
                 peak
             } else {
@@ -1016,18 +1085,6 @@ impl ArenaShared {
                 max_peak,
                 ..ArenaFigures::default()
             };
-        }
-        if self.inbox_pending.load(Ordering::Acquire) {
-            // Only entries that still name a live record: a stale one (its block taken by a
-            // reset, its slot reused) must not hide the later block in that slot.
-            for e in lock(&self.inbox)
-                .iter()
-                .filter(|e| e.matches(&self.records, count))
-            {
-                bytes = bytes.saturating_sub(granules(e.requested));
-                blocks = blocks.saturating_sub(1);
-                requested = requested.saturating_sub(e.requested);
-            }
         }
         ArenaFigures {
             live_bytes: bytes,
@@ -1087,31 +1144,24 @@ mod tests {
         }
     }
 
-    /// A release from another thread that found its block before a reset and queues it after
-    /// the owner rewound and handed the same slot (and address) to a later block: the stale
-    /// entry must release nothing and must not count the later block as released (else an
-    /// exited owner's cache would look empty and its chunk would go to the pool under a live
-    /// block).
+    /// A release from another thread that looked its block up before a reset and marks it
+    /// after the owner rewound and handed the same slot (and address) to a later block: the
+    /// mark names the first block's serial, so it must not land, and the later block stays
+    /// live (else an exited owner's cache would look empty and its chunk would go to the pool
+    /// under a live block).
     #[test]
-    fn a_stale_foreign_entry_never_counts_against_a_later_block() {
+    fn a_stale_mark_never_lands_on_a_later_block() {
         let f = Fixture::new();
         let sh = &f.cell.shared;
-        let epoch = AtomicUsize::new(0);
         let b1 = f.bump(256);
-        let stale = sh.find_foreign(&epoch, b1).expect("b1 is live");
+        let stale = sh.look_up(b1).expect("b1 is live");
         // A reset; the owner rewinds and bumps the next block into the same slot.
-        epoch.store(1, Ordering::Release);
         assert_eq!(f.owner().rewind(sh, 1, false), None);
         let b2 = f.bump(256);
         assert_eq!(b1, b2, "the later block reuses the slot and the address");
-        // Queued now, the entry is refused.
-        assert!(!sh.queue_foreign(stale));
-        // Queued just before the rewind (the window the check above cannot close): it sits
-        // in the inbox, and neither the books nor the owner take it as b2's release.
-        lock(&sh.inbox).push(stale);
-        sh.inbox_pending.store(true, Ordering::Release);
+        assert!(!sh.mark(stale), "the slot holds another serial now");
         assert_eq!(sh.figures(1).live_blocks, 1);
-        f.owner().apply_inbox(sh);
+        f.owner().apply_marks(sh);
         assert_eq!(sh.figures(1).live_blocks, 1);
         assert!(
             f.owner().release(sh, b2),
@@ -1120,10 +1170,10 @@ mod tests {
         assert_eq!(sh.figures(1).live_blocks, 0);
     }
 
-    /// The live entry of the same scenario, for contrast: queued before any reset, it
-    /// counts at once and the owner applies it.
+    /// The live mark of the same scenario, for contrast: made before any reset, it counts at
+    /// once, a second release of the block is refused, and the owner applies it.
     #[test]
-    fn a_foreign_entry_counts_while_its_block_is_live() {
+    fn a_mark_counts_while_its_block_is_live() {
         let f = Fixture::new();
         let sh = &f.cell.shared;
         let epoch = AtomicUsize::new(0);
@@ -1135,12 +1185,75 @@ mod tests {
             "a second release is refused"
         );
         assert_eq!(sh.figures(0).live_blocks, 1);
-        f.owner().apply_inbox(sh);
+        let gate_open = |f: &Fixture| {
+            // SAFETY: one thread, the owner; no other borrow of the arena is alive.
+            unsafe { f.cell.open(0) }.is_some()
+        };
+        assert!(
+            !gate_open(&f),
+            "the gate is closed until the owner applies the mark"
+        );
+        f.owner().apply_marks(sh);
+        assert!(gate_open(&f));
         assert_eq!(sh.figures(0).live_blocks, 1);
         assert!(
             !f.owner().release(sh, b1),
             "already released by the other thread"
         );
+    }
+
+    /// Another thread finds every live block by its address, whatever was released around it
+    /// (the binary search over the records), and nothing else: not a released block, not an
+    /// address inside a block.
+    #[test]
+    fn another_thread_finds_each_live_block_and_nothing_else() {
+        let f = Fixture::new();
+        let sh = &f.cell.shared;
+        let epoch = AtomicUsize::new(0);
+        let blocks: Vec<usize> = (1..=40).map(|i| f.bump(64 * (i % 5 + 1))).collect();
+        // Release every third below the top on the owner's thread.
+        for &b in blocks.iter().step_by(3).filter(|&&b| b != blocks[39]) {
+            assert!(f.owner().release(sh, b));
+        }
+        for (i, &b) in blocks.iter().enumerate() {
+            assert!(!sh.release_foreign(&epoch, b + 8), "inside block {i}");
+            let live = i % 3 != 0 || i == 39;
+            assert_eq!(sh.release_foreign(&epoch, b), live, "block {i}");
+        }
+        assert_eq!(sh.figures(0).live_blocks, 0);
+        f.owner().apply_marks(sh);
+        assert!(f.owner().is_empty(sh), "every record popped");
+    }
+
+    /// A trim takes the chunk only of an arena strictly behind the allocator's epoch, and
+    /// then the owner's rewind lets go of it; an arena that rewound first keeps it.
+    #[test]
+    fn a_trim_revokes_only_an_arena_behind_and_the_owner_lets_go() {
+        let f = Fixture::new();
+        let sh = &f.cell.shared;
+        let epoch = AtomicUsize::new(0);
+        f.bump(256);
+        assert!(!sh.revoke(&epoch), "the arena is current");
+        epoch.store(1, Ordering::Release);
+        // The owner rewinds first: its claim moves on and the trim's CAS has nothing to take.
+        assert_eq!(f.owner().rewind(sh, 1, false), None);
+        assert!(!sh.revoke(&epoch));
+        assert!(f.owner().has_chunk(sh));
+        // Behind again: the trim wins, and the rewind gives the chunk up.
+        epoch.store(2, Ordering::Release);
+        assert!(sh.revoke(&epoch));
+        assert!(!sh.revoke(&epoch), "revoked once");
+        assert_eq!(
+            sh.figures(2),
+            ArenaFigures {
+                max_peak: 256,
+                hits: 1,
+                ..Default::default()
+            }
+        );
+        assert_eq!(f.owner().rewind(sh, 2, false), Some(MIN_CHUNK));
+        assert!(!f.owner().has_chunk(sh));
+        assert_eq!(sh.claim.load(Ordering::Relaxed), 2);
     }
 
     #[test]

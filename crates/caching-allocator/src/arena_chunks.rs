@@ -1,6 +1,6 @@
 //! The arena's side of `allocate` and `release` past their fast paths, and its chunk's life:
-//! the first chunk, growth at a rewind, the rewind itself (under the cache's lock), the
-//! revocation of a stale arena's chunk by a trim, parking at a thread's trim. The arena's own
+//! the first chunk, growth at a rewind, the revocation of a stale arena's chunk by a trim,
+//! parking at a thread's trim. The arena's own
 //! state and rules are in `arena`; this module is where the allocator's books (the cap's
 //! credit, the idle blocks) meet them, through `take` and `keep_idle`.
 
@@ -61,7 +61,7 @@ impl CachingAllocator {
         if let Some(ptr) = arena.bump(&local.arena.shared, size, align) {
             return Some(Ok(ptr));
         }
-        // The arena's slow path: its inbox, its first chunk, or a miss.
+        // The arena's slow path: other threads' marks, its first chunk, or a miss.
         Some(match self.arena_slow(local, size, align) {
             Some(ptr) => Ok(ptr),
             None => self.allocate_missed(local, size, align),
@@ -92,7 +92,7 @@ impl CachingAllocator {
         // SAFETY: the owner thread (`owned`, and `Local` is this thread's); one borrow at a
         // time (this one ends before `grow_and_bump` borrows again).
         let arena = unsafe { local.arena.owner() };
-        let bumped = match self.rewind_arena(local, arena, epoch) {
+        let bumped = match self.rewind(local, arena, epoch) {
             None => arena.bump_or_miss(&local.arena.shared, size, align),
             grow => self.grow_and_bump(local, grow, epoch, size, align),
         };
@@ -120,7 +120,7 @@ impl CachingAllocator {
             // block.
             let arena = unsafe { local.arena.owner() };
             let grow = if arena.epoch() != epoch {
-                self.rewind_arena(local, arena, epoch)
+                self.rewind(local, arena, epoch)
             } else {
                 None
             };
@@ -158,7 +158,11 @@ impl CachingAllocator {
     ) -> Result<NonNull<u8>, AllocError> {
         debug_assert!(local.owned());
         // SAFETY: the owner thread (the callers checked `owned`); the borrow ends here.
-        let next = unsafe { local.arena.owner() }.successor_for(size, self.arena_large > 0);
+        let next = unsafe { local.arena.owner() }.successor_for(
+            &local.arena.shared,
+            size,
+            self.arena_large > 0,
+        );
         // Under a hard limit the larger block could be what passes it: its own class only.
         // A large request of the adaptive arena (above `arena_max`) gets its own class too:
         // its class size is what the interval's peak (and a temp plan) counts, and the chunk
@@ -184,7 +188,7 @@ impl CachingAllocator {
 
     /// The arena could not serve a request on its fast path: rewind it after a reset (swapping
     /// its chunk for a larger one if the last interval wanted more), apply other threads'
-    /// releases, or give it its first chunk; then try once more. `None`: the size classes
+    /// marks, or give it its first chunk; then try once more. `None`: the size classes
     /// serve this request (the chunk is full for this interval, or the cap cannot cover one).
     #[cold]
     pub(crate) fn arena_slow(
@@ -199,13 +203,13 @@ impl CachingAllocator {
             // SAFETY: as in `allocate_after_reset`.
             let arena = unsafe { local.arena.owner() };
             if arena.epoch() != epoch {
-                self.rewind_arena(local, arena, epoch)
+                self.rewind(local, arena, epoch)
             } else {
-                arena.apply_inbox(sh);
+                arena.apply_marks(sh);
                 if let Some(ptr) = arena.bump(sh, size, align) {
                     return Some(ptr);
                 }
-                if !arena.is_empty(sh) || arena.chunk().is_some() || arena.refused(epoch) {
+                if !arena.is_empty(sh) || arena.has_chunk(sh) || arena.refused(epoch) {
                     arena.missed(size);
                     return None;
                 }
@@ -296,6 +300,7 @@ impl CachingAllocator {
             let short = (state.held() + chunk.size()).saturating_sub(state.credit);
             if short == 0 {
                 state.arena_chunk = Some(chunk);
+                self.chunks.insert(&chunk, &local.to_arc());
                 return true;
             }
             drop(state);
@@ -307,52 +312,30 @@ impl CachingAllocator {
         false
     }
 
-    /// Rewinds this thread's arena (`arena`, of `local`) to `epoch`, under the cache's lock: a
-    /// trim on another thread may have taken the chunk of an arena whose epoch was behind
-    /// (see `revoke_stale_chunks`), and the lock orders the two. Returns what `Arena::rewind`
-    /// does, or the chunk to take when the old one was taken.
-    #[inline]
-    pub(crate) fn rewind_arena(
+    /// Rewinds this thread's arena (`arena`, of `local`) to `epoch` (`Arena::rewind`, which
+    /// also claims the chunk for `epoch`, or lets it go if a trim revoked it).
+    #[inline(always)]
+    pub(crate) fn rewind(
         &self,
         local: Local<'_>,
         arena: &mut crate::arena::Arena,
         epoch: usize,
     ) -> Option<usize> {
-        let sh = &local.arena.shared;
-        let state = local.lock();
-        let old_len = arena.len();
-        let grow = arena.rewind(sh, epoch, self.arena_large > 0);
-        if state.arena_chunk.is_none() && arena.chunk().is_some() {
-            // Taken by a trim while the arena was behind: forget it, take another next.
-            arena.set_chunk(sh, core::ptr::null_mut(), 0);
-            return Some(grow.unwrap_or(old_len).max(MIN_CHUNK));
-        }
-        grow
+        arena.rewind(&local.arena.shared, epoch, self.arena_large > 0)
     }
 
     /// Takes the chunks of other threads' arenas whose epoch is behind the allocator's (a
     /// reset took their blocks and their owners have not called since) into their caches'
-    /// idle blocks, where a trim reaches them. The lock orders this with the owner's rewind.
-    ///
-    /// The allocator's epoch is read under each cache's lock, after the arena's: an owner
-    /// rewinds under that lock to an epoch it read from the allocator, so the read here sees
-    /// that epoch or a later one, and the arena is never *ahead* of it. Only an arena strictly
-    /// behind is revoked. (Reading the epoch once before the walk revoked arenas that had
-    /// rewound past that stale value meanwhile: a chunk in use in the current interval, then
-    /// freed by the trim under its owner's blocks.)
+    /// idle blocks, where a trim reaches them. `ArenaShared::revoke` decides, with one CAS
+    /// that races the owner's rewind: the loser leaves the chunk alone. The cache's lock
+    /// orders the move with the owner's own changes of its chunk in the books.
     pub(crate) fn revoke_stale_chunks(&self) {
         self.registry.for_each(|cache| {
             if !cache.owned() {
                 return;
             }
             let mut state = cache.lock();
-            let arena_epoch = cache.arena.shared.epoch();
-            let epoch = self.epoch.load(Ordering::Acquire);
-            debug_assert!(
-                !crate::arena::epoch_behind(epoch, arena_epoch),
-                "an arena rewound to epoch {arena_epoch}, ahead of the allocator's {epoch}"
-            );
-            if state.arena_chunk.is_some() && crate::arena::epoch_behind(arena_epoch, epoch) {
+            if state.arena_chunk.is_some() && cache.arena.shared.revoke(&self.epoch) {
                 self.chunk_to_idle(&mut state);
                 cache.publish(&state);
             }
@@ -374,14 +357,14 @@ impl CachingAllocator {
             // into the arena).
             let arena = unsafe { local.arena.owner() };
             if arena.epoch() != epoch {
-                self.rewind_arena(local, arena, epoch);
+                self.rewind(local, arena, epoch);
             }
-            arena.apply_inbox(sh);
+            arena.apply_marks(sh);
             let spare = arena.spare_idle();
             if spare {
                 arena.set_spare(None);
             }
-            let chunk = arena.is_empty(sh) && arena.chunk().is_some();
+            let chunk = arena.is_empty(sh) && arena.has_chunk(sh);
             if chunk {
                 arena.set_chunk(sh, core::ptr::null_mut(), 0);
             }
@@ -413,6 +396,7 @@ impl CachingAllocator {
     /// a chunk no arena bumps through any more (see the callers).
     pub(crate) fn chunk_to_idle(&self, state: &mut CacheState) {
         if let Some(chunk) = state.arena_chunk.take() {
+            self.chunks.remove(&chunk);
             let stamp = self.clock.stamp(state);
             state.idle.push(chunk, stamp);
         }

@@ -27,7 +27,7 @@ pub(crate) type Home = Option<Arc<ThreadCache>>;
 
 /// Block addresses are at least 64-byte aligned: Fibonacci hashing of `addr >> 6`.
 #[derive(Default)]
-struct AddrHasher(u64);
+pub(crate) struct AddrHasher(u64);
 
 impl Hasher for AddrHasher {
     fn finish(&self) -> u64 {

@@ -54,6 +54,7 @@ mod api2;
 mod arena;
 mod arena_chunks;
 mod block;
+mod chunk_index;
 mod clock;
 mod config;
 mod debug;
@@ -74,6 +75,7 @@ mod sync;
 mod system;
 mod temp;
 mod thread_cache;
+mod trim;
 mod working_set;
 
 /// The `allocator-api2` crate this one implements `Allocator` for (0.2): use its collections

@@ -58,8 +58,9 @@ pub struct Stats {
     /// The most bytes live at once since the last reset (the reset interval running now),
     /// summed over threads. A thread's arena counts as its bump offset: from its chunk's
     /// start to the end of its newest live block, so bytes released below that block stay
-    /// counted until the blocks above them go (the bytes a bump plan of the interval needs). Arena blocks count with the alignment padding below them: the
-    /// bytes a bump-allocated plan of the interval needs.
+    /// counted until the blocks above them go (the bytes a bump plan of the interval needs).
+    /// Arena blocks count with the alignment padding below them: the bytes a bump-allocated
+    /// plan of the interval needs.
     pub interval_peak_bytes: usize,
     /// The most bytes live at once in the reset interval the last reset ended: a kernel
     /// call's scratch high-water mark when the runtime resets after every kernel (what an

@@ -24,14 +24,58 @@ pub(crate) use std::sync::atomic::AtomicU64;
 pub(crate) use std::sync::Arc;
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard};
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
+
+/// A plain load of an atomic word that only the calling thread ever stores to: the arena's
+/// chunk range, which its owner writes and other threads only load. The compiler may fold a
+/// plain load into the instruction that uses it, which it never does with an atomic load
+/// (three instructions on the allocate + release round trip).
+pub(crate) trait WriterLoad {
+    type Value;
+
+    /// The value this thread last stored.
+    ///
+    /// # Safety
+    /// The calling thread is the only one that ever stores to this word, so no store races
+    /// this read (reads by other threads do not conflict with it).
+    unsafe fn writer_load(&self) -> Self::Value;
+}
+
+impl WriterLoad for AtomicUsize {
+    type Value = usize;
+
+    #[inline(always)]
+    unsafe fn writer_load(&self) -> usize {
+        #[cfg(not(loom))]
+        // SAFETY: the caller's contract: every store to this word is this thread's, so this
+        // read is ordered after all of them by program order, and only reads run beside it.
+        return unsafe { *self.as_ptr() };
+        #[cfg(loom)]
+        // SAFETY: as above; loom checks the claim.
+        return unsafe { self.unsync_load() };
+    }
+}
+
+impl<T> WriterLoad for AtomicPtr<T> {
+    type Value = *mut T;
+
+    #[inline(always)]
+    unsafe fn writer_load(&self) -> *mut T {
+        #[cfg(not(loom))]
+        // SAFETY: as for `AtomicUsize`.
+        return unsafe { *self.as_ptr() };
+        #[cfg(loom)]
+        // SAFETY: as for `AtomicUsize`.
+        return unsafe { self.unsync_load() };
+    }
+}
 
 /// Locks a mutex, ignoring poisoning: no code path of this crate panics while it holds a lock,
 /// so a poisoned lock can only come from a panic that left the data consistent.

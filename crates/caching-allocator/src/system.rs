@@ -50,10 +50,7 @@ impl CachingAllocator {
                 block.huge = advised > 0;
                 return Ok(block);
             }
-            if req.retry
-                && !retried
-                && self.cached_bytes() > 0
-                && !crate::allocator::larger_than_memory(class.size())
+            if req.retry && !retried && self.cached_bytes() > 0 && !larger_than_memory(class.size())
             {
                 // As PyTorch's caching allocators do: give the idle cache back, try once more.
                 lock(&self.shared).note_oom_retry();
@@ -157,4 +154,26 @@ impl CachingAllocator {
         shared.note_eviction();
         self.system_free(shared, block);
     }
+}
+
+/// Whether `bytes` is more than the machine's memory, so freeing the idle cache cannot help.
+/// Unknown (other systems, Miri) counts as no.
+pub(crate) fn larger_than_memory(bytes: usize) -> bool {
+    physical_memory().is_some_and(|total| bytes > total)
+}
+
+#[cfg(all(target_os = "linux", not(miri)))]
+fn physical_memory() -> Option<usize> {
+    static TOTAL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *TOTAL.get_or_init(|| {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+        let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024)
+    })
+}
+
+#[cfg(not(all(target_os = "linux", not(miri))))]
+fn physical_memory() -> Option<usize> {
+    None
 }

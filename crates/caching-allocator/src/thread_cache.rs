@@ -392,8 +392,8 @@ thread_local! {
     /// The allocators this thread used lately and their caches; a new one goes first. Slot 0
     /// is the fast path's one comparison; a thread that alternates between two allocators (a
     /// temp one and a persistent one, two modules on one worker) finds the other's cache in
-    /// slot 1 with one more call and load, and a few more in the next slots, all without the
-    /// search of `OWNED`.
+    /// slot 1 with one more comparison and load, and a few more in the next slots, all
+    /// without the search of `OWNED`.
     static RECENT: [Cell<Remembered>; RECENT_LEN] = const { NONE_RECENT };
     /// Every cache this thread owns; keeps them alive as long as the thread is.
     static OWNED: RefCell<OwnedCaches> = const { RefCell::new(OwnedCaches(Vec::new())) };
@@ -411,26 +411,34 @@ loom::thread_local! {
 }
 
 /// This thread's cache of allocator `id`, if the thread used it lately: the first slot's in
-/// one comparison, the second's without reordering the table (two allocators in turn), the
-/// others' moved to the front.
+/// one comparison, the second's in one more without reordering the table (two allocators in
+/// turn), the others' moved to the front.
 #[inline]
 pub(crate) fn last_cache(id: u64) -> Option<*const ThreadCache> {
-    match RECENT.try_with(|recent| recent[0].get()) {
-        Ok((last_id, cache)) if last_id == id => Some(cache),
-        _ => second_cache(id),
+    // With `std` the table needs no destructor, so `try_with` does not fail (under loom it may
+    // in a thread-local destructor; then nothing is found, as after the table's clear).
+    let found = RECENT.try_with(|recent| {
+        let (last_id, cache) = recent[0].get();
+        if last_id == id {
+            return Some(cache);
+        }
+        second_slot(recent, id)
+    });
+    match found {
+        Ok(Some(cache)) => Some(cache),
+        _ => recent_cache(id),
     }
 }
 
-/// [`last_cache`] past its one comparison: the second slot, read without a store, so two
-/// allocators used in turn cost the second one a call and a load, not a reordering of the
-/// table. Out of line (and marked cold), so the first slot's hit stays one comparison.
+/// [`last_cache`]'s second slot, compared in line: a thread that alternates between two
+/// allocators asks for it on every other call (out of line, it cost that thread a call and a
+/// return each time). Cold, so the compiler lays it out of the first slot's way and the
+/// one-allocator path stays one comparison and one load.
 #[cold]
-#[inline(never)]
-fn second_cache(id: u64) -> Option<*const ThreadCache> {
-    match RECENT.try_with(|recent| recent[1].get()) {
-        Ok((second_id, cache)) if second_id == id => Some(cache),
-        _ => recent_cache(id),
-    }
+#[inline(always)]
+fn second_slot(recent: &[Cell<Remembered>; RECENT_LEN], id: u64) -> Option<*const ThreadCache> {
+    let (second_id, cache) = recent[1].get();
+    (second_id == id).then_some(cache)
 }
 
 /// [`last_cache`] past its first two slots: `id`'s cache among the others, moved to the
@@ -496,4 +504,47 @@ pub(crate) fn find_or_create(
             cache
         })
         .ok()
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// The allocator ids in this thread's `RECENT`, first slot first.
+    fn recent_ids() -> Vec<u64> {
+        RECENT.with(|recent| recent.iter().map(|slot| slot.get().0).collect())
+    }
+
+    /// Two allocators used in turn are both found in the table and stay where they are (a
+    /// reordering on every other call is what made the second allocator slow); an older one
+    /// found further down moves to the front; an unknown id is found nowhere. Ids from the top
+    /// of the range: no allocator of this process has them.
+    #[test]
+    fn two_allocators_in_turn_leave_the_table_in_place() {
+        let live_caches = Arc::new(AtomicUsize::new(0));
+        let (a, b, c) = (u64::MAX - 1, u64::MAX - 2, u64::MAX - 3);
+        let cache_a = find_or_create(a, &live_caches, |_| {}).unwrap();
+        let cache_b = find_or_create(b, &live_caches, |_| {}).unwrap();
+        assert_ne!(cache_a, cache_b);
+        assert_eq!(recent_ids()[..2], [b, a]);
+        for _ in 0..3 {
+            assert_eq!(last_cache(a), Some(cache_a));
+            assert_eq!(
+                recent_ids()[..2],
+                [b, a],
+                "a second-slot hit moved the table"
+            );
+            assert_eq!(last_cache(b), Some(cache_b));
+        }
+        let cache_c = find_or_create(c, &live_caches, |_| {}).unwrap();
+        assert_eq!(recent_ids()[..3], [c, b, a]);
+        assert_eq!(last_cache(a), Some(cache_a));
+        assert_eq!(
+            recent_ids()[..3],
+            [a, c, b],
+            "a third-slot hit goes to the front"
+        );
+        assert_eq!(last_cache(c), Some(cache_c));
+        assert_eq!(last_cache(u64::MAX - 9), None);
+    }
 }

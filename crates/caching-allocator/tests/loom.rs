@@ -3,9 +3,9 @@
 //!
 //! Run with
 //! `LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p caching-allocator --release --test loom`
-//! (bound 3: about 750,000 interleavings over the eleven models, six of them run twice, with
-//! the arena off and on; 2.2 minutes once built on the 2-core machine of 2026-12-05 under load,
-//! most of it the model of a foreign release racing a reset).
+//! (bound 3: thirteen models, six of them run twice, with the arena off and on; 128 s once
+//! built on the 2-core machine of 2026-12-06 under load, most of it the model of a foreign
+//! release racing a reset).
 //! Under `cfg(loom)` the crate's locks and atomics are loom's (`src/sync.rs`) and so are its
 //! thread-locals (`src/thread_cache.rs`), so each model thread has its own thread cache and loom
 //! switches threads at every lock.
@@ -407,7 +407,7 @@ fn arena_reset_racing_the_owners_allocations() {
     });
 }
 
-/// The arena's inbox: another thread releases one of the owner's blocks while the owner
+/// The arena's marks: another thread releases one of the owner's blocks while the owner
 /// releases and allocates more. The foreign release is `Ok` (the block was live), the owner
 /// never hands out bytes a live block holds, and the books end exact.
 #[test]
@@ -488,6 +488,46 @@ fn trim_racing_a_reset_never_frees_a_current_chunk() {
             "free_cached freed a live block's chunk"
         );
         assert!(tagged(p, 256, 7));
+        // SAFETY: released once; nothing uses it after.
+        unsafe { release_at(alloc, p) }.unwrap();
+    });
+}
+
+/// A trim on one thread races the first call of an owner whose arena a reset left behind: the
+/// two race for the chunk's claim (one CAS each, from the same stale epoch). Whichever wins,
+/// the owner's new block lies in memory the allocator holds, nobody else is handed its bytes,
+/// and the books balance: a trim that won moved the chunk to the idle blocks and the owner's
+/// rewind let go of it without touching it; an owner that won keeps it, and the trim leaves
+/// it. A second owner allocates and tags a block of its own meanwhile.
+#[test]
+fn trim_and_owner_race_for_a_stale_chunk() {
+    model(1 << 20, 1024, |alloc, counting| {
+        let (ready, started) = loom::sync::mpsc::channel();
+        let (reset, after_reset) = loom::sync::mpsc::channel();
+        let owner = spawn(alloc, move |alloc| {
+            round_trip(&alloc, 256); // the arena takes its chunk
+            ready.send(()).unwrap();
+            // The arena is behind from the reset until this call.
+            after_reset.recv().unwrap();
+            block(&alloc, 256)
+        });
+        started.recv().unwrap();
+        // SAFETY: nothing handed out before this reset is used after it (the owner's first
+        // block was released).
+        unsafe { alloc.reset_unchecked() };
+        reset.send(()).unwrap();
+        let trimmer = spawn(alloc, |alloc| alloc.free_cached());
+        let p = owner.join().unwrap();
+        tag(p, 256, 5);
+        trimmer.join().unwrap();
+        assert!(
+            counting.holds(p, 256),
+            "a trim gave a live block's chunk back to the system"
+        );
+        assert!(tagged(p, 256, 5));
+        let s = alloc.stats();
+        assert_eq!(s.live_blocks, 1, "{s:?}");
+        check_books(alloc, &s, counting);
         // SAFETY: released once; nothing uses it after.
         unsafe { release_at(alloc, p) }.unwrap();
     });

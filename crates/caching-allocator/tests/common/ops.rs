@@ -1011,7 +1011,8 @@ fn apply<'a>(
                 return;
             };
             // `remove` offers the address to `ReleaseUnknown` as a stale pointer: a second
-            // release on the owner's thread, while the first waits in the inbox, is refused.
+            // release on the owner's thread, while the first's mark waits for the owner to
+            // apply it, is refused.
             model.remove(b.addr);
             let r = std::thread::scope(|s| {
                 s.spawn(|| {
