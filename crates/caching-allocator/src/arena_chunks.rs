@@ -13,6 +13,33 @@ use crate::sync::Ordering;
 use crate::thread_cache::{CacheState, Local};
 use crate::{AllocError, SizeClass};
 
+/// The stride at which [`fault_in`] writes: the smallest page of the targets (4 KiB; larger
+/// pages are written more than once, which costs nothing more).
+const PAGE: usize = 4096;
+
+/// Writes one byte of every page of a chunk the arena is about to take, so that every page is
+/// in memory from the start, as a fixed buffer's would be. The arena cuts the same bytes into
+/// other blocks every interval, and a kernel may write only part of each block (ExecuTorch's
+/// SDPA decode asks for a slab per thread and, with fewer heads than threads, writes 3 of 8):
+/// without this, a page a layout of the warm-up left unwritten faults in when a later layout
+/// writes it, long after the chunk was taken (`scripts/executorch-programs.sh` saw 2 faults in
+/// the first execute after warm-up). Growth is rare and cold; a page already in memory costs
+/// one store.
+///
+/// The caller holds `chunk` alone: taken, not yet booked anywhere.
+#[cold]
+fn fault_in(chunk: Block) {
+    let base = chunk.ptr.as_ptr();
+    for offset in (0..chunk.size()).step_by(PAGE) {
+        // SAFETY: `offset < size`, so the byte lies in the chunk, a block the caller just took
+        // from the cache or the system and holds alone (in no books yet: no other thread can
+        // reach it, no arena bumps through it, no caller was handed any of it); its contents
+        // are unspecified, so a 0 changes nothing anyone may read. Volatile: the store is for
+        // its side effect (the page in memory), not its value.
+        unsafe { base.add(offset).write_volatile(0) };
+    }
+}
+
 impl CachingAllocator {
     /// A request above `arena_max` that the adaptive arena may take (`arena_may_take`): bumped
     /// if this thread's arena, in the current interval, takes large requests now
@@ -246,6 +273,9 @@ impl CachingAllocator {
         let Ok(chunk) = self.take(local, class, &req, false, |_, _| {}) else {
             return false;
         };
+        // Now, while no other thread can reach the chunk: once booked as the arena's, a trim
+        // may take it from an arena a reset left behind (`revoke_stale_chunks`) and free it.
+        fault_in(chunk);
         if !self.charge_chunk(local, chunk) {
             let mut state = local.lock();
             let spilled = self.keep_idle(&mut state, chunk);

@@ -697,3 +697,87 @@ fn a_decode_whose_buffer_grows_stays_in_the_default_arena() {
     );
     assert!(s.system_allocs <= 64, "{s}");
 }
+
+/// ExecuTorch's SDPA decode scratch (op_sdpa_impl.h, int8 KV cache, one query row) for a KV
+/// length `kv`: the accumulator (`[scores kvSplit][max][sum][out head_dim]` a thread) and the
+/// dequantized keys or values (`kvSplit x head_dim` a thread), in bytes, sized for `threads`.
+fn sdpa_decode_scratch(kv: usize, threads: usize) -> [usize; 2] {
+    const KV_SPLIT: usize = 512;
+    const HEAD_DIM: usize = 64;
+    let split = kv.min(KV_SPLIT);
+    let accum = threads * (split + 2 + HEAD_DIM) * 4;
+    let dequant = threads * split * HEAD_DIM * 4;
+    [accum, dequant]
+}
+
+/// Minor page faults of the calling thread so far.
+#[cfg(all(target_os = "linux", not(miri)))]
+fn thread_minor_faults() -> u64 {
+    // SAFETY: `getrusage` writes one `rusage` into the zeroed value it is given (all-zero is a
+    // valid `rusage`: integers and `timeval`s).
+    let usage = unsafe {
+        let mut usage: libc::rusage = core::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, &mut usage), 0);
+        usage
+    };
+    usage.ru_minflt as u64
+}
+
+/// `scripts/executorch-programs.sh`'s `sdpa_decode` program in Rust: one execute per KV length
+/// 1, 41, ..., 601 (its `--quick` stride), each a reset and then `layers` kernel calls, each
+/// call the two scratch blocks of `sdpa_decode_scratch` at 8 threads and a reset. The kernel
+/// has 3 heads, so it writes only the first 3 of the 8 slabs of each block: 5/8 of what it asks
+/// for is never written, and which pages those are moves with the KV length.
+fn sdpa_decode_executes(alloc: &mut CachingAllocator, layers: usize) {
+    const THREADS: usize = 8;
+    const HEADS: usize = 3;
+    for kv in (1..=601).step_by(40) {
+        alloc.reset();
+        for layer in 0..layers {
+            let sizes = sdpa_decode_scratch(kv, THREADS);
+            for (k, size) in sizes.into_iter().enumerate() {
+                let p = alloc.allocate(size, 64).unwrap();
+                let slab = size / THREADS;
+                for head in 0..HEADS {
+                    // SAFETY: slab `head` lies inside the live block of `size` bytes.
+                    let s = unsafe { NonNull::new_unchecked(p.as_ptr().add(head * slab)) };
+                    tag(s, tagged(slab), (layer + k) as u8);
+                }
+            }
+            alloc.reset();
+        }
+    }
+}
+
+/// After one round of the decode program (the warm-up), the adaptive arena takes nothing from
+/// the system and the kernel's writes fault in no page: its chunk grew during the warm-up, and
+/// the early executes' layouts, replayed on the final chunk, write pages the late executes'
+/// layouts (the same bytes, cut into other slabs) left unwritten. Those pages must be in
+/// memory already, as a fixed buffer's would be, or each costs a page fault after warm-up.
+#[test]
+fn the_decode_program_faults_in_no_page_after_its_warm_up() {
+    let layers = if cfg!(miri) { 1 } else { 2 };
+    // As `ExecuTorchTempAllocator` configures it (crates/capi/include).
+    let mut alloc = CachingAllocator::with_config(
+        Config::default()
+            .max_cached_bytes(64 << 20)
+            .working_set_slack(Some(caching_allocator::DEFAULT_WORKING_SET_SLACK)),
+    );
+    sdpa_decode_executes(&mut alloc, layers); // warm-up
+    let before = alloc.stats();
+    #[cfg(all(target_os = "linux", not(miri)))]
+    let faults = thread_minor_faults();
+    for _ in 0..2 {
+        sdpa_decode_executes(&mut alloc, layers);
+    }
+    #[cfg(all(target_os = "linux", not(miri)))]
+    let faults = thread_minor_faults() - faults;
+    let after = alloc.stats();
+    assert_eq!(after.system_allocs, before.system_allocs, "{after}");
+    assert!(after.arena_chunks >= 1, "the arena took the calls: {after}");
+    // Sanitizers keep shadow memory of their own, which may fault in on any access.
+    #[cfg(all(target_os = "linux", not(miri)))]
+    if std::env::var_os("CA_SANITIZER").is_none() {
+        assert_eq!(faults, 0, "page faults after warm-up: {after}");
+    }
+}

@@ -175,10 +175,8 @@ class ExecuTorchTempAllocator : public executorch::runtime::MemoryAllocator {
     // A temp allocator reset after every kernel: keep the working set, not one block per
     // size class the runner ever asked for (see CaConfig::working_set_slack).
     config.working_set_slack = 1.25;
-    // Large blocks keep their own size classes: with the adaptive arena on, ExecuTorch's
-    // sdpa_decode program took a page fault every 40 executes after warm-up (its chunk grew
-    // once more), against none with it off (scripts/executorch-programs.sh).
-    config.arena_adaptive = false;
+    // The adaptive arena stays on (the default): a kernel's one or two large buffers are
+    // bumped through the thread's chunk with its small ones.
     return config;
   }
 
