@@ -535,9 +535,9 @@ fn trim_and_owner_race_for_a_stale_chunk() {
 
 /// A release from another thread races a reset on the owner's thread; the owner then bumps
 /// a new block, hands it on, and exits; a new thread registers, which forgets exited threads
-/// whose caches hold nothing live. A release entry that went stale during the reset (found
-/// before it, queued after the owner's rewind) must not count against the new block: the
-/// exited owner's cache must stay, with its chunk, while that block is live.
+/// whose caches hold nothing live. A release that went stale during the reset (its record
+/// found before it, marked after the owner's rewind) must not count against the new block:
+/// the exited owner's cache must stay, with its chunk, while that block is live.
 ///
 /// The released block is the arena's second, so no block of the new interval has its address:
 /// a release that *begins* after the reset and finds a new block at its pointer's address
@@ -546,9 +546,9 @@ fn trim_and_owner_race_for_a_stale_chunk() {
 #[test]
 fn foreign_release_racing_a_reset_then_the_owner_exits() {
     model(1 << 20, 1024, |alloc, counting| {
-        let (handed, inbox) = loom::sync::mpsc::channel();
+        let (handed, received) = loom::sync::mpsc::channel();
         let releaser = spawn(alloc, move |alloc| {
-            let b1 = inbox.recv().unwrap();
+            let b1 = received.recv().unwrap();
             // Nothing writes to `b1`: the reset may take it at any moment.
             // SAFETY: `b1` was handed to this thread; nothing uses it after.
             match unsafe { release_at(&alloc, b1) } {
