@@ -935,12 +935,6 @@ impl ArenaShared {
         self.count.load(Ordering::Relaxed)
     }
 
-    /// Whether `addr` lies in this arena's chunk.
-    pub(crate) fn in_chunk(&self, addr: usize) -> bool {
-        let base = self.base.load(Ordering::Acquire).addr();
-        base != 0 && addr.wrapping_sub(base) < self.len.load(Ordering::Acquire)
-    }
-
     /// A trim, on any thread, holding the cache's lock (which orders it with the owner's
     /// chunk changes in the books): takes the chunk of an arena strictly behind the
     /// allocator's epoch, with one CAS of its claim to [`REVOKED`]. `true`: the chunk is the

@@ -23,11 +23,26 @@ use crate::sync::{lock, Arc, Mutex};
 use crate::thread_cache::ThreadCache;
 
 /// Shards: threads that release into other threads' arenas at once rarely meet on one lock.
+#[cfg(not(loom))]
 const SHARDS: usize = 16;
+/// Under loom, one, locked once a call (`each_locked`): how many granules a chunk holds and
+/// which shards they fall in depend on the addresses the system hands out, which differ from
+/// one execution of a model to the next, and loom requires every execution to take the same
+/// locks in the same order (it failed a model with "unexpected exploration state" when a
+/// look-up locked one or two shards as the chunk's alignment fell).
+#[cfg(loom)]
+const SHARDS: usize = 1;
+
+/// A booked chunk's range and its cache, as entered under each of its granules.
+struct Entry {
+    base: usize,
+    len: usize,
+    cache: Arc<ThreadCache>,
+}
 
 /// Keyed by the granule's first address (the directory's hasher spreads addresses, not small
 /// numbers).
-type Shard = HashMap<usize, Arc<ThreadCache>, BuildHasherDefault<AddrHasher>>;
+type Shard = HashMap<usize, Entry, BuildHasherDefault<AddrHasher>>;
 
 /// The booked arena chunks by granule (see the module docs).
 pub(crate) struct ChunkIndex {
@@ -66,34 +81,62 @@ impl ChunkIndex {
         g.wrapping_mul(MIN_CHUNK)
     }
 
+    /// Runs `f` on each granule of `granules` with its shard locked: a lock a granule, or,
+    /// with one shard (loom), one lock for them all.
+    fn each_locked(
+        &self,
+        granules: impl IntoIterator<Item = usize>,
+        mut f: impl FnMut(&mut Shard, usize),
+    ) {
+        if SHARDS == 1 {
+            let mut shard = lock(&self.shards[0]);
+            granules.into_iter().for_each(|g| f(&mut shard, g));
+        } else {
+            granules
+                .into_iter()
+                .for_each(|g| f(&mut lock(self.shard(g)), g));
+        }
+    }
+
     /// Enters `chunk`, just booked as `cache`'s arena chunk (under its lock).
     pub(crate) fn insert(&self, chunk: &Block, cache: &Arc<ThreadCache>) {
         debug_assert!(chunk.size() >= MIN_CHUNK);
-        for g in granules(chunk) {
-            let previous = lock(self.shard(g)).insert(Self::key(g), cache.clone());
+        self.each_locked(granules(chunk), |shard, g| {
+            let entry = Entry {
+                base: chunk.addr(),
+                len: chunk.size(),
+                cache: cache.clone(),
+            };
+            let previous = shard.insert(Self::key(g), entry);
             debug_assert!(
                 previous.is_none(),
                 "booked chunks overlap at granule {g:#x}"
             );
-        }
+        });
     }
 
     /// Removes `chunk`, just taken out of its cache's books (under its lock).
     pub(crate) fn remove(&self, chunk: &Block) {
-        for g in granules(chunk) {
-            let removed = lock(self.shard(g)).remove(&Self::key(g));
+        self.each_locked(granules(chunk), |shard, g| {
+            let removed = shard.remove(&Self::key(g));
             debug_assert!(removed.is_some(), "chunk granule {g:#x} was not entered");
-        }
+        });
     }
 
-    /// Calls `f` with the cache whose booked chunk may hold `addr` (at most one does), under
-    /// the index's lock, and returns what it returns; `false` if none may.
-    pub(crate) fn with_owner(&self, addr: usize, mut f: impl FnMut(&ThreadCache) -> bool) -> bool {
-        candidates(addr).into_iter().any(|g| {
-            lock(self.shard(g))
-                .get(&Self::key(g))
-                .is_some_and(|cache| cache.arena.shared.in_chunk(addr) && f(cache))
-        })
+    /// Calls `f` with the cache whose booked chunk holds `addr` (at most one does), after the
+    /// index's lock is dropped, and returns what it returns; `false` if none does. Both
+    /// candidate granules are always looked at, so a look-up takes the same locks wherever
+    /// the chunk falls.
+    pub(crate) fn with_owner(&self, addr: usize, f: impl FnOnce(&ThreadCache) -> bool) -> bool {
+        let mut owner = None;
+        self.each_locked(candidates(addr), |shard, g| {
+            if let Some(e) = shard.get(&Self::key(g)) {
+                if addr.wrapping_sub(e.base) < e.len {
+                    owner = Some(e.cache.clone());
+                }
+            }
+        });
+        owner.is_some_and(|cache| f(&cache))
     }
 }
 
