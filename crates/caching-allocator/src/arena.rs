@@ -499,18 +499,25 @@ impl ArenaCell {
 }
 
 impl Arena {
+    /// The chunk's first byte, with its provenance (null without a chunk). `sh` is this
+    /// arena's.
+    #[inline(always)]
+    fn base_ptr(&self, sh: &ArenaShared) -> *mut u8 {
+        // SAFETY: only the owner writes `base` (`set_chunk`), and `&self` is the owner's arena
+        // (`ArenaCell::owner`'s contract: only the owner thread reaches it).
+        unsafe { sh.base.writer_load() }
+    }
+
     /// The chunk's first byte as an address (0 without a chunk). `sh` is this arena's.
     #[inline(always)]
     fn base(&self, sh: &ArenaShared) -> usize {
-        // SAFETY: only the owner writes `base` (`set_chunk`), and `&self` is the owner's arena
-        // (`ArenaCell::owner`'s contract: only the owner thread reaches it).
-        unsafe { sh.base.writer_load() }.addr()
+        self.base_ptr(sh).addr()
     }
 
     /// The chunk's length (0 without a chunk). `sh` is this arena's.
     #[inline(always)]
     fn len(&self, sh: &ArenaShared) -> usize {
-        // SAFETY: as in `base`.
+        // SAFETY: as in `base_ptr`.
         unsafe { sh.len.writer_load() }
     }
 
@@ -538,9 +545,8 @@ impl Arena {
             return None;
         }
         // SAFETY: `end <= len`, so `base + start` is inside the chunk (`len > 0` means a chunk
-        // is set: `base` is its first byte, valid for `len` bytes); and the owner reads `base`,
-        // which only it writes (as in `Arena::base`).
-        let ptr = unsafe { sh.base.writer_load().add(start) };
+        // is set: `base` is its first byte, valid for `len` bytes).
+        let ptr = unsafe { self.base_ptr(sh).add(start) };
         // The address before the meta word (release): a thread that reads this meta word
         // reads this address or a later one (see `ArenaShared::release_foreign`).
         record.addr.store(ptr.addr(), Ordering::Relaxed);
@@ -883,7 +889,7 @@ impl Arena {
     #[inline(always)]
     fn spare_lent(&self, sh: &ArenaShared) -> bool {
         // SAFETY: only the owner writes `spare_lent` (`lend_spare`, `return_spare`), and
-        // `&self` is the owner's arena, as in `Arena::base`.
+        // `&self` is the owner's arena, as in `Arena::base_ptr`.
         unsafe { sh.spare_lent.writer_load() }
     }
 

@@ -35,9 +35,9 @@ pub(crate) use loom::sync::{Mutex, MutexGuard};
 
 /// A plain load of an atomic word that only the calling thread ever stores to: the arena's
 /// chunk range and whether its spare scope chunk is lent, which its owner writes and other
-/// threads only load. The compiler may fold a
-/// plain load into the instruction that uses it, which it never does with an atomic load
-/// (three instructions on the allocate + release round trip).
+/// threads only load. The compiler may fold a plain load into the instruction that uses it,
+/// which it never does with an atomic load (three instructions on the allocate + release
+/// round trip).
 pub(crate) trait WriterLoad {
     type Value;
 
@@ -49,48 +49,29 @@ pub(crate) trait WriterLoad {
     unsafe fn writer_load(&self) -> Self::Value;
 }
 
-impl WriterLoad for AtomicUsize {
-    type Value = usize;
+/// `WriterLoad` for each atomic type the crate reads that way: `std`'s through `as_ptr`,
+/// loom's through `unsync_load` (which checks the claim).
+macro_rules! writer_load {
+    ($([$($generic:ident)?] $atomic:ty => $value:ty),* $(,)?) => {$(
+        impl<$($generic)?> WriterLoad for $atomic {
+            type Value = $value;
 
-    #[inline(always)]
-    unsafe fn writer_load(&self) -> usize {
-        #[cfg(not(loom))]
-        // SAFETY: the caller's contract: every store to this word is this thread's, so this
-        // read is ordered after all of them by program order, and only reads run beside it.
-        return unsafe { *self.as_ptr() };
-        #[cfg(loom)]
-        // SAFETY: as above; loom checks the claim.
-        return unsafe { self.unsync_load() };
-    }
+            #[inline(always)]
+            unsafe fn writer_load(&self) -> $value {
+                // SAFETY: the caller's contract: every store to this word is this thread's, so
+                // this read is ordered after all of them by program order, and only reads run
+                // beside it.
+                #[cfg(not(loom))]
+                return unsafe { *self.as_ptr() };
+                // SAFETY: as above; loom checks the claim.
+                #[cfg(loom)]
+                return unsafe { self.unsync_load() };
+            }
+        }
+    )*};
 }
 
-impl WriterLoad for AtomicBool {
-    type Value = bool;
-
-    #[inline(always)]
-    unsafe fn writer_load(&self) -> bool {
-        #[cfg(not(loom))]
-        // SAFETY: as for `AtomicUsize`.
-        return unsafe { *self.as_ptr() };
-        #[cfg(loom)]
-        // SAFETY: as for `AtomicUsize`.
-        return unsafe { self.unsync_load() };
-    }
-}
-
-impl<T> WriterLoad for AtomicPtr<T> {
-    type Value = *mut T;
-
-    #[inline(always)]
-    unsafe fn writer_load(&self) -> *mut T {
-        #[cfg(not(loom))]
-        // SAFETY: as for `AtomicUsize`.
-        return unsafe { *self.as_ptr() };
-        #[cfg(loom)]
-        // SAFETY: as for `AtomicUsize`.
-        return unsafe { self.unsync_load() };
-    }
-}
+writer_load!([] AtomicUsize => usize, [] AtomicBool => bool, [T] AtomicPtr<T> => *mut T);
 
 /// Locks a mutex, ignoring poisoning: no code path of this crate panics while it holds a lock,
 /// so a poisoned lock can only come from a panic that left the data consistent.
